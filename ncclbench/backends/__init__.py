@@ -1,0 +1,24 @@
+"""Backends: the small interface the timing engine and registry talk to.
+
+A backend allocates buffers, runs each collective on (send, recv) views, times a
+region on the device that runs the collectives, and moves small host objects between
+ranks. The registry and the engine never import torch.cuda or cupy themselves."""
+
+from __future__ import annotations
+
+from ncclbench.errors import PlanError
+
+BACKENDS = ("nccl", "gloo", "cupy")
+
+
+def create_backend(name: str, launch, timeout_s: float):
+    """Start the backend for this rank; `launch` is a LaunchInfo, already consistent."""
+    if name in ("nccl", "gloo"):
+        from ncclbench.backends.torch_dist import TorchBackend
+
+        return TorchBackend(name, launch, timeout_s)
+    if name == "cupy":
+        from ncclbench.backends.cupy_nccl import CupyBackend
+
+        return CupyBackend(launch, timeout_s)
+    raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")

@@ -1,0 +1,142 @@
+"""Direct NCCL calls through CuPy (`cupy.cuda.nccl`): no PyTorch dispatcher in the
+timed path, so small-message times show NCCL rather than launch overhead.
+
+Memory, streams and events stay PyTorch's (torch tensors' pointers go to NCCL); the
+NCCL unique id travels over the gloo process group that torch's rendezvous created,
+so no MPI is needed. alltoall, gather, scatter and sendrecv are grouped send/recv, the
+way nccl-tests builds them."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from ncclbench.backends.torch_dist import TorchBackend
+from ncclbench.errors import PlanError
+
+# ncclDataType_t and ncclRedOp_t values (nccl.h); passed as ints so that types newer
+# than CuPy's constants (bfloat16, fp8) still work with a new enough libnccl.
+NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+              "half": 6, "float": 7, "double": 8, "bfloat16": 9, "f8e4m3": 10, "f8e5m2": 11}
+NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+_TORCH_TO_NAME = {"torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32",
+                  "torch.uint32": "uint32", "torch.int64": "int64", "torch.uint64": "uint64",
+                  "torch.float16": "half", "torch.float32": "float", "torch.float64": "double",
+                  "torch.bfloat16": "bfloat16", "torch.float8_e4m3fn": "f8e4m3", "torch.float8_e5m2": "f8e5m2"}
+
+
+def import_nccl():
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:  # noqa: BLE001 - ImportError or a CUDA mismatch inside cupy
+        raise PlanError("backend cupy needs CuPy with NCCL: pip install 'ncclbench[cuda12]' or "
+                        f"'ncclbench[cuda13]' ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    if not getattr(nccl, "available", True):
+        raise PlanError("CuPy was built without NCCL support; install cupy-cuda12x / cupy-cuda13x wheels")
+    return nccl
+
+
+class CupyBackend(TorchBackend):
+    in_place_only = frozenset()
+
+    def __init__(self, launch, timeout_s: float):
+        import torch
+        import torch.distributed as dist
+
+        self.nccl = import_nccl()
+        self.torch, self.dist, self.name = torch, dist, "cupy"
+        self.rank, self.nranks, self.local_rank = launch.rank, launch.world_size, launch.local_rank
+        if not torch.cuda.is_available() or launch.local_rank >= torch.cuda.device_count():
+            raise PlanError(f"backend cupy needs a GPU for local rank {launch.local_rank} "
+                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        self.device = torch.device("cuda", launch.local_rank)
+        torch.cuda.set_device(self.device)
+        import cupy
+
+        cupy.cuda.Device(launch.local_rank).use()
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks,
+                                timeout=timedelta(seconds=timeout_s))
+        self.control = None
+        self.group = None
+        self.group_rank, self.group_size = self.rank, self.nranks
+        self.comm = self._make_comm(self.rank, self.nranks)
+
+    def _make_comm(self, rank: int, nranks: int):
+        uid = [self.nccl.get_unique_id() if rank == 0 else None]
+        self.dist.broadcast_object_list(uid, src=0)
+        return self.nccl.NcclCommunicator(nranks, uid[0], rank)
+
+    def library_version(self) -> tuple[int, str]:
+        code = self.nccl.get_version()
+        return code, f"NCCL {code // 10000}.{code // 100 % 100}.{code % 100} via CuPy"
+
+    # ---- collectives on raw pointers, on torch's current stream -------------------------
+    def _stream(self) -> int:
+        return self.torch.cuda.current_stream(self.device).cuda_stream
+
+    @staticmethod
+    def _type(t) -> int:
+        return NCCL_TYPES[_TORCH_TO_NAME[str(t.dtype)]]
+
+    def all_reduce(self, send, recv, op):
+        self.comm.allReduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
+                            NCCL_OPS[op], self._stream())
+
+    def broadcast(self, send, recv, root):
+        self.comm.broadcast(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), root, self._stream())
+
+    def reduce(self, send, recv, op, root):
+        self.comm.reduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), NCCL_OPS[op],
+                         root, self._stream())
+
+    def all_gather(self, send, recv):
+        self.comm.allGather(send.data_ptr(), recv.data_ptr(), send.numel(), self._type(send), self._stream())
+
+    def reduce_scatter(self, send, recv, op):
+        self.comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
+                                NCCL_OPS[op], self._stream())
+
+    def _grouped(self, pairs_send, pairs_recv, chunk, dtype):
+        stream = self._stream()
+        self.nccl.groupStart()
+        for peer, ptr in pairs_send:
+            self.comm.send(ptr, chunk, dtype, peer, stream)
+        for peer, ptr in pairs_recv:
+            self.comm.recv(ptr, chunk, dtype, peer, stream)
+        self.nccl.groupEnd()
+
+    def alltoall(self, send, recv):
+        n = self.group_size
+        chunk = recv.numel() // n
+        item = recv.element_size()
+        s, r = send.data_ptr(), recv.data_ptr()
+        self._grouped([(p, s + p * chunk * item) for p in range(n)],
+                      [(p, r + p * chunk * item) for p in range(n)], chunk, self._type(recv))
+
+    def gather(self, send, recv, root):
+        n, chunk = self.group_size, send.numel()
+        item = send.element_size()
+        recvs = [(p, recv.data_ptr() + p * chunk * item) for p in range(n)] if self.group_rank == root else []
+        self._grouped([(root, send.data_ptr())], recvs, chunk, self._type(send))
+
+    def scatter(self, send, recv, root):
+        n, chunk = self.group_size, recv.numel()
+        item = recv.element_size()
+        sends = [(p, send.data_ptr() + p * chunk * item) for p in range(n)] if self.group_rank == root else []
+        self._grouped(sends, [(root, recv.data_ptr())], chunk, self._type(recv))
+
+    def sendrecv(self, send, recv):
+        n, me = self.group_size, self.group_rank
+        self._grouped([((me + 1) % n, send.data_ptr())], [((me - 1) % n, recv.data_ptr())],
+                      recv.numel(), self._type(recv))
+
+    def close(self):
+        self.release_graphs()
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            try:
+                self.torch.cuda.synchronize(self.device)
+                comm.destroy()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        super().close()

@@ -1,0 +1,219 @@
+"""torch.distributed backend: NCCL on GPUs, gloo on CPUs.
+
+torch.distributed has no out-of-place all_reduce, broadcast or reduce: for those the
+engine runs the "out-of-place" column in place on the receive buffer (declared in
+`in_place_only`, and said in the report header)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+from ncclbench.errors import CollectiveError, PlanError
+
+_TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+
+# Known gaps, refused before launching rather than discovered mid-sweep (gloo aborts
+# the process on some bad calls instead of raising). Probed on torch 2.13 (gloo) and
+# torch 2.11 + NCCL 2.28 (see docs/BENCHMARKS.md).
+_INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
+_FP8_TYPES = {"f8e4m3", "f8e5m2"}
+
+
+def unsupported_reason(backend: str, dtype: str, op: str | None) -> str | None:
+    """Why `backend` cannot run a collective on `dtype` with reduction `op` (None: no reduction)."""
+    if backend == "gloo":
+        if dtype in _FP8_TYPES or dtype in ("uint32", "uint64"):
+            return f"backend gloo has no datatype {dtype}"
+        if op == "avg" and dtype in _INT_TYPES:
+            return f"backend gloo cannot average integers ({dtype}); use -o sum or a float type"
+    if backend == "nccl" and op is not None and dtype in _FP8_TYPES:
+        return f"torch.distributed (NCCL) refuses reductions on {dtype}; use --backend cupy or a non-reducing collective"
+    return None
+
+
+class TorchBackend:
+    in_place_only = frozenset({"all_reduce", "broadcast", "reduce"})
+
+    def __init__(self, name: str, launch, timeout_s: float):
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        self.dist = dist
+        self.name = name
+        self.rank = launch.rank
+        self.nranks = launch.world_size
+        self.local_rank = launch.local_rank
+        timeout = timedelta(seconds=timeout_s)
+        if name == "nccl":
+            if not torch.cuda.is_available():
+                raise PlanError("backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
+            ngpus = torch.cuda.device_count()
+            if self.local_rank >= ngpus:
+                raise PlanError(
+                    f"local rank {self.local_rank} has no GPU: only {ngpus} visible "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+                )
+            self.device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(self.device)
+            # device_id: eager communicator creation, so the first timed op does not pay for
+            # it and CUDA-graph capture works.
+            dist.init_process_group("nccl", rank=self.rank, world_size=self.nranks,
+                                    timeout=timeout, device_id=self.device)
+            self.control = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            self.device = torch.device("cpu")
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout)
+            self.control = None  # the world group is already host-side
+        self.group = None  # None = world; a split sets a subgroup
+        self.group_rank = self.rank
+        self.group_size = self.nranks
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    # ---- description -------------------------------------------------------------
+    @property
+    def is_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def timing_name(self) -> str:
+        return "CUDA events" if self.is_gpu else "host clock"
+
+    def library_version(self) -> tuple[int, str]:
+        """(nccl-tests style code such as 22809, human text) of the communication library."""
+        if not self.is_gpu:
+            return 0, "gloo"
+        v = self.torch.cuda.nccl.version()
+        if isinstance(v, int):  # old torch: already a code
+            code = v
+            v = (v // 10000, v // 100 % 100, v % 100)
+        else:
+            code = v[0] * 10000 + v[1] * 100 + v[2]
+        return code, "NCCL " + ".".join(str(x) for x in v[:3])
+
+    def device_info(self) -> dict:
+        if not self.is_gpu:
+            return {"device": self.local_rank, "device_hex": "cpu", "device_info": "CPU (gloo)"}
+        idx = self.device.index
+        props = self.torch.cuda.get_device_properties(idx)
+        bus = "unknown"
+        if hasattr(props, "pci_bus_id"):
+            bus = f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}"
+        return {"device": idx, "device_hex": bus, "device_info": props.name}
+
+    # ---- memory ------------------------------------------------------------------
+    def alloc_bytes(self, nbytes: int):
+        return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
+
+    def free_memory(self) -> int | None:
+        if not self.is_gpu:
+            return None
+        free, _total = self.torch.cuda.mem_get_info(self.device)
+        return free
+
+    # ---- collectives (send/recv are typed 1-D views) -------------------------------
+    def _op(self, op):
+        return getattr(self.dist.ReduceOp, _TORCH_OPS[op])
+
+    def all_reduce(self, send, recv, op):
+        self.dist.all_reduce(recv, op=self._op(op), group=self.group)
+
+    def broadcast(self, send, recv, root):
+        self.dist.broadcast(recv, src=self._global(root), group=self.group)
+
+    def reduce(self, send, recv, op, root):
+        self.dist.reduce(recv, dst=self._global(root), op=self._op(op), group=self.group)
+
+    def all_gather(self, send, recv):
+        self._all_gather(recv, send, group=self.group)
+
+    def reduce_scatter(self, send, recv, op):
+        self._reduce_scatter(recv, send, op=self._op(op), group=self.group)
+
+    def alltoall(self, send, recv):
+        self.dist.all_to_all_single(recv, send, group=self.group)
+
+    def gather(self, send, recv, root):
+        parts = list(recv.view(self.group_size, recv.numel() // self.group_size).unbind(0)) if self.group_rank == root else None
+        self.dist.gather(send, parts, dst=self._global(root), group=self.group)
+
+    def scatter(self, send, recv, root):
+        parts = list(send.view(self.group_size, send.numel() // self.group_size).unbind(0)) if self.group_rank == root else None
+        self.dist.scatter(recv, parts, src=self._global(root), group=self.group)
+
+    def sendrecv(self, send, recv):
+        n, me = self.group_size, self.group_rank
+        ops = [
+            self.dist.P2POp(self.dist.isend, send, self._global((me + 1) % n), group=self.group),
+            self.dist.P2POp(self.dist.irecv, recv, self._global((me - 1) % n), group=self.group),
+        ]
+        for req in self.dist.batch_isend_irecv(ops):
+            req.wait()
+
+    def _global(self, group_rank: int) -> int:
+        if self.group is None:
+            return group_rank
+        return self.dist.get_global_rank(self.group, group_rank)
+
+    # ---- timing --------------------------------------------------------------------
+    def mark(self):
+        """A point in time on the stream the collectives run on."""
+        if self.is_gpu:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def elapsed(self, start, end) -> float:
+        """Seconds between two marks (call synchronize() first)."""
+        if self.is_gpu:
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+    def synchronize(self):
+        if self.is_gpu:
+            self.torch.cuda.synchronize(self.device)
+
+    def capture(self, issue_ops):
+        """Capture `issue_ops()` in a CUDA graph; returns a function that replays it."""
+        if not self.is_gpu:
+            raise PlanError("CUDA graphs (-G) need the nccl or cupy backend on GPUs")
+        torch = self.torch
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            issue_ops()  # warm-up outside capture, as torch requires for NCCL
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            issue_ops()
+        self._graphs = getattr(self, "_graphs", [])
+        self._graphs.append(graph)
+        return graph.replay
+
+    def release_graphs(self):
+        self._graphs = []
+
+    # ---- host side -------------------------------------------------------------------
+    def barrier(self):
+        self.dist.barrier(group=self.control)
+
+    def all_gather_object(self, obj) -> list:
+        out = [None] * self.nranks
+        self.dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def close(self):
+        self.release_graphs()
+        if self.dist.is_initialized():
+            try:
+                self.dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+
+
+def wrap_collective_error(exc: Exception, what: str) -> CollectiveError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CollectiveError(f"{what} failed: {text}")

@@ -1,0 +1,315 @@
+"""Command line: one subcommand per registry entry, nccl-tests' option letters.
+
+The CLI only parses and validates into a Plan, then either runs as the rank a launcher
+made this process, or spawns local ranks through torchrun that re-enter here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ncclbench import __version__
+from ncclbench.collectives import REGISTRY, lookup
+from ncclbench.dtypes import resolve_dtypes, resolve_ops
+from ncclbench.errors import BenchError, ExitCode, PlanError
+from ncclbench.sizes import parse_size
+
+
+class SizeType(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+def _flag(letter, long, help_text, default=0):
+    return click.option(letter, long, type=click.IntRange(0, 1), default=default, show_default=True, help=help_text)
+
+
+def collective_options(f):
+    """nccl-tests 2.19.6's options with the same letters, names and defaults."""
+    decorators = [
+        click.option("-t", "--nthreads", type=click.IntRange(1, 1), default=1, help="Threads per process (only 1: one process per GPU)."),
+        click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each (default 1). Omit under torchrun/srun/mpirun."),
+        click.option("-b", "--minbytes", type=SIZE, default="32M", show_default=True, help="Minimum size (8, 64K, 8M, 1G)."),
+        click.option("-e", "--maxbytes", type=SIZE, default="32M", show_default=True, help="Maximum size."),
+        click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment when no factor is given."),
+        click.option("-f", "--stepfactor", type=float, default=None, help="Size multiplication factor (> 1)."),
+        click.option("-o", "--op", default="sum", show_default=True, help="sum, prod, min, max, avg or all."),
+        click.option("-d", "--datatype", default="float", show_default=True,
+                     help="int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2, or all."),
+        click.option("-r", "--root", default="0", show_default=True, help="Root rank, or all / -1 for every root."),
+        click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations."),
+        click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True, help="Warm-up iterations."),
+        click.option("-m", "--agg_iters", "agg_iters", type=click.IntRange(min=1), default=1, show_default=True, help="Operations per iteration."),
+        click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=0), default=1, show_default=True, help="Repeat the sweep N times (0: until Ctrl-C)."),
+        click.option("-p", "--parallel_init", "parallel_init", type=click.IntRange(0, 1), default=0, help="Accepted for nccl-tests compatibility (one process per GPU)."),
+        click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results (0: off)."),
+        _flag("-z", "--blocking", "Wait for each op before launching the next."),
+        click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
+        click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Seconds a collective may take before the run is aborted."),
+        _flag("-S", "--report_timestamps", "Append a timestamp to each row."),
+        click.option("-G", "--cudagraph", type=click.IntRange(min=0), default=0, show_default=True, help="Capture iterations in a CUDA graph and replay it N times."),
+        _flag("-C", "--report_cputime", "Report host time per op instead of device time."),
+        _flag("-I", "--per_iter_timing", "Per-iteration timing columns (i_min i_max i_p99 i_cv%)."),
+        click.option("-K", "--per_iter_skip", type=click.IntRange(min=0), default=0, show_default=True, help="Iterations left out of the -I summary."),
+        click.option("-J", "--output_file", type=str, default=None, help="Write results as nccl-tests JSON (version 3)."),
+        click.option("--csv", "csv_path", type=str, default=None, help="Append one row per size and placement to this CSV."),
+        click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
+        click.option("--results-dir", type=str, default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR)."),
+        click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
+    ]
+    for dec in reversed(decorators):
+        f = dec(f)
+    return f
+
+
+def _fail(message: str) -> PlanError:
+    return PlanError(message)
+
+
+def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
+    from ncclbench.plan import Plan
+
+    try:
+        dtypes = tuple(d.name for d in resolve_dtypes(o["datatype"]))
+        ops = tuple(resolve_ops(o["op"]))
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    root_text = str(o["root"]).strip().lower()
+    if root_text in ("all", "-1"):
+        root = -1
+    else:
+        try:
+            root = int(root_text)
+        except ValueError:
+            raise _fail(f"root must be a rank number, all or -1 (got {o['root']!r})") from None
+        if root < 0:
+            raise _fail(f"root must be >= 0, all or -1 (got {root})")
+    factor = o["stepfactor"]
+    if factor is not None and factor <= 1:
+        raise _fail(f"step factor must be > 1 (got {factor:g})")
+    if o["cudagraph"] and o["blocking"]:
+        raise _fail("-G (CUDA graphs) and -z (blocking) cannot be combined")
+    plan = Plan(
+        collective=coll_name, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
+        step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
+        warmup_iters=o["warmup_iters"], agg_iters=o["agg_iters"], run_cycles=o["run_cycles"], check=o["check"],
+        blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
+        report_timestamps=bool(o["report_timestamps"]), graph_replays=o["cudagraph"],
+        report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
+        per_iter_skip=o["per_iter_skip"], backend=backend, args=tuple(argv),
+    )
+    try:
+        sizes = plan.sizes()
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if not sizes:
+        raise _fail("the size range is empty")
+    return plan
+
+
+def validate_for_backend(plan, nranks: int | None) -> None:
+    """What can be refused before any process starts."""
+    from ncclbench.backends.torch_dist import unsupported_reason
+
+    coll = plan.coll
+    for d in plan.dtypes:
+        for op in plan.op_list() if coll.has_op else [None]:
+            reason = unsupported_reason(plan.backend if plan.backend != "cupy" else "cupy", d, op)
+            if reason:
+                raise _fail(reason)
+    if plan.graph_replays and plan.backend == "gloo":
+        raise _fail("-G (CUDA graphs) needs GPUs: the gloo backend runs on the CPU")
+    if nranks is not None:
+        if coll.has_root and plan.root >= nranks:
+            raise _fail(f"root {plan.root} does not exist with {nranks} ranks (use 0..{nranks - 1} or all)")
+        if coll.name == "sendrecv" and nranks < 2:
+            raise _fail("sendrecv needs at least 2 ranks (-g 2 or more)")
+
+
+def choose_backend(requested: str | None, launched: bool) -> str:
+    from ncclbench.launch import say, visible_gpu_count
+
+    if requested:
+        return requested
+    if visible_gpu_count() > 0:
+        return "nccl"
+    if not launched or os.environ.get("RANK", "0") == "0":
+        say("no CUDA GPU visible: using the gloo CPU backend (timings are host-clock CPU numbers)")
+    return "gloo"
+
+
+def output_spec(plan, o: dict):
+    from ncclbench.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir
+
+    if o["output_file"]:
+        check_writable(o["output_file"], "JSON file")
+    if o["csv_path"]:
+        check_csv_appendable(o["csv_path"])
+    results_dir = None
+    if not o["no_save"]:
+        results_dir = o["results_dir"] or default_results_dir()
+        try:
+            os.makedirs(results_dir, exist_ok=True)
+        except OSError as exc:
+            raise _fail(f"cannot use result store {results_dir}: {exc.strerror}") from None
+        if not os.access(results_dir, os.W_OK):
+            raise _fail(f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
+    return OutputSpec(json_path=o["output_file"], csv_path=o["csv_path"], results_dir=results_dir,
+                      timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip)
+
+
+def run_collective(coll_name: str, o: dict) -> int:
+    from ncclbench import launch
+
+    argv = sys.argv[1:]
+    info = launch.detect()
+    launched = info.launcher != "none"
+    backend = choose_backend(o["backend"], launched)
+    plan = build_plan(coll_name, o, backend, argv)
+    if launched:
+        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+            raise _fail(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
+                        f"{info.local_world_size} ranks on this node); drop -g")
+        validate_for_backend(plan, info.world_size)
+        spec = output_spec(plan, o) if info.rank == 0 else None
+        return run_as_rank(plan, info, spec)
+    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
+    if ngpus < 1:
+        raise _fail(f"-g must be at least 1 (got {ngpus})")
+    if backend in ("nccl", "cupy"):
+        visible = launch.visible_gpu_count()
+        if ngpus > visible:
+            raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.USAGE)
+    validate_for_backend(plan, ngpus)
+    output_spec(plan, o)  # refuse unwritable outputs before spawning anything
+    child_argv = list(argv)
+    if o["backend"] is None:
+        child_argv += ["--backend", backend]
+    return launch.spawn_local(ngpus, child_argv)
+
+
+def run_as_rank(plan, info, spec) -> int:
+    from ncclbench import launch
+    from ncclbench.output import Reporter
+    from ncclbench.runner import run_rank
+
+    launch.prepare_environ(info)
+
+    def make_report(run_info):
+        run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
+        return Reporter(run_info, spec, peak_line_for=peak_line_for)
+
+    return run_rank(plan, info, make_report)
+
+
+def topology_context(plan):
+    """(summary line, NVLink peak GB/s, trailer-line maker) for GPU runs; empty otherwise."""
+    if plan.backend == "gloo":
+        return None, None, None
+    try:
+        from ncclbench import topo
+    except ImportError:
+        return None, None, None
+    try:
+        t = topo.probe(include_nics=False)
+        summary, peak = topo.summary_line(t), topo.link_peak_gbps(t)
+    except Exception:  # noqa: BLE001 - topology is context, never a reason to fail a run
+        return None, None, None
+    if not peak:
+        return summary, None, None
+    return summary, peak, lambda s: topo.peak_percent_line(s.peak_busbw, peak)
+
+
+class CollectiveGroup(click.Group):
+    """Accepts nccl-tests names (all_reduce, all_reduce_perf) for the collectives."""
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            return cmd
+        try:
+            return super().get_command(ctx, lookup(name).command)
+        except KeyError:
+            return None
+
+    def resolve_command(self, ctx, args):
+        cmd_name, cmd, rest = super().resolve_command(ctx, args)
+        return (cmd.name if cmd else cmd_name), cmd, rest
+
+
+@click.group(cls=CollectiveGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ncclbench")
+def cli():
+    """NCCL collective benchmarks with nccl-tests' options and output, on torch.distributed."""
+
+
+def _make_command(coll):
+    @collective_options
+    def command(**options):
+        code = run_collective(coll.name, options)
+        sys.exit(int(code))
+
+    command.__doc__ = (f"Benchmark {coll.name} (like nccl-tests' {coll.name}_perf). "
+                       f"busbw = algbw x {_factor_text(coll.name)}.")
+    return click.command(name=coll.command)(command)
+
+
+def _factor_text(name: str) -> str:
+    return {"all_reduce": "2(n-1)/n", "broadcast": "1", "reduce": "1", "sendrecv": "1"}.get(name, "(n-1)/n")
+
+
+for _coll in REGISTRY.values():
+    cli.add_command(_make_command(_coll))
+
+
+def _register_optional_commands():
+    """Commands that live in their own modules (topology, results tools)."""
+    import importlib
+
+    for module, names in (("ncclbench.topo_cli", ("topo_command", "p2p_command")),
+                          ("ncclbench.compare", ("compare_command",)),
+                          ("ncclbench.plot", ("plot_command",)),
+                          ("ncclbench.tools", ("show_command", "suite_command", "pairs_command"))):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in names:
+            cmd = getattr(mod, name, None)
+            if cmd is not None:
+                cli.add_command(cmd)
+
+
+_register_optional_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every error is one line on stderr and a known exit code."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.UsageError as exc:
+        print(f"ncclbench: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(ExitCode.USAGE)
+    except click.exceptions.Abort:
+        print("ncclbench: interrupted", file=sys.stderr)
+        sys.exit(ExitCode.INTERRUPTED)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except BenchError as exc:
+        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, PlanError):
+            prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
+            print(f"ncclbench: error: {prefix}{exc}", file=sys.stderr)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        print("ncclbench: interrupted", file=sys.stderr)
+        sys.exit(ExitCode.INTERRUPTED)

@@ -1,0 +1,188 @@
+"""The collective registry: one entry per collective, holding only what differs.
+
+Counts follow nccl-tests 2.19.6 (`getCollByteCount` in each src/<coll>.cu): per-rank
+chunks of the "scattered" collectives are rounded down to a multiple of 16 bytes, the
+printed size is the larger of the send and receive buffers, and the printed count is
+the per-rank (or per-peer) element count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ncclbench.checkdata import InputPattern
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Element counts of one rank's buffers for one message size."""
+
+    send_count: int
+    recv_count: int
+    param_count: int            # the `count` column, and what bandwidth is computed from
+    send_inplace_offset: int    # in-place: send buffer = recv + offset * rank
+    recv_inplace_offset: int    # in-place: recv buffer = recv + offset * rank
+
+    def printed_bytes(self, itemsize: int) -> int:
+        return max(self.send_count, self.recv_count) * itemsize
+
+
+def _whole(count: int, itemsize: int, nranks: int) -> Layout:
+    return Layout(count, count, count, 0, 0)
+
+
+def _chunk(count: int, itemsize: int, nranks: int) -> int:
+    per_rank = count // nranks
+    align = max(16 // itemsize, 1)
+    return per_rank - per_rank % align
+
+
+def _gathered(count, itemsize, nranks):      # small send, n chunks received
+    base = _chunk(count, itemsize, nranks)
+    return Layout(base, base * nranks, base, base, 0)
+
+
+def _scattered(count, itemsize, nranks):     # n chunks sent, small receive
+    base = _chunk(count, itemsize, nranks)
+    return Layout(base * nranks, base, base, 0, base)
+
+
+def _exchanged(count, itemsize, nranks):     # n chunks each way
+    base = _chunk(count, itemsize, nranks)
+    return Layout(base * nranks, base * nranks, base, 0, 0)
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What an `expected` function needs to know about the rank it checks."""
+
+    pattern: InputPattern
+    rank: int
+    nranks: int
+    root: int
+    chunk: int  # Layout.param_count
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str                       # nccl-tests name (all_reduce): JSON, CSV, `*_perf` alias
+    command: str                    # CLI subcommand (allreduce)
+    layout: Callable[[int, int, int], Layout]
+    bus_factor: Callable[[int], float]
+    data_scales_with_ranks: bool    # algbw counts param_count * nranks elements
+    has_op: bool
+    has_root: bool
+    printed_op: str | None          # fixed text of the redop column, None = the op's name
+    in_place_checked: bool          # False: nccl-tests prints N/A for in-place #wrong
+    checked_on: Callable[[int, int], bool]          # (rank, root) -> does this rank's output mean anything
+    expected: Callable[[CheckContext, object], object]  # (ctx, recv indices) -> int64/float64 values
+    call: Callable  # (backend, send, recv, op, root) -> None
+
+    def algbw_bytes(self, layout: Layout, itemsize: int, nranks: int) -> int:
+        scale = nranks if self.data_scales_with_ranks else 1
+        return layout.param_count * itemsize * scale
+
+    def bandwidths(self, layout: Layout, itemsize: int, nranks: int, seconds: float) -> tuple[float, float]:
+        """(algbw, busbw) in GB/s (1e9 bytes/s), as nccl-tests' getBw."""
+        if seconds <= 0:
+            return 0.0, 0.0
+        algbw = self.algbw_bytes(layout, itemsize, nranks) / 1e9 / seconds
+        return algbw, algbw * self.bus_factor(nranks)
+
+
+def _all_ranks(ctx):
+    return range(ctx.nranks)
+
+
+def _everyone(rank, root):
+    return True
+
+
+def _root_only(rank, root):
+    return rank == root
+
+
+def _from_each_rank(ctx, idx, offset_of):
+    """recv[i] holds element `offset_of(src)+i%chunk` of rank src = i // chunk."""
+    import torch
+
+    src = torch.div(idx, ctx.chunk, rounding_mode="floor")
+    out = torch.empty_like(idx)
+    for r in range(ctx.nranks):
+        mask = src == r
+        if mask.any():
+            local = idx[mask] - r * ctx.chunk + offset_of(r)
+            out[mask] = ctx.pattern.values(r, local)
+    return out
+
+
+_ring_factor = lambda n: 2 * (n - 1) / n  # noqa: E731
+_scatter_factor = lambda n: (n - 1) / n  # noqa: E731
+_one = lambda n: 1.0  # noqa: E731
+
+REGISTRY: dict[str, Collective] = {}
+
+
+def register(c: Collective) -> Collective:
+    REGISTRY[c.name] = c
+    return c
+
+
+register(Collective(
+    "all_reduce", "allreduce", _whole, _ring_factor, False, True, False, None, True, _everyone,
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
+    call=lambda b, s, r, op, root: b.all_reduce(s, r, op),
+))
+register(Collective(
+    "all_gather", "allgather", _gathered, _scatter_factor, True, False, False, "none", True, _everyone,
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    call=lambda b, s, r, op, root: b.all_gather(s, r),
+))
+register(Collective(
+    "reduce_scatter", "reducescatter", _scattered, _scatter_factor, True, True, False, None, True, _everyone,
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk, _all_ranks(ctx)),
+    call=lambda b, s, r, op, root: b.reduce_scatter(s, r, op),
+))
+register(Collective(
+    "alltoall", "alltoall", _exchanged, _scatter_factor, True, False, False, "none", False, _everyone,
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: ctx.rank * ctx.chunk),
+    call=lambda b, s, r, op, root: b.alltoall(s, r),
+))
+register(Collective(
+    "broadcast", "broadcast", _whole, _one, False, False, True, "none", True, _everyone,
+    expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx),
+    call=lambda b, s, r, op, root: b.broadcast(s, r, root),
+))
+register(Collective(
+    "reduce", "reduce", _whole, _one, False, True, True, None, True, _root_only,
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
+    call=lambda b, s, r, op, root: b.reduce(s, r, op, root),
+))
+register(Collective(
+    "gather", "gather", _gathered, _scatter_factor, True, False, True, "none", True, _root_only,
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    call=lambda b, s, r, op, root: b.gather(s, r, root),
+))
+register(Collective(
+    "scatter", "scatter", _scattered, _scatter_factor, True, False, True, "none", True, _everyone,
+    expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx + ctx.rank * ctx.chunk),
+    call=lambda b, s, r, op, root: b.scatter(s, r, root),
+))
+# nccl-tests' sendrecv prints the op column ("sum") although nothing is reduced.
+register(Collective(
+    "sendrecv", "sendrecv", _whole, _one, False, False, False, None, False, _everyone,
+    expected=lambda ctx, idx: ctx.pattern.values((ctx.rank - 1) % ctx.nranks, idx),
+    call=lambda b, s, r, op, root: b.sendrecv(s, r),
+))
+
+
+def lookup(name: str) -> Collective:
+    """Find a collective by CLI name, nccl-tests name, or `<name>_perf` binary name."""
+    key = name.strip().lower().replace("-", "_")
+    for suffix in ("_perf_mpi", "_perf"):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+    for c in REGISTRY.values():
+        if key in (c.name, c.command):
+            return c
+    raise KeyError(name)

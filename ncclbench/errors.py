@@ -1,0 +1,44 @@
+"""Exit codes and the error types that map onto them.
+
+Runtime codes follow nccl-tests (testResult_t): a user switching tools keeps the
+meaning of `$?`. Usage errors use Click's convention (2)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    REGRESSION = 1      # `compare` found a regression / `pairs --fail-below` tripped
+    USAGE = 2           # bad input, nothing was launched (Click's convention)
+    NCCL_ERROR = 3      # a collective call failed (NCCL / gloo error, lost peer)
+    TIMEOUT = 4         # a size did not finish within -T seconds
+    BAD_GPU_COUNT = 5   # asked for more GPUs than visible
+    INTERRUPTED = 130   # Ctrl-C: rows finished so far are kept
+    WRONG_RESULTS = 7   # #wrong > 0, or bandwidth below NCCL_TESTS_MIN_BW
+
+
+class BenchError(Exception):
+    """An error that ends the run with one line of text and a known exit code."""
+
+    exit_code: int = ExitCode.USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class PlanError(BenchError):
+    """The requested benchmark cannot run as asked (detected before launching)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class CollectiveError(BenchError):
+    exit_code = ExitCode.NCCL_ERROR
+
+
+class TimeoutExpired(BenchError):
+    exit_code = ExitCode.TIMEOUT

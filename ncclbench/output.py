@@ -1,0 +1,211 @@
+"""Rank 0's report: the nccl-tests text on stdout plus JSON (nccl-tests schema v3), CSV and
+the result store. Every finished row reaches every sink before the next size starts, so
+an interrupted or crashed run leaves valid files with the rows done so far."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncclbench import report
+from ncclbench.errors import PlanError
+from ncclbench.results import ResultRow, RunInfo, RunSummary, json_number
+
+CSV_COLUMNS = [
+    "timestamp", "collective", "placement", "size_bytes", "count", "dtype", "op", "root",
+    "time_us", "algbw_gbps", "busbw_gbps", "nwrong", "ranks", "nodes", "hosts", "gpu", "backend",
+    "mode", "torch_version", "nccl_version", "ncclbench_version", "host_us",
+    "i_min_us", "i_p50_us", "i_p99_us", "i_max_us", "i_cv_pct", "link_peak_gbps",
+]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    json_path: str | None = None
+    csv_path: str | None = None
+    results_dir: str | None = None   # None: no result store (--no-save)
+    timestamps: bool = False
+    per_iter: bool = False
+    per_iter_skip: int = 0
+
+
+def default_results_dir() -> str:
+    return os.environ.get("NCCLBENCH_RESULTS_DIR", "results")
+
+
+# ---- checks made before launching ----------------------------------------------------------
+def check_writable(path: str, what: str) -> None:
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise PlanError(f"cannot write {what} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise PlanError(f"cannot write {what} {path}: directory {parent} is not writable")
+    if Path(path).is_dir():
+        raise PlanError(f"cannot write {what} {path}: it is a directory")
+
+
+def check_csv_appendable(path: str) -> None:
+    """Appending to a CSV with other columns would corrupt it: refuse up front."""
+    check_writable(path, "CSV file")
+    p = Path(path)
+    if p.exists() and p.stat().st_size > 0:
+        with open(p, newline="") as f:
+            first = f.readline().strip()
+        if first.split(",") != CSV_COLUMNS:
+            raise PlanError(f"cannot append to {path}: its columns differ from ncclbench's "
+                            "(write to a new file or move the old one away)")
+
+
+def exclusive_json_path(path: str) -> str:
+    """nccl-tests' -J never overwrites: name.0, name.1, ... when the name is taken."""
+    if not os.path.exists(path):
+        return path
+    i = 0
+    while os.path.exists(f"{path}.{i}"):
+        i += 1
+    return f"{path}.{i}"
+
+
+def store_path(results_dir: str, info: RunInfo) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(results_dir) / f"{stamp}_{info.collective}_{info.nranks}r_{info.backend}"
+    candidate, i = f"{base}.json", 1
+    while os.path.exists(candidate):
+        candidate, i = f"{base}-{i}.json", i + 1
+    return candidate
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+def _placement_json(p) -> dict:
+    return {"time": p.time_us, "alg_bw": p.algbw, "bus_bw": p.busbw,
+            "nwrong": float(p.nwrong) if p.nwrong is not None else "nan"}
+
+
+def row_json(row: ResultRow) -> dict:
+    out = {"size": row.size, "count": row.count, "type": row.dtype, "redop": row.op,
+           "root": f"{row.root:6d}"}
+    for name, p in row.placements():
+        out[name] = _placement_json(p)
+        if p.per_iter is not None:
+            out[f"{name}_per_iter"] = p.per_iter
+    out["timestamp"] = row.timestamp
+    out["host_us"] = {name: p.host_us for name, p in row.placements()}
+    return out
+
+
+def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
+    doc = {
+        "version": 3,
+        "start_time": info.start_time,
+        "args": info.args,
+        "env": info.env,
+        "nccl_version": info.nccl_code,
+        "config": dict(info.config, devices=[vars(d) for d in info.devices]),
+        "results": [row_json(r) for r in summary.rows],
+        "out_of_bounds": {"count": sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0),
+                          "okay": "true" if summary.wrong == 0 else "false"},
+        "average_bus_bandwidth": {"bandwidth": json_number(summary.average_busbw), "okay": "unchecked"},
+        "errors": summary.errors or [""],
+    }
+    if end_time:
+        doc["end_time"] = end_time
+    doc["ncclbench"] = {
+        "collective": info.collective, "backend": info.backend, "mode": info.mode, "timing": info.timing,
+        "ranks": info.nranks, "nodes": len(info.hosts), "hosts": info.hosts, "gpu": info.gpu_name,
+        "link_peak_gbps": info.link_peak_gbps, "topology": info.topology,
+        "torch_version": info.torch_version, "nccl": info.nccl_text,
+        "ncclbench_version": info.ncclbench_version, "notes": info.notes,
+        "complete": summary.complete, "status": summary.status,
+        "peak_bus_bandwidth": summary.peak_busbw, "largest_size_bus_bandwidth": summary.largest_size_busbw,
+    }
+    return doc
+
+
+def write_json_atomic(path: str, doc: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---- CSV -------------------------------------------------------------------------------------
+def csv_records(info: RunInfo, row: ResultRow) -> list[dict]:
+    records = []
+    for name, p in row.placements():
+        it = p.per_iter or {}
+        records.append({
+            "timestamp": row.timestamp, "collective": row.collective, "placement": name,
+            "size_bytes": row.size, "count": row.count, "dtype": row.dtype, "op": row.op, "root": row.root,
+            "time_us": round(p.time_us, 4), "algbw_gbps": round(p.algbw, 4), "busbw_gbps": round(p.busbw, 4),
+            "nwrong": p.nwrong, "ranks": info.nranks, "nodes": len(info.hosts), "hosts": ";".join(info.hosts),
+            "gpu": info.gpu_name, "backend": info.backend, "mode": info.mode,
+            "torch_version": info.torch_version, "nccl_version": info.nccl_text,
+            "ncclbench_version": info.ncclbench_version, "host_us": round(p.host_us, 4),
+            "i_min_us": it.get("min_us"), "i_p50_us": it.get("p50_us"), "i_p99_us": it.get("p99_us"),
+            "i_max_us": it.get("max_us"), "i_cv_pct": it.get("cv_pct"), "link_peak_gbps": info.link_peak_gbps,
+        })
+    return records
+
+
+def append_csv(path: str, records: list[dict]) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(records, columns=CSV_COLUMNS)
+    frame["nwrong"] = frame["nwrong"].astype("Int64")
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        frame.to_csv(f, header=new, index=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---- the reporter ------------------------------------------------------------------------------
+class Reporter:
+    def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None):
+        self.info = info
+        self.spec = spec
+        self.stream = stream or sys.stdout
+        self.rows: list[ResultRow] = []
+        self.peak_line_for = peak_line_for
+        self.json_path = exclusive_json_path(spec.json_path) if spec.json_path else None
+        self.store_path = None
+        if spec.results_dir:
+            os.makedirs(spec.results_dir, exist_ok=True)
+            self.store_path = store_path(spec.results_dir, info)
+        if self.json_path:
+            self._print(f"# Writing JSON output to {self.json_path}")
+        for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip):
+            self._print(line)
+        self._write_json(RunSummary(self.rows, complete=False, status="running"))
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def _write_json(self, summary: RunSummary, end_time: str | None = None) -> None:
+        doc = None
+        for path in (self.json_path, self.store_path):
+            if path:
+                doc = doc or run_json(self.info, summary, end_time)
+                write_json_atomic(path, doc)
+
+    def add_row(self, row: ResultRow) -> None:
+        self.rows.append(row)
+        self._print(report.row_line(row, self.spec.per_iter, self.spec.timestamps))
+        if self.spec.csv_path:
+            append_csv(self.spec.csv_path, csv_records(self.info, row))
+        self._write_json(RunSummary(self.rows, complete=False, status="running"))
+
+    def finish(self, summary: RunSummary) -> None:
+        peak_line = self.peak_line_for(summary) if self.peak_line_for else None
+        for line in report.trailer_lines(self.info, summary, peak_line):
+            self._print(line)
+        self._write_json(summary, end_time=_dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S"))
+        if self.store_path:
+            print(f"ncclbench: results saved to {self.store_path}", file=sys.stderr)

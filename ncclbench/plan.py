@@ -1,0 +1,94 @@
+"""The benchmark plan: every option, validated once, identical on every rank."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ncclbench.collectives import Collective, lookup
+from ncclbench.dtypes import DTYPES
+from ncclbench.sizes import size_sweep
+from ncclbench.timing import Average, TimingMode, TimingSettings
+
+
+@dataclass(frozen=True)
+class Plan:
+    collective: str
+    min_bytes: int = 32 << 20
+    max_bytes: int = 32 << 20
+    step_bytes: int = 1 << 20
+    step_factor: float = 1.0
+    dtypes: tuple[str, ...] = ("float",)
+    ops: tuple[str, ...] = ("sum",)
+    root: int = 0                  # -1: every root
+    iters: int = 20
+    warmup_iters: int = 1
+    agg_iters: int = 1
+    run_cycles: int = 1            # 0: until interrupted
+    check: int = 1
+    blocking: bool = False
+    average: int = 1
+    timeout_s: float = 600.0
+    report_timestamps: bool = False
+    graph_replays: int = 0
+    report_cputime: bool = False
+    per_iter: bool = False
+    per_iter_skip: int = 0
+    backend: str = "gloo"
+    split: str | None = None
+    args: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def coll(self) -> Collective:
+        return lookup(self.collective)
+
+    def sizes(self) -> list[int]:
+        return size_sweep(self.min_bytes, self.max_bytes, self.step_bytes, self.step_factor)
+
+    @property
+    def mode(self) -> TimingMode:
+        if self.graph_replays > 0:
+            return TimingMode.GRAPH
+        if self.blocking:
+            return TimingMode.BLOCKING
+        return TimingMode.EAGER
+
+    def timing_settings(self) -> TimingSettings:
+        return TimingSettings(iters=self.iters, agg=self.agg_iters, mode=self.mode,
+                              graph_replays=self.graph_replays, per_iter=self.per_iter)
+
+    @property
+    def averaging(self) -> Average:
+        return Average(self.average)
+
+    def op_list(self) -> list[str]:
+        c = self.coll
+        if c.has_op:
+            return list(self.ops)
+        return [c.printed_op or "sum"]
+
+    def root_list(self, nranks: int) -> list[int]:
+        if not self.coll.has_root:
+            return [-1]
+        return list(range(nranks)) if self.root == -1 else [self.root]
+
+    def fingerprint(self) -> dict:
+        """What every rank must agree on before the first collective."""
+        d = asdict(self)
+        d.pop("args")
+        return d
+
+    def buffer_bytes(self, nranks: int, sizes: list[int] | None = None) -> tuple[int, int]:
+        """(send, recv) bytes to allocate once for the whole sweep; recv also holds the
+        in-place send region."""
+        send = recv = 0
+        for name in self.dtypes:
+            item = DTYPES[name].itemsize
+            for size in sizes if sizes is not None else self.sizes():
+                lay = self.coll.layout(size // item, item, nranks)
+                send = max(send, lay.send_count * item)
+                recv = max(recv, max(lay.send_count, lay.recv_count) * item)
+        return send, recv
+
+    def largest_fitting_size(self, nranks: int, budget_bytes: int) -> int | None:
+        fitting = [s for s in self.sizes() if sum(self.buffer_bytes(nranks, [s])) <= budget_bytes]
+        return max(fitting) if fitting else None

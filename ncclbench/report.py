@@ -1,0 +1,128 @@
+"""nccl-tests text layout, line for line, from plain result records.
+
+Extra facts (backend, timing mode, topology, warnings) go on lines starting with `#`,
+so scripts written for nccl-tests output read ours unchanged."""
+
+from __future__ import annotations
+
+from ncclbench.results import PlacementResult, ResultRow, RunInfo, RunSummary
+
+_GROUP_PLAIN = "#                                                              out-of-place                       in-place          "
+_HEAD_PLAIN = "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong "
+_UNITS_PLAIN = "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         "
+_GROUP_ITER = ("#                                                                 out-of-place (+ per-iteration)"
+               "                                in-place (+ per-iteration)")
+_HEAD_ITER = ("#       size         count      type   redop    root     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%"
+              "     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv% ")
+_UNITS_ITER = ("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%)"
+               "     (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%) ")
+
+
+def test_name(collective: str) -> str:
+    return f"{collective}_perf"
+
+
+def format_time(us: float) -> str:
+    """Seven characters with as many decimals as fit, like nccl-tests (8.36, 2316.50, 17786.6)."""
+    for decimals in (2, 1, 0):
+        text = f"{us:7.{decimals}f}"
+        if len(text) <= 7:
+            return text
+    return f"{us:7.0f}"
+
+
+def format_step(info: RunInfo) -> str:
+    c = info.config
+    if "step_factor" in c:
+        f = c["step_factor"]
+        return f"{int(f) if float(f).is_integer() else f}(factor)"
+    return f"{c['step_bytes']}(bytes)"
+
+
+def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[str]:
+    c = info.config
+    lines = [
+        f"# ncclbench version {info.ncclbench_version} torch={info.torch_version} nccl-library={info.nccl_code}",
+        f"# Collective test starting: {test_name(info.collective)}",
+        f"# nThread 1 nGpus 1 minBytes {c['minimum_bytes']} maxBytes {c['maximum_bytes']} "
+        f"step: {format_step(info)} warmup iters: {c['warmup_iters']} iters: {c['iterations']} "
+        f"agg iters: {c['aggregated_iterations']} validation: {c['validation']} graph: {c['graph']} unalign: 0",
+    ]
+    if per_iter:
+        lines.append(f"# Per-Iteration Report: {info.timing} timing; i_* uses max over process rows; "
+                     f"summary skips first {skip} iterations ")
+    nodes = len(info.hosts)
+    lines.append(f"# Backend: {info.backend} ({info.nccl_text}), timing: {info.mode} ({info.timing}), "
+                 f"{info.nranks} ranks on {nodes} node{'s' if nodes != 1 else ''} ({', '.join(info.hosts)})")
+    if info.topology:
+        lines.append(f"# Topology: {info.topology}")
+    lines.extend(f"# Note: {n}" for n in info.notes)
+    lines += ["#", "# Using devices"]
+    for d in info.devices:
+        lines.append(f"#  Rank {d.rank:2d} Group {d.group:2d} Pid {d.pid:6d} on {d.hostname:>10s} "
+                     f"device {d.device:2d} [{d.device_hex}] {d.device_info}")
+    lines.append("#")
+    if per_iter:
+        lines += [_GROUP_ITER, _HEAD_ITER, _UNITS_ITER]
+    else:
+        lines += [_GROUP_PLAIN, _HEAD_PLAIN, _UNITS_PLAIN]
+    return lines
+
+
+def _cell(p: PlacementResult, per_iter: bool) -> str:
+    wrong = f"  {p.nwrong:6d}" if p.nwrong is not None else f"  {'N/A':>5s}"
+    text = f"  {format_time(p.time_us)}  {p.algbw:6.2f}  {p.busbw:6.2f}{wrong}"
+    if per_iter:
+        s = p.per_iter or {}
+        for key in ("min_us", "max_us", "p99_us", "cv_pct"):
+            text += f"  {s.get(key, float('nan')):7.2f}"
+    return text
+
+
+def row_line(row: ResultRow, per_iter: bool = False, timestamp: bool = False) -> str:
+    line = f"{row.size:12d}  {row.count:12d}  {row.dtype:>8s}  {row.op:>6s}  {row.root:6d}"
+    line += _cell(row.out_of_place, per_iter) + _cell(row.in_place, per_iter)
+    if timestamp:  # -S: nccl-tests appends the wall-clock time to each row
+        line += f"  {row.timestamp}"
+    return line
+
+
+def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = None) -> list[str]:
+    wrong_cells = sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0)
+    lines = [
+        f"# Out of bounds values : {wrong_cells} {'OK' if wrong_cells == 0 else 'FAILED'}",
+        f"# Avg bus bandwidth    : {summary.average_busbw:g} ",
+        f"# Peak bus bandwidth   : {summary.peak_busbw:g} (largest size: {summary.largest_size_busbw:g})",
+    ]
+    if peak_line:
+        lines.append(peak_line)
+    launch_bound = launch_bound_sizes(info, summary)
+    if launch_bound:
+        lines.append(
+            f"# Warning: at {', '.join(str(s) for s in launch_bound)} B the time is within 20% of the "
+            f"host cost per call ({host_cost_us(summary):.1f} us, {info.backend} backend): these rows measure "
+            "the launch rate, not the fabric; "
+            "use -G <n> (CUDA graphs) or --backend cupy for latency")
+    if summary.failing_sizes():
+        lines.append(f"# Wrong results at sizes: {', '.join(map(str, summary.failing_sizes()))}")
+    for err in summary.errors:
+        lines.append(f"# Error: {err}")
+    if not summary.complete:
+        lines.append(f"# Incomplete run ({summary.status}): {len(summary.rows)} rows finished and kept")
+    lines += ["#", f"# Collective test concluded: {test_name(info.collective)}", "#"]
+    return lines
+
+
+def launch_bound_sizes(info: RunInfo, summary: RunSummary) -> list[int]:
+    """Sizes whose eager time is no more than 1.2 x the host time spent issuing each op
+    (torch NCCL backend: the GPU then waits for the CPU)."""
+    if info.mode != "eager" or info.backend != "nccl":
+        return []
+    return sorted({r.size for r in summary.rows
+                   if r.size and 0 < r.out_of_place.time_us <= 1.2 * r.out_of_place.host_us})
+
+
+def host_cost_us(summary: RunSummary) -> float:
+    """Median host time per call over the sweep's out-of-place cells."""
+    costs = sorted(r.out_of_place.host_us for r in summary.rows if r.size)
+    return costs[len(costs) // 2] if costs else 0.0

@@ -1,0 +1,135 @@
+"""Plain result records. Formatting and export code take these and know nothing of
+torch or distributed code."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+PLACEMENTS = ("out_of_place", "in_place")
+
+
+@dataclass
+class PlacementResult:
+    time_us: float          # combined across ranks as -a says; host time per op with -C
+    algbw: float            # GB/s
+    busbw: float            # GB/s
+    nwrong: int | None      # None: not checked (N/A in nccl-tests, or -c 0 shows 0 there)
+    host_us: float = 0.0    # host time spent issuing one op (launch cost), mean over ranks
+    per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
+
+
+@dataclass
+class ResultRow:
+    collective: str
+    size: int               # bytes, as printed
+    count: int              # elements, as printed
+    dtype: str
+    op: str                 # redop column text
+    root: int               # -1 when the collective has none
+    out_of_place: PlacementResult
+    in_place: PlacementResult
+    timestamp: str = ""     # -S / CSV
+
+    def placements(self):
+        return (("out_of_place", self.out_of_place), ("in_place", self.in_place))
+
+    def wrong_total(self) -> int:
+        return sum(p.nwrong or 0 for _, p in self.placements())
+
+
+@dataclass
+class DeviceRecord:
+    rank: int
+    group: int
+    pid: int
+    hostname: str
+    device: int
+    device_hex: str
+    device_info: str
+
+
+@dataclass
+class RunInfo:
+    """Everything the header, JSON and CSV say about a run besides the rows."""
+
+    collective: str
+    args: list[str]
+    backend: str
+    mode: str                # TimingMode value
+    timing: str              # "CUDA events" / "host clock"
+    nranks: int
+    devices: list[DeviceRecord]
+    ncclbench_version: str
+    torch_version: str
+    nccl_code: int           # 22809 style, 0 without NCCL
+    nccl_text: str           # "NCCL 2.28.9" / "gloo"
+    config: dict             # nccl-tests' config block values (minimum_bytes, ...)
+    env: list[str]
+    start_time: str
+    topology: str | None = None
+    link_peak_gbps: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> list[str]:
+        seen: list[str] = []
+        for d in self.devices:
+            if d.hostname not in seen:
+                seen.append(d.hostname)
+        return seen
+
+    @property
+    def gpu_name(self) -> str:
+        names = sorted({d.device_info for d in self.devices})
+        return names[0] if len(names) == 1 else ",".join(names)
+
+
+@dataclass
+class RunSummary:
+    rows: list[ResultRow]
+    complete: bool
+    status: str = "ok"      # ok | wrong_results | timeout | interrupted | error
+    errors: list[str] = field(default_factory=list)
+
+    def printed_cells(self):
+        for row in self.rows:
+            for _, p in row.placements():
+                yield row, p
+
+    @property
+    def average_busbw(self) -> float:
+        """nccl-tests' `Avg bus bandwidth`: plain mean over every printed cell."""
+        cells = [p.busbw for _, p in self.printed_cells()]
+        return sum(cells) / len(cells) if cells else 0.0
+
+    @property
+    def peak_busbw(self) -> float:
+        return max((p.busbw for _, p in self.printed_cells()), default=0.0)
+
+    @property
+    def largest_size_busbw(self) -> float:
+        if not self.rows:
+            return 0.0
+        top = max(r.size for r in self.rows)
+        return max(r.out_of_place.busbw for r in self.rows if r.size == top)
+
+    @property
+    def wrong(self) -> int:
+        return sum(r.wrong_total() for r in self.rows)
+
+    def failing_sizes(self) -> list[int]:
+        return sorted({r.size for r in self.rows if r.wrong_total() > 0})
+
+
+def json_number(x: float | None):
+    """nccl-tests writes NaN as the string "nan"."""
+    if x is None:
+        return None
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return x
+
+
+def as_dict(obj) -> dict:
+    return asdict(obj)

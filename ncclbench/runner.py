@@ -1,0 +1,313 @@
+"""One rank's benchmark: agree on the plan, sweep sizes, check, hand rows to rank 0's report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+
+from ncclbench import __version__
+from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
+from ncclbench.collectives import CheckContext, Collective
+from ncclbench.dtypes import DTYPES, DType
+from ncclbench.errors import CollectiveError, ExitCode, PlanError
+from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.timing import combine, measure, per_iter_summary
+
+CHECK_CHUNK = 1 << 24  # elements per expected-value chunk: bounds the checker's memory
+
+
+def now() -> str:
+    return _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Buffers:
+    """Send and receive memory allocated once for the largest size, typed per dtype."""
+
+    def __init__(self, backend, send_bytes: int, recv_bytes: int):
+        self.send_raw = backend.alloc_bytes(send_bytes)
+        self.recv_raw = backend.alloc_bytes(recv_bytes)
+
+    def typed(self, dtype: DType):
+        def view(raw):
+            n = raw.numel() // dtype.itemsize
+            return raw[: n * dtype.itemsize].view(dtype.torch_dtype())
+
+        return view(self.send_raw), view(self.recv_raw)
+
+
+class Slots:
+    """Per-op (send, recv) views for one size and placement. Successive ops use successive
+    slices of the big buffers, as nccl-tests shifts each op, so repeated small ops do not
+    hit the same cache lines."""
+
+    def __init__(self, coll: Collective, layout, send_t, recv_t, in_place: bool,
+                 use_recv_as_send: bool, rank: int, nslots: int):
+        self.views = []
+        span = max(layout.send_count, layout.recv_count, 1)
+        if in_place:
+            fit = recv_t.numel() // span
+        else:
+            fit = min(send_t.numel() // max(layout.send_count, 1), recv_t.numel() // max(layout.recv_count, 1))
+        for slot in range(max(1, min(fit, nslots))):
+            if in_place:
+                base = slot * span
+                r0 = base + layout.recv_inplace_offset * rank
+                s0 = base + layout.send_inplace_offset * rank
+                recv = recv_t[r0: r0 + layout.recv_count]
+                send = recv_t[s0: s0 + layout.send_count]
+            else:
+                recv = recv_t[slot * layout.recv_count: (slot + 1) * layout.recv_count]
+                send = send_t[slot * layout.send_count: (slot + 1) * layout.send_count]
+                if use_recv_as_send:
+                    send = recv
+            self.views.append((send, recv))
+
+    def __getitem__(self, op_index: int):
+        return self.views[op_index % len(self.views)]
+
+
+def fill_input(view, pattern: InputPattern, rank: int, dtype: DType, device):
+    import torch
+
+    bits = bit_view(view, dtype)
+    for a in range(0, view.numel(), CHECK_CHUNK):
+        b = min(a + CHECK_CHUNK, view.numel())
+        idx = torch.arange(a, b, device=device, dtype=torch.int64)
+        bits[a:b].copy_(bit_view(to_dtype(pattern.values(rank, idx), dtype), dtype))
+
+
+def count_wrong(view, coll: Collective, ctx: CheckContext, dtype: DType, op: str, device) -> int:
+    import torch
+
+    wrong = 0
+    for a in range(0, view.numel(), CHECK_CHUNK):
+        b = min(a + CHECK_CHUNK, view.numel())
+        idx = torch.arange(a, b, device=device, dtype=torch.int64)
+        wrong += count_mismatches(view[a:b], coll.expected(ctx, idx), dtype, op, ctx.nranks)
+    return wrong
+
+
+class RankRunner:
+    def __init__(self, plan, backend, launch):
+        self.plan = plan
+        self.backend = backend
+        self.launch = launch
+        self.coll = plan.coll
+        self.rank = backend.group_rank
+        self.nranks = backend.group_size
+        self.seed_counter = 0
+
+    # ---- before the sweep ---------------------------------------------------------------
+    def agree_on_plan(self):
+        """Stop with the names of the ranks that differ, instead of hanging in a mismatched collective."""
+        import torch
+
+        mine = dict(self.plan.fingerprint(), torch=torch.__version__,
+                    library=self.backend.library_version()[0])
+        everyone = self.backend.all_gather_object(mine)
+        reference = everyone[0]
+        differ = [r for r, fp in enumerate(everyone) if fp != reference]
+        if differ:
+            keys = sorted({k for r in differ for k in everyone[r] if everyone[r].get(k) != reference.get(k)})
+            raise PlanError(f"ranks {','.join(map(str, differ))} run a different plan than rank 0 "
+                            f"(differs in: {', '.join(keys)}); every rank must get the same options")
+
+    def validate(self):
+        p = self.plan
+        if p.coll.has_root and p.root >= self.nranks:
+            raise PlanError(f"root {p.root} does not exist with {self.nranks} ranks (use 0..{self.nranks - 1} or all)")
+        if p.coll.name == "sendrecv" and self.nranks < 2:
+            raise PlanError("sendrecv needs at least 2 ranks")
+        for d in p.dtypes:
+            for op in p.op_list() if p.coll.has_op else [None]:
+                reason = self._unsupported(d, op)
+                if reason:
+                    raise PlanError(reason)
+        send, recv = p.buffer_bytes(self.nranks)
+        free = self.backend.free_memory()
+        if free is not None and send + recv + (2 << 30) > free:
+            fit = p.largest_fitting_size(self.nranks, free - (2 << 30))
+            hint = f"largest size that fits: -e {fit}" if fit else "not even the smallest size fits"
+            raise PlanError(f"buffers need {(send + recv) / 2**30:.1f} GiB but the GPU has "
+                            f"{free / 2**30:.1f} GiB free ({hint})")
+
+    def _unsupported(self, dtype: str, op):
+        from ncclbench.backends.torch_dist import unsupported_reason
+
+        reason = unsupported_reason(self.plan.backend, dtype, op)
+        if reason is None and DTYPES[dtype].torch_dtype() is None:
+            reason = f"this torch has no {dtype} type"
+        return reason
+
+    def device_record(self) -> DeviceRecord:
+        info = self.backend.device_info()
+        return DeviceRecord(rank=self.backend.rank, group=0, pid=os.getpid(), hostname=socket.gethostname(),
+                            device=info["device"], device_hex=info["device_hex"], device_info=info["device_info"])
+
+    # ---- the sweep ----------------------------------------------------------------------------
+    def combinations(self):
+        for dname in self.plan.dtypes:
+            for op in self.plan.op_list():
+                for root in self.plan.root_list(self.nranks):
+                    yield DTYPES[dname], op, root
+
+    def warm_up(self, buffers, dtype, op, root, sizes):
+        send_t, recv_t = buffers.typed(dtype)
+        for size in sizes:
+            layout = self.coll.layout(size // dtype.itemsize, dtype.itemsize, self.nranks)
+            slots = self._slots(layout, send_t, recv_t, False, 1)
+            for _ in range(self.plan.warmup_iters):
+                send, recv = slots[0]
+                self.coll.call(self.backend, send, recv, op, root)
+        self.backend.synchronize()
+
+    def _slots(self, layout, send_t, recv_t, in_place, nslots):
+        out_of_place_missing = self.coll.name in self.backend.in_place_only
+        return Slots(self.coll, layout, send_t, recv_t, in_place, out_of_place_missing and not in_place,
+                     self.rank, nslots)
+
+    def measure_size(self, buffers, dtype, op, root, size):
+        """This rank's (timing, wrong) for both placements of one size."""
+        send_t, recv_t = buffers.typed(dtype)
+        layout = self.coll.layout(size // dtype.itemsize, dtype.itemsize, self.nranks)
+        settings = self.plan.timing_settings()
+        out = []
+        for in_place in (False, True):
+            slots = self._slots(layout, send_t, recv_t, in_place, settings.iters * settings.agg)
+
+            def run_op(k, slots=slots):
+                send, recv = slots[k]
+                self.coll.call(self.backend, send, recv, op, root)
+
+            timing = measure(self.backend, run_op, settings)
+            wrong = None
+            checkable = self.plan.check and (self.coll.in_place_checked or not in_place)
+            if checkable:
+                wrong = self.check(slots, layout, dtype, op, root, in_place)
+            out.append((timing.device_s, timing.host_s, timing.per_iter_s, wrong))
+        return layout, out
+
+    def check(self, slots, layout, dtype, op, root, in_place) -> int:
+        """Fresh inputs, one op, count wrong elements in this rank's output (untimed)."""
+        self.seed_counter += 1
+        pattern = InputPattern(dtype, op, self.nranks, seed=self.seed_counter)
+        send, recv = slots[0]
+        device = self.backend.device
+        bit_view(recv, dtype).fill_(-1)  # poison: an unwritten element cannot pass
+        fill_input(send, pattern, self.rank, dtype, device)
+        self.backend.synchronize()
+        self.coll.call(self.backend, send, recv, op, root)
+        self.backend.synchronize()
+        if not self.coll.checked_on(self.rank, root):
+            return 0
+        ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count)
+        return count_wrong(recv, self.coll, ctx, dtype, op, device)
+
+    def to_row(self, per_rank, layout, dtype, op, root) -> ResultRow:
+        """Rank 0: combine every rank's numbers for one size into a printed row."""
+        plan = self.plan
+        cells = []
+        for placement in range(2):
+            device_s = [r[placement][0] for r in per_rank]
+            host_s = [r[placement][1] for r in per_rank]
+            wrongs = [r[placement][3] for r in per_rank]
+            seconds = combine(host_s if plan.report_cputime else device_s, plan.averaging)
+            algbw, busbw = self.coll.bandwidths(layout, dtype.itemsize, self.nranks, seconds)
+            nwrong = None if any(w is None for w in wrongs) else sum(wrongs)
+            per_iter = None
+            if plan.per_iter:
+                per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
+            cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
+                                         host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
+        return ResultRow(self.coll.name, layout.printed_bytes(dtype.itemsize), layout.param_count,
+                         dtype.name, self.coll.printed_op or op, root, cells[0], cells[1],
+                         timestamp=now())
+
+
+def run_rank(plan, launch, make_report) -> int:
+    """Run the whole benchmark on this rank; rank 0 reports. Returns the exit code."""
+    from ncclbench.backends import create_backend
+
+    backend = create_backend(plan.backend, launch, plan.timeout_s)
+    report = None
+    rows: list[ResultRow] = []
+    status, errors = "ok", []
+    try:
+        runner = RankRunner(plan, backend, launch)
+        runner.agree_on_plan()
+        runner.validate()
+        devices = backend.all_gather_object(runner.device_record())
+        if backend.rank == 0:
+            report = make_report(build_run_info(plan, backend, devices))
+        sizes = plan.sizes()
+        send_bytes, recv_bytes = plan.buffer_bytes(runner.nranks)
+        buffers = Buffers(backend, send_bytes, recv_bytes)
+        cycle = 0
+        while plan.run_cycles == 0 or cycle < plan.run_cycles:
+            cycle += 1
+            for dtype, op, root in runner.combinations():
+                runner.warm_up(buffers, dtype, op, root, sizes)
+                for size in sizes:
+                    layout, mine = runner.measure_size(buffers, dtype, op, root, size)
+                    everyone = backend.all_gather_object(mine)
+                    if report is not None:
+                        row = runner.to_row(everyone, layout, dtype, op, root)
+                        rows.append(row)
+                        report.add_row(row)
+    except KeyboardInterrupt:
+        status, errors = "interrupted", ["interrupted by the user (Ctrl-C)"]
+    except PlanError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
+        status = "error"
+        errors = [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"]
+        if report is None:
+            backend.close()
+            raise CollectiveError(errors[0]) from exc
+    finally:
+        summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
+        if report is not None:
+            if summary.complete and summary.wrong:
+                summary.status = "wrong_results"
+            report.finish(summary)
+        backend.close()
+    return exit_code_for(summary)
+
+
+def exit_code_for(summary: RunSummary) -> int:
+    return {
+        "ok": ExitCode.OK,
+        "wrong_results": ExitCode.WRONG_RESULTS,
+        "interrupted": ExitCode.INTERRUPTED,
+        "timeout": ExitCode.TIMEOUT,
+        "error": ExitCode.NCCL_ERROR,
+    }[summary.status]
+
+
+def build_run_info(plan, backend, devices) -> RunInfo:
+    import torch
+
+    code, text = backend.library_version()
+    notes = []
+    if plan.coll.name in backend.in_place_only:
+        notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
+                     "on distinct buffers (use --backend cupy for a true out-of-place call)")
+    config = {
+        "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
+        "step_bytes" if plan.step_factor == 1 else "step_factor":
+            plan.step_bytes if plan.step_factor == 1 else plan.step_factor,
+        "warmup_iters": plan.warmup_iters, "iterations": plan.iters,
+        "aggregated_iterations": plan.agg_iters, "validation": plan.check, "graph": plan.graph_replays,
+        "blocking_collectives": "true" if plan.blocking else "false",
+        "per_iter_timing": "true" if plan.per_iter else "false", "per_iter_skip": plan.per_iter_skip,
+        "parallel_init": "false",
+    }
+    env = sorted(f"{k}={v}" for k, v in os.environ.items()
+                 if k.startswith(("NCCL_", "TORCH_NCCL_", "CUDA_", "NCCLBENCH_")))
+    return RunInfo(
+        collective=plan.coll.name, args=list(plan.args), backend=plan.backend, mode=plan.mode.value,
+        timing=backend.timing_name(), nranks=backend.group_size, devices=devices,
+        ncclbench_version=__version__, torch_version=torch.__version__, nccl_code=code, nccl_text=text,
+        config=config, env=env, start_time=now(), notes=notes,
+    )

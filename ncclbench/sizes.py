@@ -1,0 +1,60 @@
+"""Message sizes: parsing `8`, `64K`, `1G` and the -b/-e/-i/-f sweep, as nccl-tests does."""
+
+from __future__ import annotations
+
+import re
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes for a size such as `8`, `64K`, `8M`, `1G` (K/M/G are powers of 1024, like nccl-tests).
+
+    Raises ValueError with a message fit for the user."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must not be negative: {text}")
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot parse size {text!r} (use a number of bytes with an optional K, M or G suffix, e.g. 8, 64K, 1G)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def format_size(nbytes: int) -> str:
+    """Shortest exact human form: 8 -> '8B', 65536 -> '64K', 1<<30 -> '1G'."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = _SUFFIX[suffix]
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return f"{nbytes}B"
+
+
+def size_sweep(min_bytes: int, max_bytes: int, step_bytes: int = 0, step_factor: float = 1.0) -> list[int]:
+    """Sizes from min to max inclusive: multiply by step_factor when it is > 1, else add step_bytes.
+
+    Same rule as nccl-tests (`-f` wins over `-i` when given)."""
+    if min_bytes < 0 or max_bytes < 0:
+        raise ValueError("sizes must not be negative")
+    if min_bytes > max_bytes:
+        raise ValueError(f"minimum size {min_bytes} is larger than maximum size {max_bytes}")
+    use_factor = step_factor is not None and step_factor != 1.0
+    if use_factor:
+        if step_factor <= 1.0:
+            raise ValueError(f"step factor must be > 1 (got {step_factor})")
+        if min_bytes == 0:
+            raise ValueError("a step factor needs a minimum size > 0 (0 times any factor stays 0)")
+    elif step_bytes <= 0:
+        if min_bytes == max_bytes:
+            return [min_bytes]
+        raise ValueError("step must be > 0 bytes when no step factor is given (the sweep would never end)")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        nxt = int(size * step_factor) if use_factor else size + step_bytes
+        if nxt <= size:  # a factor like 1.01 on a tiny size would stall
+            nxt = size + 1
+        size = nxt
+    return sizes

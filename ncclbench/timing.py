@@ -1,0 +1,140 @@
+"""The one timing engine, shared by every collective and backend.
+
+Per size and placement, as nccl-tests does: one untimed op, wait, host barrier, then
+`iters` outer iterations of `agg` ops between two device marks (CUDA events on the
+collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
+`graph_replays` the iters x agg loop is captured once and the graph replayed that many
+times between the marks. Per-iteration marks (-I) bracket each outer iteration."""
+
+from __future__ import annotations
+
+import enum
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class TimingMode(str, enum.Enum):
+    EAGER = "eager"        # ops launched one by one from the host
+    GRAPH = "graph"        # CUDA graph replay (-G)
+    BLOCKING = "blocking"  # -z: wait for each op before launching the next
+
+    def describe(self, backend_timer: str) -> str:
+        return {"eager": f"eager launches, {backend_timer}",
+                "graph": f"CUDA graph replay, {backend_timer}",
+                "blocking": f"blocking (wait after each op), {backend_timer}"}[self.value]
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    iters: int = 20
+    agg: int = 1
+    mode: TimingMode = TimingMode.EAGER
+    graph_replays: int = 0
+    per_iter: bool = False
+
+
+@dataclass
+class Timing:
+    """One rank's measurement of one (size, placement)."""
+
+    device_s: float                 # per op
+    host_s: float                   # host time per op spent issuing (launch cost, -C)
+    per_iter_s: list[float] = field(default_factory=list)  # per outer iteration, per op
+
+
+def measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -> Timing:
+    """Time `run_op(op_index)` on `backend`."""
+    ops_per_loop = settings.iters * settings.agg
+    run_op(0)
+    backend.synchronize()
+    backend.barrier()
+
+    if settings.mode is TimingMode.GRAPH:
+        def loop():
+            for i in range(ops_per_loop):
+                run_op(i)
+
+        replay = backend.capture(loop)
+        backend.synchronize()
+        backend.barrier()
+        replays = max(settings.graph_replays, 1)
+        host0 = time.perf_counter()
+        start = backend.mark()
+        for _ in range(replays):
+            replay()
+        end = backend.mark()
+        host1 = time.perf_counter()
+        backend.synchronize()
+        total_ops = ops_per_loop * replays
+        return Timing(backend.elapsed(start, end) / total_ops, (host1 - host0) / total_ops)
+
+    marks = []
+    host0 = time.perf_counter()
+    marks.append(backend.mark())
+    for it in range(settings.iters):
+        for a in range(settings.agg):
+            run_op(it * settings.agg + a)
+            if settings.mode is TimingMode.BLOCKING:
+                backend.synchronize()
+        if settings.per_iter:
+            marks.append(backend.mark())
+    if not settings.per_iter:
+        marks.append(backend.mark())
+    host1 = time.perf_counter()
+    backend.synchronize()
+    device_s = backend.elapsed(marks[0], marks[-1]) / ops_per_loop
+    per_iter = []
+    if settings.per_iter:
+        per_iter = [backend.elapsed(a, b) / settings.agg for a, b in zip(marks, marks[1:])]
+    return Timing(device_s, (host1 - host0) / ops_per_loop, per_iter)
+
+
+class Average(enum.IntEnum):
+    """-a: how per-rank times combine (nccl-tests' values)."""
+
+    RANK0 = 0
+    MEAN = 1
+    MIN = 2
+    MAX = 3
+
+
+def combine(per_rank_seconds: list[float], how: Average) -> float:
+    if how is Average.RANK0:
+        return per_rank_seconds[0]
+    if how is Average.MIN:
+        return min(per_rank_seconds)
+    if how is Average.MAX:
+        return max(per_rank_seconds)
+    return sum(per_rank_seconds) / len(per_rank_seconds)
+
+
+def per_iter_summary(per_rank_iters: list[list[float]], skip: int) -> dict | None:
+    """nccl-tests' -I statistics: per iteration the max over ranks, then the summary over
+    iterations after the first `skip`. Times in microseconds; p99 by nearest rank."""
+    if not per_rank_iters or not per_rank_iters[0]:
+        return None
+    times_us = [max(vals) * 1e6 for vals in zip(*per_rank_iters)]
+    kept = times_us[skip:] or times_us
+    ordered = sorted(kept)
+
+    def nearest_rank(percent: int) -> float:
+        k = max(1, -(-percent * len(ordered) // 100))  # ceil(percent/100 * n) in integers
+        return ordered[min(k, len(ordered)) - 1]
+
+    mean = statistics.fmean(kept)
+    stdev = statistics.pstdev(kept) if len(kept) > 1 else 0.0
+    return {
+        "skipped_iterations": min(skip, len(times_us)),
+        "min_us": ordered[0],
+        "max_us": ordered[-1],
+        "avg_us": mean,
+        "p50_us": nearest_rank(50),
+        "p95_us": nearest_rank(95),
+        "p99_us": nearest_rank(99),
+        "stdev_us": stdev,
+        "cv_pct": 100.0 * stdev / mean if mean else 0.0,
+        "times_us": times_us,
+        "per_process_max_times_us": [[v * 1e6 for v in vals] for vals in per_rank_iters],
+    }

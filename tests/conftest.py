@@ -1,0 +1,57 @@
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REFERENCE = FIXTURES / "nccl-tests"
+
+ROW_RE = re.compile(r"^\s+\d+\s+\d+\s")
+
+
+def reference_files(pattern="*/*.txt"):
+    return sorted(REFERENCE.glob(pattern))
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Whitespace-split data rows of nccl-tests style output (what users' scripts do)."""
+    return [line.split() for line in text.splitlines() if ROW_RE.match(line)]
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_cli(args, env=None, timeout=240, cwd=None):
+    """Run the real `ncclbench` console script in a fresh process."""
+    exe = shutil.which("ncclbench", path=os.path.dirname(sys.executable)) or shutil.which("ncclbench")
+    cmd = [exe] if exe else [sys.executable, "-m", "ncclbench"]
+    full_env = dict(os.environ)
+    full_env.setdefault("NCCL_NVLS_ENABLE", "0")
+    full_env.pop("RANK", None)
+    full_env.pop("WORLD_SIZE", None)
+    full_env.pop("LOCAL_RANK", None)
+    full_env.pop("TORCHELASTIC_RUN_ID", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd)

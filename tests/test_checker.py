@@ -1,0 +1,163 @@
+"""The correctness checker: expected values from an independent simulation of each
+collective, exactness for every dtype/op, and a planted error that must be counted."""
+
+import pytest
+import torch
+
+from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
+from ncclbench.collectives import REGISTRY, CheckContext
+from ncclbench.dtypes import DTYPES, OPS
+
+
+def simulate(coll, inputs, root, op):
+    """Each rank's output computed the slow, obvious way from all ranks' inputs (int64 / float64)."""
+    n = len(inputs)
+
+    def red(vals):
+        acc = vals[0].clone()
+        for v in vals[1:]:
+            acc = {"sum": acc + v, "avg": acc + v, "prod": acc * v,
+                   "min": torch.minimum(acc, v), "max": torch.maximum(acc, v)}[op]
+        return acc.double() / n if op == "avg" else acc
+
+    chunk = None
+    outs = []
+    for r in range(n):
+        if coll.name == "all_reduce" or (coll.name == "reduce" and r == root):
+            outs.append(red(inputs))
+        elif coll.name == "broadcast":
+            outs.append(inputs[root])
+        elif coll.name in ("all_gather",) or (coll.name == "gather" and r == root):
+            outs.append(torch.cat(inputs))
+        elif coll.name == "reduce_scatter":
+            chunk = inputs[0].numel() // n
+            outs.append(red([x[r * chunk:(r + 1) * chunk] for x in inputs]))
+        elif coll.name == "alltoall":
+            chunk = inputs[0].numel() // n
+            outs.append(torch.cat([x[r * chunk:(r + 1) * chunk] for x in inputs]))
+        elif coll.name == "scatter":
+            chunk = inputs[root].numel() // n
+            outs.append(inputs[root][r * chunk:(r + 1) * chunk])
+        elif coll.name == "sendrecv":
+            outs.append(inputs[(r - 1) % n])
+        else:
+            outs.append(None)
+    return outs
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_expected_matches_simulation(name, nranks):
+    coll = REGISTRY[name]
+    dtype = DTYPES["float"]
+    ops = ["sum", "prod", "min", "max"] if coll.has_op else ["sum"]
+    root = nranks - 1 if coll.has_root else -1
+    for op in ops:
+        pattern = InputPattern(dtype, op, nranks, seed=5)
+        lay = coll.layout(1024, dtype.itemsize, nranks)
+        inputs = [pattern.values(r, torch.arange(lay.send_count)) for r in range(nranks)]
+        outs = simulate(coll, inputs, root, op)
+        for r in range(nranks):
+            if not coll.checked_on(r, root):
+                continue
+            ctx = CheckContext(pattern, r, nranks, root, lay.param_count)
+            exp = coll.expected(ctx, torch.arange(lay.recv_count))
+            assert torch.equal(exp, outs[r]), (name, op, r)
+
+
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("nranks", [2, 8, 64])
+def test_reduction_is_exact_in_every_order(dname, op, nranks):
+    """Reducing the real typed inputs in two different orders gives the exact expected bits."""
+    dtype = DTYPES[dname]
+    if dtype.torch_dtype() is None:
+        pytest.skip("torch lacks this type")
+    pattern = InputPattern(dtype, op, nranks, seed=3)
+    idx = torch.arange(4096)
+    typed = [to_dtype(pattern.values(r, idx), dtype) for r in range(nranks)]
+    as_f64 = [_f64(t, dtype) for t in typed]
+    # the inputs survive the cast unchanged
+    for r in range(nranks):
+        assert torch.equal(as_f64[r], pattern.values(r, idx).double())
+    if op == "avg":
+        return  # avg divides: covered by the tolerance test below
+    for order in (range(nranks), reversed(range(nranks))):
+        acc = None
+        for r in order:
+            v = typed[r]
+            if dtype.is_float:
+                v = v.double()
+            elif dtype.name in ("uint32", "uint64"):
+                v = bit_view(v, dtype)  # torch cannot add uint32; same bits as the signed twin
+            acc = v if acc is None else _combine(acc, v, op, dtype)
+        if dtype.is_float:
+            result = to_dtype(acc.double(), dtype)
+        elif dtype.name in ("uint32", "uint64"):
+            result = acc.view(dtype.torch_dtype())
+        else:
+            result = acc
+        assert count_mismatches(result, pattern.reduce(idx, range(nranks)), dtype, op, nranks) == 0
+
+
+def _combine(a, b, op, dtype):
+    if op == "sum":
+        out = a + b
+    elif op == "prod":
+        out = a * b
+    elif op == "min":
+        out = torch.minimum(a, b)
+    else:
+        out = torch.maximum(a, b)
+    if dtype.is_float:
+        out = to_dtype(out, dtype).float().double() if dtype.itemsize <= 2 else out
+    return out
+
+
+def _f64(t, dtype):
+    if dtype.name in ("uint32", "uint64"):
+        return t.view(getattr(torch, dtype.signed_view)).double()
+    return t.float().double() if dtype.is_float and dtype.itemsize == 1 else t.double()
+
+
+def test_inputs_differ_by_rank_and_element():
+    p = InputPattern(DTYPES["float"], "sum", 4, seed=1)
+    idx = torch.arange(64)
+    a, b = p.values(0, idx), p.values(1, idx)
+    assert not torch.equal(a, b)
+    assert len(set(a.tolist())) > 10
+    assert a.min() >= 0 and a.max() < p.value_range
+
+
+@pytest.mark.parametrize("dname", ["float", "bfloat16", "int32", "half", "int8"])
+def test_planted_error_is_counted(dname):
+    dtype = DTYPES[dname]
+    coll = REGISTRY["all_reduce"]
+    pattern = InputPattern(dtype, "sum", 4, seed=9)
+    ctx = CheckContext(pattern, 0, 4, -1, 1000)
+    idx = torch.arange(1000)
+    good = to_dtype(coll.expected(ctx, idx), dtype)
+    assert count_mismatches(good, coll.expected(ctx, idx), dtype, "sum", 4) == 0
+    bad = good.clone()
+    bad[17] = bad[17] + 1
+    bad[999] = 0 if bad[999] != 0 else 1
+    assert count_mismatches(bad, coll.expected(ctx, idx), dtype, "sum", 4) == 2
+
+
+def test_poisoned_buffer_never_passes():
+    dtype = DTYPES["float"]
+    out = torch.empty(100, dtype=torch.float32)
+    bit_view(out, dtype).fill_(-1)
+    p = InputPattern(dtype, "max", 2, seed=0)
+    assert count_mismatches(out, p.reduce(torch.arange(100), range(2)), dtype, "max", 2) == 100
+
+
+def test_avg_tolerance_accepts_rounding_but_not_errors():
+    dtype = DTYPES["half"]
+    p = InputPattern(dtype, "avg", 3, seed=2)
+    idx = torch.arange(500)
+    exp = p.reduce(idx, range(3))
+    got = to_dtype(exp, dtype)  # rounded to half: must pass
+    assert count_mismatches(got, exp, dtype, "avg", 3) == 0
+    got[3] += 1.0
+    assert count_mismatches(got, exp, dtype, "avg", 3) == 1
