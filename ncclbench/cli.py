@@ -168,6 +168,30 @@ def output_spec(plan, o: dict):
                       timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip)
 
 
+def options_for(values: dict) -> dict:
+    """A full options dict (what Click would pass) from a partial one, e.g. a suite entry."""
+    cmd = cli.commands["allreduce"]
+    opts = {p.name: p.default for p in cmd.params}
+    for key, value in values.items():
+        if key not in opts:
+            raise PlanError(f"unknown option {key!r}")
+        opts[key] = value
+    for key in ("minbytes", "maxbytes", "stepbytes"):
+        try:
+            opts[key] = parse_size(opts[key])
+        except ValueError as exc:
+            raise PlanError(f"{key}: {exc}") from None
+    for key in ("iters", "warmup_iters", "agg_iters", "run_cycles", "check", "blocking", "average",
+                "report_timestamps", "cudagraph", "report_cputime", "per_iter_timing", "per_iter_skip"):
+        if not isinstance(opts[key], int) or opts[key] < 0:
+            raise PlanError(f"{key} must be a non-negative integer (got {opts[key]!r})")
+    for key in ("stepfactor", "timeout"):
+        if opts[key] is not None and not isinstance(opts[key], (int, float)):
+            raise PlanError(f"{key} must be a number (got {opts[key]!r})")
+    opts["datatype"], opts["op"], opts["root"] = str(opts["datatype"]), str(opts["op"]), str(opts["root"])
+    return opts
+
+
 def run_collective(coll_name: str, o: dict) -> int:
     from ncclbench import launch
 
@@ -205,11 +229,11 @@ def run_as_rank(plan, info, spec) -> int:
 
     launch.prepare_environ(info)
 
-    def make_report(run_info):
+    def make_report(plan, run_info):
         run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
         return Reporter(run_info, spec, peak_line_for=peak_line_for)
 
-    return run_rank(plan, info, make_report)
+    return run_rank([plan], info, make_report)
 
 
 def topology_context(plan):
@@ -296,7 +320,10 @@ _register_optional_commands()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error is one line on stderr and a known exit code."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        # standalone_mode=False makes Click return (not raise) a command's ctx.exit(code)
+        code = cli.main(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except click.UsageError as exc:
         print(f"ncclbench: error: {exc.format_message()}", file=sys.stderr)
         sys.exit(ExitCode.USAGE)

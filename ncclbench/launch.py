@@ -23,9 +23,12 @@ def detect(explicit: dict | None = None):
 
 
 def prepare_environ(info) -> None:
-    from ncclbench.launchenv import apply_to_environ
+    from ncclbench.launchenv import LaunchEnvError, apply_to_environ
 
-    apply_to_environ(info, os.environ)
+    try:
+        apply_to_environ(info, os.environ)
+    except LaunchEnvError as exc:
+        raise PlanError(str(exc)) from exc
 
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,

@@ -207,5 +207,6 @@ class Reporter:
         for line in report.trailer_lines(self.info, summary, peak_line):
             self._print(line)
         self._write_json(summary, end_time=_dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S"))
+        self.summary = summary
         if self.store_path:
             print(f"ncclbench: results saved to {self.store_path}", file=sys.stderr)

@@ -6,13 +6,13 @@ import datetime as _dt
 import os
 import socket
 
-from ncclbench import __version__
+from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import CollectiveError, ExitCode, PlanError
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
-from ncclbench.timing import combine, measure, per_iter_summary
+from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
 
 CHECK_CHUNK = 1 << 24  # elements per expected-value chunk: bounds the checker's memory
 
@@ -44,6 +44,7 @@ class Slots:
     def __init__(self, coll: Collective, layout, send_t, recv_t, in_place: bool,
                  use_recv_as_send: bool, rank: int, nslots: int):
         self.views = []
+        self.calls = []
         span = max(layout.send_count, layout.recv_count, 1)
         if in_place:
             fit = recv_t.numel() // span
@@ -65,6 +66,11 @@ class Slots:
 
     def __getitem__(self, op_index: int):
         return self.views[op_index % len(self.views)]
+
+    def bind(self, backend, coll, op, root):
+        """One ready-to-call op per slot (backend.bind), for the eager timed loop."""
+        self.calls = [backend.bind(coll, send, recv, op, root) for send, recv in self.views]
+        return self.calls
 
 
 def fill_input(view, pattern: InputPattern, rank: int, dtype: DType, device):
@@ -105,12 +111,14 @@ class RankRunner:
 
         mine = dict(self.plan.fingerprint(), torch=torch.__version__,
                     library=self.backend.library_version()[0])
+        if faults.plan_tweak(self.backend.rank):
+            mine["max_bytes"] *= 2
         everyone = self.backend.all_gather_object(mine)
         reference = everyone[0]
         differ = [r for r, fp in enumerate(everyone) if fp != reference]
         if differ:
             keys = sorted({k for r in differ for k in everyone[r] if everyone[r].get(k) != reference.get(k)})
-            raise PlanError(f"ranks {','.join(map(str, differ))} run a different plan than rank 0 "
+            raise PlanError(f"rank(s) {','.join(map(str, differ))} run a different plan than rank 0 "
                             f"(differs in: {', '.join(keys)}); every rank must get the same options")
 
     def validate(self):
@@ -176,9 +184,17 @@ class RankRunner:
         for in_place in (False, True):
             slots = self._slots(layout, send_t, recv_t, in_place, settings.iters * settings.agg)
 
-            def run_op(k, slots=slots):
-                send, recv = slots[k]
-                self.coll.call(self.backend, send, recv, op, root)
+            if settings.mode is TimingMode.GRAPH:
+                # capture must see the current (capture) stream: no pre-bound calls
+                def run_op(k, slots=slots):
+                    send, recv = slots[k]
+                    self.coll.call(self.backend, send, recv, op, root)
+            else:
+                calls = slots.bind(self.backend, self.coll, op, root)
+                ncalls = len(calls)
+
+                def run_op(k, calls=calls, ncalls=ncalls):
+                    calls[k % ncalls]()
 
             timing = measure(self.backend, run_op, settings)
             wrong = None
@@ -201,6 +217,7 @@ class RankRunner:
         self.backend.synchronize()
         if not self.coll.checked_on(self.rank, root):
             return 0
+        faults.corrupt_output(self.backend.rank, recv)
         ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count)
         return count_wrong(recv, self.coll, ctx, dtype, op, device)
 
@@ -225,21 +242,42 @@ class RankRunner:
                          timestamp=now())
 
 
-def run_rank(plan, launch, make_report) -> int:
-    """Run the whole benchmark on this rank; rank 0 reports. Returns the exit code."""
+def run_rank(plans, launch, make_report) -> int:
+    """Run every plan on this rank with one backend; rank 0 reports each through
+    `make_report(plan, run_info)`. Returns the most serious exit code."""
     from ncclbench.backends import create_backend
 
-    backend = create_backend(plan.backend, launch, plan.timeout_s)
+    backend = create_backend(plans[0].backend, launch, max(p.timeout_s for p in plans))
+    codes = []
+    try:
+        for plan in plans:
+            summary = run_plan(plan, backend, launch, make_report)
+            codes.append(exit_code_for(summary))
+            if summary.status in ("interrupted", "error", "timeout"):
+                break
+    finally:
+        backend.close()
+    return max(codes, key=_severity) if codes else ExitCode.OK
+
+
+def _severity(code: int) -> int:
+    # a lost peer or timeout outranks wrong numbers, which outrank success
+    order = [ExitCode.OK, ExitCode.WRONG_RESULTS, ExitCode.INTERRUPTED, ExitCode.TIMEOUT, ExitCode.NCCL_ERROR]
+    return order.index(code) if code in order else len(order)
+
+
+def run_plan(plan, backend, launch, make_report) -> RunSummary:
     report = None
     rows: list[ResultRow] = []
     status, errors = "ok", []
+    runner = RankRunner(plan, backend, launch)
+    runner.agree_on_plan()
+    runner.validate()
+    devices = backend.all_gather_object(runner.device_record())
+    if backend.rank == 0:
+        report = make_report(plan, build_run_info(plan, backend, devices))
+    buffers = None
     try:
-        runner = RankRunner(plan, backend, launch)
-        runner.agree_on_plan()
-        runner.validate()
-        devices = backend.all_gather_object(runner.device_record())
-        if backend.rank == 0:
-            report = make_report(build_run_info(plan, backend, devices))
         sizes = plan.sizes()
         send_bytes, recv_bytes = plan.buffer_bytes(runner.nranks)
         buffers = Buffers(backend, send_bytes, recv_bytes)
@@ -249,6 +287,7 @@ def run_rank(plan, launch, make_report) -> int:
             for dtype, op, root in runner.combinations():
                 runner.warm_up(buffers, dtype, op, root, sizes)
                 for size in sizes:
+                    faults.before_size(backend.rank, size)
                     layout, mine = runner.measure_size(buffers, dtype, op, root, size)
                     everyone = backend.all_gather_object(mine)
                     if report is not None:
@@ -257,22 +296,21 @@ def run_rank(plan, launch, make_report) -> int:
                         report.add_row(row)
     except KeyboardInterrupt:
         status, errors = "interrupted", ["interrupted by the user (Ctrl-C)"]
-    except PlanError:
-        raise
     except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
         status = "error"
-        errors = [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"]
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        errors = [f"{type(exc).__name__}: {text}"]
         if report is None:
-            backend.close()
             raise CollectiveError(errors[0]) from exc
     finally:
-        summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
-        if report is not None:
-            if summary.complete and summary.wrong:
-                summary.status = "wrong_results"
-            report.finish(summary)
-        backend.close()
-    return exit_code_for(summary)
+        del buffers
+        backend.release_graphs()
+    summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
+    if summary.complete and summary.wrong:
+        summary.status = "wrong_results"
+    if report is not None:
+        report.finish(summary)
+    return summary
 
 
 def exit_code_for(summary: RunSummary) -> int:

@@ -8,10 +8,10 @@ way nccl-tests builds them."""
 
 from __future__ import annotations
 
-import os
+import functools
 from datetime import timedelta
 
-from ncclbench.backends.torch_dist import TorchBackend
+from ncclbench.backends.torch_dist import TorchBackend, gpu_for_rank, use_own_stream
 from ncclbench.errors import PlanError
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); passed as ints so that types newer
@@ -23,6 +23,16 @@ _TORCH_TO_NAME = {"torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "
                   "torch.uint32": "uint32", "torch.int64": "int64", "torch.uint64": "uint64",
                   "torch.float16": "half", "torch.float32": "float", "torch.float64": "double",
                   "torch.bfloat16": "bfloat16", "torch.float8_e4m3fn": "f8e4m3", "torch.float8_e5m2": "f8e5m2"}
+
+
+def _nccl_type_table(torch) -> dict:
+    """torch dtype object -> ncclDataType_t, for a lookup without string building per call."""
+    table = {}
+    for key, name in _TORCH_TO_NAME.items():
+        dt = getattr(torch, key.split(".", 1)[1], None)
+        if dt is not None:
+            table[dt] = NCCL_TYPES[name]
+    return table
 
 
 def import_nccl():
@@ -46,20 +56,24 @@ class CupyBackend(TorchBackend):
         self.nccl = import_nccl()
         self.torch, self.dist, self.name = torch, dist, "cupy"
         self.rank, self.nranks, self.local_rank = launch.rank, launch.world_size, launch.local_rank
-        if not torch.cuda.is_available() or launch.local_rank >= torch.cuda.device_count():
-            raise PlanError(f"backend cupy needs a GPU for local rank {launch.local_rank} "
-                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-        self.device = torch.device("cuda", launch.local_rank)
+        if not torch.cuda.is_available():
+            raise PlanError("backend cupy needs CUDA GPUs and none is visible; use --backend gloo")
+        self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
         torch.cuda.set_device(self.device)
+        use_own_stream(torch, self.device)
         import cupy
 
-        cupy.cuda.Device(launch.local_rank).use()
+        cupy.cuda.Device(self.device.index).use()
         dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks,
                                 timeout=timedelta(seconds=timeout_s))
         self.control = None
         self.group = None
         self.group_rank, self.group_size = self.rank, self.nranks
         self.comm = self._make_comm(self.rank, self.nranks)
+        self._types = _nccl_type_table(torch)
+        # The stream handle is looked up once: torch.cuda.current_stream() builds a Python
+        # object per call, several microseconds of host time per op. Capture resets it.
+        self._stream_handle = torch.cuda.current_stream(self.device).cuda_stream
 
     def _make_comm(self, rank: int, nranks: int):
         uid = [self.nccl.get_unique_id() if rank == 0 else None]
@@ -72,11 +86,38 @@ class CupyBackend(TorchBackend):
 
     # ---- collectives on raw pointers, on torch's current stream -------------------------
     def _stream(self) -> int:
+        if self._stream_handle is not None:
+            return self._stream_handle
         return self.torch.cuda.current_stream(self.device).cuda_stream
 
-    @staticmethod
-    def _type(t) -> int:
-        return NCCL_TYPES[_TORCH_TO_NAME[str(t.dtype)]]
+    def _type(self, t) -> int:
+        return self._types[t.dtype]
+
+    def capture(self, issue_ops):
+        # during capture the ops must go to the capture stream, whatever it is
+        saved, self._stream_handle = self._stream_handle, None
+        try:
+            return super().capture(issue_ops)
+        finally:
+            self._stream_handle = saved
+
+    def bind(self, coll, send, recv, op, root):
+        """Pre-resolved call for the eager loop: pointers, counts, types and the stream are
+        fixed, so each timed op costs one Python call into CuPy (host time per op is what
+        limits eager small-message times)."""
+        name, s, r = coll.name, send.data_ptr(), recv.data_ptr()
+        stream, comm = self._stream(), self.comm
+        if name == "all_reduce":
+            return functools.partial(comm.allReduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], stream)
+        if name == "all_gather":
+            return functools.partial(comm.allGather, s, r, send.numel(), self._type(send), stream)
+        if name == "reduce_scatter":
+            return functools.partial(comm.reduceScatter, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], stream)
+        if name == "broadcast":
+            return functools.partial(comm.broadcast, s, r, recv.numel(), self._type(recv), root, stream)
+        if name == "reduce":
+            return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], root, stream)
+        return super().bind(coll, send, recv, op, root)
 
     def all_reduce(self, send, recv, op):
         self.comm.allReduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),

@@ -6,7 +6,7 @@ engine runs the "out-of-place" column in place on the receive buffer (declared i
 
 from __future__ import annotations
 
-import os
+import functools
 import time
 from datetime import timedelta
 
@@ -28,9 +28,24 @@ def unsupported_reason(backend: str, dtype: str, op: str | None) -> str | None:
             return f"backend gloo has no datatype {dtype}"
         if op == "avg" and dtype in _INT_TYPES:
             return f"backend gloo cannot average integers ({dtype}); use -o sum or a float type"
-    if backend == "nccl" and op is not None and dtype in _FP8_TYPES:
-        return f"torch.distributed (NCCL) refuses reductions on {dtype}; use --backend cupy or a non-reducing collective"
+    if backend == "nccl" and dtype in ("uint32", "uint64"):
+        return f"torch.distributed's NCCL process group has no {dtype}; use --backend cupy"
     return None
+
+
+def gpu_for_rank(launch, visible: int) -> int:
+    from ncclbench.launchenv import LaunchEnvError, gpu_index_for_local_rank
+
+    try:
+        return gpu_index_for_local_rank(launch, visible)
+    except LaunchEnvError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def use_own_stream(torch, device) -> None:
+    """Run everything on one non-blocking stream of our own, as nccl-tests does, instead of
+    the legacy default stream that implicitly synchronizes with every other stream."""
+    torch.cuda.set_stream(torch.cuda.Stream(device))
 
 
 class TorchBackend:
@@ -50,14 +65,9 @@ class TorchBackend:
         if name == "nccl":
             if not torch.cuda.is_available():
                 raise PlanError("backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
-            ngpus = torch.cuda.device_count()
-            if self.local_rank >= ngpus:
-                raise PlanError(
-                    f"local rank {self.local_rank} has no GPU: only {ngpus} visible "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
-                )
-            self.device = torch.device("cuda", self.local_rank)
+            self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
             torch.cuda.set_device(self.device)
+            use_own_stream(torch, self.device)
             # device_id: eager communicator creation, so the first timed op does not pay for
             # it and CUDA-graph capture works.
             dist.init_process_group("nccl", rank=self.rank, world_size=self.nranks,
@@ -115,7 +125,11 @@ class TorchBackend:
 
     # ---- collectives (send/recv are typed 1-D views) -------------------------------
     def _op(self, op):
-        return getattr(self.dist.ReduceOp, _TORCH_OPS[op])
+        # cached: this runs once per timed op, where every microsecond of host time shows
+        cache = self.__dict__.setdefault("_op_cache", {})
+        if op not in cache:
+            cache[op] = getattr(self.dist.ReduceOp, _TORCH_OPS[op])
+        return cache[op]
 
     def all_reduce(self, send, recv, op):
         self.dist.all_reduce(recv, op=self._op(op), group=self.group)
@@ -136,11 +150,16 @@ class TorchBackend:
         self.dist.all_to_all_single(recv, send, group=self.group)
 
     def gather(self, send, recv, root):
-        parts = list(recv.view(self.group_size, recv.numel() // self.group_size).unbind(0)) if self.group_rank == root else None
+        # torch copies the root's own chunk before the NCCL group, serially: at >= 128 MiB
+        # this costs a few % of busbw against nccl-tests (docs/BENCHMARKS.md); the cupy
+        # backend sends to self inside the group like nccl-tests.
+        parts = list(recv.view(self.group_size, recv.numel() // self.group_size).unbind(0)) \
+            if self.group_rank == root else None
         self.dist.gather(send, parts, dst=self._global(root), group=self.group)
 
     def scatter(self, send, recv, root):
-        parts = list(send.view(self.group_size, send.numel() // self.group_size).unbind(0)) if self.group_rank == root else None
+        parts = list(send.view(self.group_size, send.numel() // self.group_size).unbind(0)) \
+            if self.group_rank == root else None
         self.dist.scatter(recv, parts, src=self._global(root), group=self.group)
 
     def sendrecv(self, send, recv):
@@ -151,6 +170,11 @@ class TorchBackend:
         ]
         for req in self.dist.batch_isend_irecv(ops):
             req.wait()
+
+    def bind(self, coll, send, recv, op, root):
+        """A zero-argument callable issuing one op on these buffers. Backends with a cheaper
+        pre-resolved form override it (the eager timed loop calls it `iters` times)."""
+        return functools.partial(coll.call, self, send, recv, op, root)
 
     def _global(self, group_rank: int) -> int:
         if self.group is None:

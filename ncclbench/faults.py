@@ -1,0 +1,61 @@
+"""Test-only fault injection, driven by NCCLBENCH_FAULT, so that the reliability paths
+(wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
+tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, kinds corrupt | kill | stall | plan.
+Unset in normal use; nothing here runs then."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ENV = "NCCLBENCH_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    size: int | None = None
+    seconds: float = 3600.0
+
+    def applies(self, rank: int, size: int | None = None) -> bool:
+        return rank == self.rank and (self.size is None or size is None or size >= self.size)
+
+
+def active() -> Fault | None:
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    kind, _, rest = text.partition(":")
+    fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
+    return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
+                 float(fields.get("seconds", 3600)))
+
+
+def before_size(rank: int, size: int) -> None:
+    """Called before each size is measured."""
+    f = active()
+    if f is None or not f.applies(rank, size):
+        return
+    if f.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if f.kind == "stall":
+        time.sleep(f.seconds)
+
+
+def corrupt_output(rank: int, view) -> None:
+    """Plant one wrong element in this rank's checked output."""
+    f = active()
+    if f is not None and f.kind == "corrupt" and f.applies(rank) and view.numel():
+        flat = view.view(-1)
+        flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
+
+
+def plan_tweak(rank: int) -> dict:
+    """Options this rank changes in its own plan (to test the plan agreement)."""
+    f = active()
+    if f is not None and f.kind == "plan" and f.applies(rank):
+        return {"max_bytes_scale": 2}
+    return {}

@@ -1,0 +1,197 @@
+"""Subcommands built on the core: `suite` (many runs, one launch) and `show` (a saved run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ncclbench.errors import BenchError, ExitCode, PlanError
+
+
+# ---- suite -----------------------------------------------------------------------------------
+@click.command("suite")
+@click.argument("suite_file", type=str)
+@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn (omit under a launcher).")
+@click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None)
+@click.option("--csv", "csv_path", default=None, help="Append every run's rows to this CSV.")
+@click.option("--results-dir", default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR).")
+@click.option("--no-save", is_flag=True, help="Do not keep the runs in the result store.")
+@click.option("--group", "group_index", type=int, default=None, hidden=True)
+def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, group_index):
+    """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
+    from ncclbench import cli, launch
+    from ncclbench.suite import env_groups, load_suite
+
+    runs = load_suite(suite_file)
+    groups = env_groups(runs)
+    info = launch.detect()
+    launched = info.launcher != "none"
+    chosen = cli.choose_backend(backend, launched)
+    common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None}
+    nranks = info.world_size if launched else (ngpus or 1)
+    # Build every plan now: a bad entry is refused before anything starts.
+    plans_by_group = []
+    for _env, members in groups:
+        plans = []
+        for run in members:
+            try:
+                plan = cli.build_plan(run.collective, cli.options_for(run.options), chosen, sys.argv[1:])
+                cli.validate_for_backend(plan, nranks)
+            except PlanError as exc:
+                raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}): {exc}") from None
+            plans.append(plan)
+        plans_by_group.append(plans)
+
+    if launched:
+        if group_index is None:
+            if len(groups) > 1:
+                raise PlanError(f"suite {suite_file} sets {len(groups)} different env blocks: NCCL reads them once "
+                                "per process, so run it with -g (one launch per env block) or split the file")
+            group_index = 0
+        spec = cli.output_spec(plans_by_group[group_index][0], common) if info.rank == 0 else None
+        labels = [r.label for r in groups[group_index][1]]
+        return sys.exit(int(_run_group(plans_by_group[group_index], labels, info, spec, suite_file)))
+
+    cli.output_spec(plans_by_group[0][0], common)  # refuse unwritable outputs up front
+    worst = ExitCode.OK
+    for k, (env, _members) in enumerate(groups):
+        argv = ["suite", suite_file, "--group", str(k), "--backend", chosen]
+        argv += ["--csv", csv_path] if csv_path else []
+        argv += ["--results-dir", results_dir] if results_dir else []
+        argv += ["--no-save"] if no_save else []
+        saved = {name: os.environ.get(name) for name, _ in env}
+        os.environ.update(dict(env))
+        try:
+            code = launch.spawn_local(ngpus or 1, argv)
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+        if code != ExitCode.OK:
+            worst = code
+        if code in (ExitCode.INTERRUPTED,):
+            break
+    sys.exit(int(worst))
+
+
+def _run_group(plans, labels, info, spec, suite_file) -> int:
+    from dataclasses import replace
+
+    from ncclbench import cli, launch
+    from ncclbench.output import Reporter
+    from ncclbench.runner import run_rank
+
+    launch.prepare_environ(info)
+    reporters = []
+
+    def make_report(plan, run_info):
+        run_info.topology, run_info.link_peak_gbps, peak_line_for = cli.topology_context(plan)
+        rep = Reporter(run_info, replace(spec, timestamps=plan.report_timestamps, per_iter=plan.per_iter,
+                                         per_iter_skip=plan.per_iter_skip), peak_line_for=peak_line_for)
+        reporters.append(rep)
+        return rep
+
+    code = run_rank(plans, info, make_report)
+    if info.rank == 0:
+        for line in summary_lines(suite_file, labels, reporters):
+            print(line, flush=True)
+    return code
+
+
+def summary_lines(suite_file, labels, reporters) -> list[str]:
+    lines = [f"# Suite summary: {suite_file}",
+             f"# {'label':32s} {'collective':>14s} {'rows':>5s} {'peak busbw':>11s} {'largest busbw':>14s} "
+             f"{'#wrong':>7s}  status"]
+    for label, rep in zip(labels, reporters):
+        s = getattr(rep, "summary", None)
+        if s is None:
+            continue
+        lines.append(f"# {label[:32]:32s} {rep.info.collective:>14s} {len(s.rows):5d} {s.peak_busbw:11.2f} "
+                     f"{s.largest_size_busbw:14.2f} {s.wrong:7d}  {s.status}")
+    for label in labels[len(reporters):]:
+        lines.append(f"# {label[:32]:32s} {'-':>14s} {0:5d} {'-':>11s} {'-':>14s} {'-':>7s}  not run")
+    return lines
+
+
+# ---- show ------------------------------------------------------------------------------------
+@click.command("show")
+@click.argument("result_file", type=str)
+@click.option("--rich", "as_rich", is_flag=True, help="A rich table instead of the nccl-tests layout.")
+def show_command(result_file, as_rich):
+    """Print a saved result (ncclbench JSON) again in the nccl-tests layout; other formats
+    (nccl-tests text/JSON, CSV) as a table."""
+    doc = None
+    try:
+        with open(result_file) as f:
+            text = f.read()
+    except OSError as exc:
+        raise PlanError(f"cannot read {result_file}: {exc.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "ncclbench" in doc and not as_rich:
+        for line in _replay_lines(doc):
+            print(line)
+        return
+    from ncclbench.resultsio import read_results
+
+    frame = read_results(result_file)
+    _print_frame(frame, as_rich)
+
+
+def _replay_lines(doc: dict) -> list[str]:
+    from ncclbench import report
+    from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+
+    nb = doc["ncclbench"]
+    cfg = dict(doc.get("config", {}))
+    devices = [DeviceRecord(**d) for d in cfg.pop("devices", [])]
+    info = RunInfo(
+        collective=nb["collective"], args=doc.get("args", []), backend=nb.get("backend", "?"),
+        mode=nb.get("mode", "?"), timing=nb.get("timing", "?"), nranks=nb.get("ranks", len(devices)),
+        devices=devices, ncclbench_version=nb.get("ncclbench_version", "?"),
+        torch_version=nb.get("torch_version", "?"), nccl_code=doc.get("nccl_version", 0),
+        nccl_text=nb.get("nccl", ""), config=cfg, env=doc.get("env", []), start_time=doc.get("start_time", ""),
+        topology=nb.get("topology"), link_peak_gbps=nb.get("link_peak_gbps"), notes=nb.get("notes", []),
+    )
+
+    def cell(d):
+        w = d.get("nwrong")
+        nwrong = None if w in (None, "nan") else int(w)
+        return PlacementResult(float(d["time"]), float(d["alg_bw"]), float(d["bus_bw"]), nwrong)
+
+    rows = [ResultRow(info.collective, r["size"], r["count"], r["type"], r["redop"], int(str(r["root"]).strip()),
+                      cell(r["out_of_place"]), cell(r["in_place"]), r.get("timestamp", ""))
+            for r in doc.get("results", [])]
+    for row, r in zip(rows, doc.get("results", [])):
+        hosts = r.get("host_us") or {}
+        row.out_of_place.host_us = hosts.get("out_of_place", 0.0)
+        row.in_place.host_us = hosts.get("in_place", 0.0)
+    complete = bool(nb.get("complete", True))
+    summary = RunSummary(rows, complete=complete, status=nb.get("status", "ok"),
+                         errors=[e for e in doc.get("errors", []) if e])
+    lines = report.header_lines(info)
+    lines += [report.row_line(r) for r in rows]
+    lines += report.trailer_lines(info, summary)
+    return lines
+
+
+def _print_frame(frame, as_rich: bool) -> None:
+    cols = [c for c in ("label", "collective", "dtype", "op", "root", "size_bytes", "placement", "time_us",
+                        "algbw_gbps", "busbw_gbps", "nwrong") if c in frame.columns]
+    if as_rich and sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*cols)
+        for _, row in frame[cols].iterrows():
+            table.add_row(*[str(v) for v in row.tolist()])
+        Console().print(table)
+    else:
+        print(frame[cols].to_string(index=False))

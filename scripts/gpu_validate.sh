@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Validation run on a lent multi-GPU machine (the device tool). One call does everything;
+# logs land in $OUT (packed into $OUT/logs.tgz). Stages are chosen with STAGES, e.g.
+#   STAGES="env probe full_nccl full_cupy latency topo pytest" bash scripts/gpu_validate.sh
+# Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ncclbench-out}
+LOG=$OUT/logs; mkdir -p "$LOG"
+STAGES=${STAGES:-"env probe full_nccl full_cupy latency topo pytest"}
+NP=${NP:-$(nvidia-smi -L | wc -l)}
+MAXBYTES=${MAXBYTES:-4G}
+PY=${PY:-python3}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+$PY -m pip install -q --no-deps --no-build-isolation -e . >"$LOG/install.txt" 2>&1 || { cat "$LOG/install.txt"; exit 1; }
+
+for stage in $STAGES; do
+  stamp "stage $stage"
+  case $stage in
+    env)
+      { nvidia-smi; nvidia-smi topo -m; $PY -c 'import torch,cupy; print(torch.__version__, torch.cuda.nccl.version(), cupy.__version__)'; } >"$LOG/env.txt" 2>&1 ;;
+    probe)
+      torchrun --nproc-per-node 2 scripts/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
+      torchrun --nproc-per-node 2 scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
+    full_nccl|full_cupy)
+      b=${stage#full_}
+      sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/full.yaml"
+      if [ -n "${COLLS:-}" ]; then  # only these collectives, e.g. COLLS="gather scatter"
+        { sed '/^runs:/,$d' "$LOG/full.yaml"; echo "runs:"; for c in $COLLS; do echo "  - $c"; done; } >"$LOG/full.tmp"
+        mv "$LOG/full.tmp" "$LOG/full.yaml"
+      fi
+      timeout ${FULL_TIMEOUT:-240} ncclbench suite "$LOG/full.yaml" -g "$NP" --backend "$b" --no-save \
+        --csv "$LOG/full_${b}_np$NP.csv" >"$LOG/full_${b}_np$NP.txt" 2>"$LOG/full_${b}_np$NP.err"
+      echo "exit $?" >>"$LOG/full_${b}_np$NP.err" ;;
+    latency)
+      for b in nccl cupy; do
+        timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 1M -f 8 -n 200 --no-save \
+          -J "$LOG/small_${b}_eager_np$NP.json" >"$LOG/small_${b}_eager_np$NP.txt" 2>&1
+        timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 1M -f 8 -G 100 --no-save \
+          -J "$LOG/small_${b}_graph_np$NP.json" >"$LOG/small_${b}_graph_np$NP.txt" 2>&1
+      done ;;
+    topo)
+      timeout 60 ncclbench topo >"$LOG/topo.txt" 2>&1
+      timeout 60 ncclbench topo --json >"$LOG/topo.json" 2>"$LOG/topo_json.err"
+      timeout 120 ncclbench p2p --json "$LOG/p2p.json" --csv "$LOG/p2p.csv" >"$LOG/p2p.txt" 2>&1 ;;
+    pytest)
+      timeout 300 $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
+    *)
+      # any other word runs as a shell command line from the EXTRA_<word> variable
+      var="EXTRA_$stage"; eval "${!var:-true}" >"$LOG/extra_$stage.txt" 2>&1 ;;
+  esac
+done
+stamp "done"
+tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$LOG"

@@ -1,0 +1,51 @@
+"""Real NCCL on real GPUs (run on the device machine: `pytest -m gpu`)."""
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, run_cli, table_rows
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus():
+    import torch
+
+    return torch.cuda.device_count()
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_every_collective_is_correct(backend, tmp_path):
+    """The quick suite (every collective) in bfloat16: every row checked and right."""
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    suite = tmp_path / "s.yaml"
+    suite.write_text((ROOT / "configs" / "quick.yaml").read_text().replace("iters: 5", "iters: 3\n  datatype: bfloat16"))
+    csv = tmp_path / "r.csv"
+    r = run_cli(["suite", str(suite), "-g", str(n), "--backend", backend, "--no-save", "--csv", str(csv)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    frame = pd.read_csv(csv)
+    assert set(frame.collective) == {"all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast",
+                                     "reduce", "gather", "scatter", "sendrecv"}
+    assert (frame.dtype == "bfloat16").all()
+    checked = frame.dropna(subset=["nwrong"])
+    assert len(checked) > 9 * 4 and (checked.nwrong == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_cuda_graph_replay(backend):
+    n = min(_gpus(), 4)
+    r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "8", "-e", "64K", "-f", "8",
+                 "-G", "10", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "timing: graph" in r.stdout
+    rows = table_rows(r.stdout)
+    assert len(rows) == 5 and all(row[8] == "0" and row[-1] == "0" for row in rows)
+
+
+def test_planted_wrong_element_fails_the_run():
+    r = run_cli(["allreduce", "-g", "2", "-b", "1M", "-e", "1M", "--no-save"],
+                env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert "FAILED" in r.stdout
