@@ -13,7 +13,7 @@ import click
 from ncclbench import __version__
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
-from ncclbench.errors import BenchError, ExitCode, PlanError
+from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError
 from ncclbench.sizes import parse_size
 
 
@@ -65,6 +65,11 @@ def collective_options(f):
         click.option("--csv", "csv_path", type=str, default=None, help="Append one row per size and placement to this CSV."),
         click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
         click.option("--results-dir", type=str, default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR)."),
+        click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run (-g ranks each)."),
+        click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes."),
+        click.option("--master-addr", type=str, default=None, help="Rendezvous host for --nnodes > 1 (node 0's address)."),
+        click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1."),
+        click.option("--rdzv-endpoint", type=str, default=None, help="HOST:PORT, instead of --master-addr/--master-port."),
         click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
     ]
     for dec in reversed(decorators):
@@ -137,15 +142,19 @@ def validate_for_backend(plan, nranks: int | None) -> None:
 
 
 def choose_backend(requested: str | None, launched: bool) -> str:
-    from ncclbench.launch import say, visible_gpu_count
+    from ncclbench.launch import visible_gpu_count
 
     if requested:
         return requested
-    if visible_gpu_count() > 0:
-        return "nccl"
-    if not launched or os.environ.get("RANK", "0") == "0":
+    return "nccl" if visible_gpu_count() > 0 else "gloo"
+
+
+def announce_backend(requested: str | None, chosen: str, rank: int) -> None:
+    """Say once, after validation, that a GPU-less machine falls back to gloo."""
+    from ncclbench.launch import say
+
+    if requested is None and chosen == "gloo" and rank == 0 and not os.environ.get("NCCLBENCH_SPAWNED"):
         say("no CUDA GPU visible: using the gloo CPU backend (timings are host-clock CPU numbers)")
-    return "gloo"
 
 
 def output_spec(plan, o: dict):
@@ -206,20 +215,44 @@ def run_collective(coll_name: str, o: dict) -> int:
                         f"{info.local_world_size} ranks on this node); drop -g")
         validate_for_backend(plan, info.world_size)
         spec = output_spec(plan, o) if info.rank == 0 else None
+        announce_backend(o["backend"], backend, info.rank)
         return run_as_rank(plan, info, spec)
     ngpus = 1 if o["ngpus"] is None else o["ngpus"]
     if ngpus < 1:
         raise _fail(f"-g must be at least 1 (got {ngpus})")
+    nranks = ngpus * o.get("nnodes", 1)
     if backend in ("nccl", "cupy"):
         visible = launch.visible_gpu_count()
         if ngpus > visible:
             raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.USAGE)
-    validate_for_backend(plan, ngpus)
+    validate_for_backend(plan, nranks)
     output_spec(plan, o)  # refuse unwritable outputs before spawning anything
+    spawn = multinode_args(o, ngpus)
+    announce_backend(o["backend"], backend, 0)
     child_argv = list(argv)
     if o["backend"] is None:
         child_argv += ["--backend", backend]
-    return launch.spawn_local(ngpus, child_argv)
+    return launch.spawn_local(ngpus, child_argv, **spawn)
+
+
+def multinode_args(o: dict, ngpus: int) -> dict:
+    """torchrun's multi-node rendezvous from --nnodes/--node-rank/--master-*/--rdzv-endpoint."""
+    nnodes, node_rank = o.get("nnodes", 1), o.get("node_rank", 0)
+    endpoint = o.get("rdzv_endpoint")
+    if nnodes == 1:
+        if node_rank:
+            raise _fail(f"--node-rank {node_rank} needs --nnodes > {node_rank}")
+        return {}
+    if node_rank >= nnodes:
+        raise _fail(f"--node-rank {node_rank} does not exist with --nnodes {nnodes} (use 0..{nnodes - 1})")
+    if endpoint is None:
+        if not o.get("master_addr"):
+            raise _fail("--nnodes > 1 needs --master-addr (node 0's address) or --rdzv-endpoint HOST:PORT")
+        endpoint = f"{o['master_addr']}:{o['master_port']}"
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise _fail(f"--rdzv-endpoint must be HOST:PORT (got {endpoint!r})")
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint}
 
 
 def run_as_rank(plan, info, spec) -> int:
@@ -303,7 +336,8 @@ def _register_optional_commands():
     for module, names in (("ncclbench.topo_cli", ("topo_command", "p2p_command")),
                           ("ncclbench.compare", ("compare_command",)),
                           ("ncclbench.plot", ("plot_command",)),
-                          ("ncclbench.tools", ("show_command", "suite_command", "pairs_command"))):
+                          ("ncclbench.tools", ("show_command", "suite_command")),
+                          ("ncclbench.pairs", ("pairs_command",))):
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -333,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except BenchError as exc:
-        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, PlanError):
+        # identical plan errors on every rank: rank 0 speaks for all
+        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, PlanError) or isinstance(exc, LaunchError):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
             print(f"ncclbench: error: {prefix}{exc}", file=sys.stderr)
         sys.exit(int(exc.exit_code))

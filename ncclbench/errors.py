@@ -36,6 +36,10 @@ class PlanError(BenchError):
     exit_code = ExitCode.USAGE
 
 
+class LaunchError(PlanError):
+    """The launcher's environment is contradictory: every rank says so (rank unknown)."""
+
+
 class CollectiveError(BenchError):
     exit_code = ExitCode.NCCL_ERROR
 

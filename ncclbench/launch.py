@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from ncclbench.errors import BenchError, ExitCode, PlanError
+from ncclbench.errors import BenchError, ExitCode, LaunchError
 
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
 
@@ -19,7 +19,7 @@ def detect(explicit: dict | None = None):
     try:
         return detect_env(os.environ, explicit=explicit or None)
     except LaunchEnvError as exc:
-        raise PlanError(str(exc)) from exc
+        raise LaunchError(str(exc)) from exc
 
 
 def prepare_environ(info) -> None:
@@ -28,13 +28,14 @@ def prepare_environ(info) -> None:
     try:
         apply_to_environ(info, os.environ)
     except LaunchEnvError as exc:
-        raise PlanError(str(exc)) from exc
+        raise LaunchError(str(exc)) from exc
 
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,
                 rdzv_endpoint: str | None = None) -> int:
     """Run `python -m ncclbench <argv>` as `nprocs` ranks per node under torchrun's elastic
     agent, and return the exit code that best describes what happened."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -43,19 +44,23 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     os.environ[SPAWNED_ENV] = "1"
     targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0"]
     if nnodes > 1 or rdzv_endpoint:
+        # static rendezvous: node 0 hosts the store at the endpoint, like torchrun's
+        # --master-addr/--master-port form, so --node-rank is honoured
+        host, _, port = (rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
         targs += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
-                  "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint or "127.0.0.1:29500"]
+                  "--master-addr", host, "--master-port", port]
     else:
         targs += ["--standalone"]
     targs += ["--module", "ncclbench", *argv]
     if not os.environ.get("NCCLBENCH_VERBOSE"):
-        # The elastic agent logs each failed child with a traceback-like dump; the
-        # ranks already said what went wrong on one line.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-        logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
+        quiet_torchrun_logs()
     try:
         run(parse_args(targs))
+    except SignalException:
+        return ExitCode.INTERRUPTED  # the ranks got the same signal and said so
     except ChildFailedError as exc:
+        for line in describe_failures(exc.failures):
+            say(f"error: {line}")
         return exit_code_of_failure(exc.failures)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
@@ -76,6 +81,29 @@ def exit_code_of_failure(failures: dict) -> int:
             return failure.exitcode
     code = ordered[0][1].exitcode
     return code if code > 0 else ExitCode.NCCL_ERROR
+
+
+def quiet_torchrun_logs() -> None:
+    """The elastic agent logs each failed child with a traceback-like dump and each signal
+    it forwards; the ranks already said what went wrong, on one line."""
+    import torch.distributed.run  # noqa: F401 - creates the elastic loggers
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.run")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def describe_failures(failures: dict) -> list[str]:
+    """One line per rank that died from a signal (the ranks explain their own exit codes);
+    SIGTERM is the launcher tearing down the survivors, not news."""
+    lines = []
+    for rank, f in sorted(failures.items()):
+        if f.exitcode < 0:
+            name = f.signal_name()
+            if name != "SIGTERM":
+                lines.append(f"rank {rank} (pid {f.pid}) was killed by {name}; "
+                             "rows finished before it are kept, the run is incomplete")
+    return lines
 
 
 def visible_gpu_count() -> int:

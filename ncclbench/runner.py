@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import sys
 
 from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
@@ -12,6 +13,7 @@ from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import CollectiveError, ExitCode, PlanError
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
 
 CHECK_CHUNK = 1 << 24  # elements per expected-value chunk: bounds the checker's memory
@@ -276,7 +278,25 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     devices = backend.all_gather_object(runner.device_record())
     if backend.rank == 0:
         report = make_report(plan, build_run_info(plan, backend, devices))
+    board = ProgressBoard(default_store(), backend.rank, backend.nranks)
+
+    def on_timeout(what: str) -> None:
+        step = int(what.split("|", 1)[0])
+        late = [r for r in board.behind(step) if r != backend.rank]
+        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
+                   f"(-T) on rank {backend.rank}{who}")
+        if report is not None:
+            summary = RunSummary(list(rows), complete=False, status="timeout", errors=[message])
+            try:
+                report.finish(summary)
+            finally:
+                print(f"ncclbench: error: {message}", file=sys.stderr, flush=True)
+        hard_exit(ExitCode.TIMEOUT)
+
+    watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     buffers = None
+    step = 0
     try:
         sizes = plan.sizes()
         send_bytes, recv_bytes = plan.buffer_bytes(runner.nranks)
@@ -285,11 +305,18 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         while plan.run_cycles == 0 or cycle < plan.run_cycles:
             cycle += 1
             for dtype, op, root in runner.combinations():
+                step += 1
+                board.reach(step)
+                watchdog.arm(f"{step}|{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})")
                 runner.warm_up(buffers, dtype, op, root, sizes)
                 for size in sizes:
+                    step += 1
+                    watchdog.arm(f"{step}|{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})")
                     faults.before_size(backend.rank, size)
+                    board.reach(step)  # "arrived": about to enter this size's collectives
                     layout, mine = runner.measure_size(buffers, dtype, op, root, size)
                     everyone = backend.all_gather_object(mine)
+                    watchdog.disarm()
                     if report is not None:
                         row = runner.to_row(everyone, layout, dtype, op, root)
                         rows.append(row)
@@ -303,6 +330,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         if report is None:
             raise CollectiveError(errors[0]) from exc
     finally:
+        watchdog.stop()
         del buffers
         backend.release_graphs()
     summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
@@ -310,6 +338,8 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         summary.status = "wrong_results"
     if report is not None:
         report.finish(summary)
+        for err in summary.errors:
+            print(f"ncclbench: error: {err}", file=sys.stderr, flush=True)
     return summary
 
 

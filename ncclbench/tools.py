@@ -56,6 +56,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, gr
         return sys.exit(int(_run_group(plans_by_group[group_index], labels, info, spec, suite_file)))
 
     cli.output_spec(plans_by_group[0][0], common)  # refuse unwritable outputs up front
+    cli.announce_backend(backend, chosen, 0)
     worst = ExitCode.OK
     for k, (env, _members) in enumerate(groups):
         argv = ["suite", suite_file, "--group", str(k), "--backend", chosen]

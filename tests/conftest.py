@@ -41,10 +41,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def cli_command() -> list[str]:
+    """The installed console script (next to this Python), else `python -m ncclbench`."""
+    exe = shutil.which("ncclbench", path=os.path.dirname(sys.executable)) or shutil.which("ncclbench")
+    return [exe] if exe else [sys.executable, "-m", "ncclbench"]
+
+
 def run_cli(args, env=None, timeout=240, cwd=None):
     """Run the real `ncclbench` console script in a fresh process."""
-    exe = shutil.which("ncclbench", path=os.path.dirname(sys.executable)) or shutil.which("ncclbench")
-    cmd = [exe] if exe else [sys.executable, "-m", "ncclbench"]
+    cmd = cli_command()
     full_env = dict(os.environ)
     full_env.setdefault("NCCL_NVLS_ENABLE", "0")
     full_env.pop("RANK", None)

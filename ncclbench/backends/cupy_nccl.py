@@ -65,7 +65,7 @@ class CupyBackend(TorchBackend):
 
         cupy.cuda.Device(self.device.index).use()
         dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timedelta(seconds=timeout_s + 30))
         self.control = None
         self.group = None
         self.group_rank, self.group_size = self.rank, self.nranks

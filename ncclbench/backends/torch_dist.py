@@ -61,7 +61,8 @@ class TorchBackend:
         self.rank = launch.rank
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
-        timeout = timedelta(seconds=timeout_s)
+        # later than ncclbench's own per-size watchdog (-T), which names the size and rank
+        timeout = timedelta(seconds=timeout_s + 30)
         if name == "nccl":
             if not torch.cuda.is_available():
                 raise PlanError("backend nccl needs CUDA GPUs and none is visible; use --backend gloo")

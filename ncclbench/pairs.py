@@ -1,0 +1,454 @@
+"""`ncclbench pairs`: send/recv bandwidth between every pair of ranks of one job, to find
+the one slow link, NIC or GPU that drags every collective down.
+
+Pairs are measured in rounds of a round-robin tournament (the circle method): in each
+round every rank is in exactly one pair (with an odd world one rank sits out), so a job
+of n ranks needs n-1 rounds (n with n odd) instead of n(n-1)/2 one-pair-at-a-time steps,
+and pairs running side by side load the fabric as collectives do. Within a pair both
+ranks send and receive at once (batch_isend_irecv), so each pair's figure is the
+bandwidth per direction while both directions are busy.
+
+Timing uses the engine every collective uses (ncclbench.timing.measure): one untimed
+exchange, a barrier, `iters` exchanges between two device marks. A pair's time is the
+slower of its two ranks' (the exchange is over when both sides are done); its busbw is
+bytes / time. Rank 0 prints the matrix and the pairs furthest below the median;
+--fail-below X% makes the exit code 1 when any pair is more than X% below it.
+
+NCCLBENCH_PAIRS_SLOW=R[,R...][:SECONDS] (tests only) makes those ranks sleep SECONDS
+(default 0.1) inside every timed exchange, so the slow-pair path runs for real.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import click
+
+from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError
+from ncclbench.sizes import format_size, parse_size
+
+SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
+DEFAULT_SLOW_SECONDS = 0.1
+SHOWN_SLOWEST = 5  # pairs listed under the matrix when nothing is flagged
+
+
+# ---------------------------------------------------------------------------
+# Pure parts: schedule and verdict (unit-tested without processes)
+# ---------------------------------------------------------------------------
+
+def tournament_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Rounds of pairs (a, b), a < b, covering every pair of range(n) exactly once, each
+    rank in at most one pair per round. Circle method: rank 0 stays put while the
+    others rotate one seat per round; with n odd a phantom seat makes the rank facing
+    it sit that round out."""
+    if n < 2:
+        return []
+    seats = list(range(n)) + ([None] if n % 2 else [])
+    m = len(seats)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(seats[i], seats[m - 1 - i]) for i in range(m // 2)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None))
+        seats = [seats[0], seats[-1], *seats[1:-1]]  # rotate everyone but seat 0
+    return rounds
+
+
+def peer_in_round(pairs: list[tuple[int, int]], rank: int) -> int | None:
+    """This rank's partner in a round, or None when it sits the round out."""
+    for a, b in pairs:
+        if rank == a:
+            return b
+        if rank == b:
+            return a
+    return None
+
+
+def pair_busbw(times: list[dict[int, float]], nbytes: int) -> list[list[float | None]]:
+    """Symmetric matrix of GB/s per direction from each rank's {peer: seconds per exchange};
+    a pair's time is the slower side's. None on the diagonal."""
+    n = len(times)
+    matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            seconds = max(times[a][b], times[b][a])
+            matrix[a][b] = matrix[b][a] = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+    return matrix
+
+
+def pair_values(matrix) -> list[tuple[int, int, float]]:
+    """(a, b, busbw) for every pair a < b of a symmetric matrix."""
+    n = len(matrix)
+    return [(a, b, matrix[a][b]) for a in range(n) for b in range(a + 1, n)]
+
+
+def below_median(matrix) -> list[tuple[int, int, float, float]]:
+    """Every pair as (a, b, busbw, % below the median pair), slowest first. The median,
+    not the mean or the best, is the reference: one bad link must not move it."""
+    values = pair_values(matrix)
+    if not values:
+        return []
+    median = statistics.median(v for _, _, v in values)
+    out = [(a, b, v, 100.0 * (median - v) / median if median > 0 else 0.0) for a, b, v in values]
+    return sorted(out, key=lambda item: (item[2], item[0], item[1]))
+
+
+def slow_pairs(matrix, threshold: float) -> list[tuple[int, int, float, float]]:
+    """Pairs more than `threshold` percent below the median pair, slowest first, as
+    (a, b, busbw, % below median)."""
+    return [item for item in below_median(matrix) if item[3] > threshold]
+
+
+def parse_percent(text: str) -> float:
+    """'20%' or '20' -> 20.0; a percentage strictly between 0 and 100."""
+    raw = str(text).strip()
+    number = raw[:-1].strip() if raw.endswith("%") else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise PlanError(f"--fail-below must be a percentage such as 20% (got {text!r})") from None
+    if not 0 < value < 100:
+        raise PlanError(f"--fail-below must be between 0% and 100% (got {text!r})")
+    return value
+
+
+def parse_slow_hook(text: str | None) -> tuple[frozenset[int], float]:
+    """NCCLBENCH_PAIRS_SLOW 'R[,R...][:SECONDS]' -> (ranks, seconds); empty when unset."""
+    if not text or not text.strip():
+        return frozenset(), 0.0
+    ranks_text, _, seconds_text = text.strip().partition(":")
+    try:
+        ranks = frozenset(int(r) for r in ranks_text.split(",") if r.strip())
+        seconds = float(seconds_text) if seconds_text else DEFAULT_SLOW_SECONDS
+    except ValueError:
+        raise PlanError(f"{SLOW_ENV}={text!r}: expected RANK[,RANK...][:SECONDS]") from None
+    return ranks, seconds
+
+
+# ---------------------------------------------------------------------------
+# One rank's measurement
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PairsPlan:
+    nbytes: int
+    iters: int
+    warmup_iters: int
+    backend: str
+    timeout_s: float
+    fail_below: float | None
+    json_path: str | None
+    csv_path: str | None
+
+    def fingerprint(self) -> tuple:
+        """What every rank must agree on, or the rounds would not line up."""
+        return (self.nbytes, self.iters, self.warmup_iters, self.backend)
+
+
+class PairExchange:
+    """Both directions between this rank and one peer, on fixed buffers."""
+
+    def __init__(self, backend, peer: int, send, recv, slow_s: float):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.backend = backend
+        self.peer = peer
+        self.send, self.recv = send, recv
+        self.slow_s = slow_s
+
+    def __call__(self, _op_index: int = 0) -> None:
+        dist = self.dist
+        ops = [dist.P2POp(dist.isend, self.send, self.peer), dist.P2POp(dist.irecv, self.recv, self.peer)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        if self.slow_s:
+            # test hook: this rank takes longer than the link needs, inside the timed region
+            self.backend.synchronize()
+            time.sleep(self.slow_s)
+
+
+def pattern_byte(rank: int) -> int:
+    """Byte every element of `rank`'s send buffer holds, so a receiver can tell whose data
+    (and whether all of it) arrived."""
+    return rank % 251 + 1
+
+
+def measure_rounds(backend, plan: PairsPlan, rounds, slow_s: float) -> tuple[dict[int, float], list[int]]:
+    """This rank's seconds per exchange with each peer, and the peers whose data arrived
+    wrong. Every rank runs measure() once per round, idle or not: it holds a barrier."""
+    from ncclbench.timing import TimingSettings, measure
+
+    settings = TimingSettings(iters=plan.iters)
+    send = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
+    recv = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
+    send.fill_(pattern_byte(backend.rank))
+    times: dict[int, float] = {}
+    wrong: list[int] = []
+    for pairs in rounds:
+        peer = peer_in_round(pairs, backend.rank)
+        if peer is None:
+            measure(backend, lambda _i: None, settings)  # sit out, but keep the barriers in step
+            continue
+        recv.zero_()
+        exchange = PairExchange(backend, peer, send, recv, slow_s)
+        for _ in range(plan.warmup_iters):
+            exchange()
+        times[peer] = measure(backend, exchange, settings).device_s
+        backend.synchronize()
+        if not bool((recv == pattern_byte(peer)).all()):
+            wrong.append(peer)
+    return times, wrong
+
+
+def first_collective(backend) -> None:
+    """A world-wide op before any pair: NCCL wants the first call on a communicator to
+    involve every rank (torch's batch_isend_irecv note), and it sets up the comm now
+    rather than inside the first pair's timing."""
+    import torch
+
+    t = torch.ones(1, device=backend.device)
+    backend.dist.all_reduce(t)
+    backend.synchronize()
+
+
+def agree(backend, plan: PairsPlan) -> None:
+    everyone = backend.all_gather_object(plan.fingerprint())
+    differ = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
+    if differ:
+        raise PlanError(f"rank(s) {','.join(map(str, differ))} run pairs with other options than rank 0; "
+                        "every rank must get the same options")
+
+
+def device_line(backend) -> dict:
+    info = backend.device_info()
+    return {"rank": backend.rank, "pid": os.getpid(), "host": socket.gethostname(),
+            "device": info["device"], "device_hex": info["device_hex"], "device_info": info["device_info"]}
+
+
+def run_rank(plan: PairsPlan, info) -> int:
+    """One rank's whole job. Every rank ends with the same verdict (each computes it from
+    the same gathered numbers); rank 0 prints and writes the files."""
+    from ncclbench import launch
+    from ncclbench.backends import create_backend
+
+    launch.prepare_environ(info)
+    slow_ranks, slow_s = parse_slow_hook(os.environ.get(SLOW_ENV))
+    backend = create_backend(plan.backend, info, plan.timeout_s)
+    try:
+        agree(backend, plan)
+        devices = backend.all_gather_object(device_line(backend))
+        rounds = tournament_rounds(backend.nranks)
+        try:
+            first_collective(backend)
+            mine = measure_rounds(backend, plan, rounds, slow_s if backend.rank in slow_ranks else 0.0)
+        except BenchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed exchange ends the run in one line
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CollectiveError(f"pair exchange failed: {text}") from exc
+        everyone = backend.all_gather_object(mine)
+    finally:
+        backend.close()
+    result = PairsResult(plan, devices, rounds, [t for t, _ in everyone],
+                         sorted({(min(r, p), max(r, p)) for r, (_, w) in enumerate(everyone) for p in w}))
+    if info.rank == 0:
+        sys.stdout.write("\n".join(result.report_lines(backend.timing_name())) + "\n")
+        sys.stdout.flush()
+        result.write_files()
+    return result.exit_code()
+
+
+# ---------------------------------------------------------------------------
+# Rank 0's report
+# ---------------------------------------------------------------------------
+
+def format_gbps(value: float) -> str:
+    """At most 8 characters, about 4 significant digits, so matrix columns stay apart
+    from NVLink rates (hundreds of GB/s) down to gloo on a laptop (1e-05)."""
+    if value >= 1000:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.4g}"
+    if value >= 0.001:
+        return f"{value:.4f}"
+    return f"{value:.2e}"
+
+
+class PairsResult:
+    def __init__(self, plan: PairsPlan, devices: list[dict], rounds, times, wrong_pairs):
+        self.plan = plan
+        self.devices = devices
+        self.rounds = rounds
+        self.matrix = pair_busbw(times, plan.nbytes)
+        self.ranked = below_median(self.matrix)
+        self.flagged = slow_pairs(self.matrix, plan.fail_below) if plan.fail_below is not None else []
+        self.wrong_pairs = wrong_pairs
+        values = [v for _, _, v in pair_values(self.matrix)]
+        self.median = statistics.median(values) if values else 0.0
+
+    def exit_code(self) -> int:
+        if self.wrong_pairs:
+            return ExitCode.WRONG_RESULTS
+        return ExitCode.REGRESSION if self.flagged else ExitCode.OK
+
+    def host(self, rank: int) -> str:
+        return self.devices[rank]["host"]
+
+    def report_lines(self, timing: str) -> list[str]:
+        p, n = self.plan, len(self.devices)
+        hosts = sorted({d["host"] for d in self.devices})
+        per_round = max((len(r) for r in self.rounds), default=0)
+        lines = [
+            f"# ncclbench pairs: {n} ranks on {len(hosts)} node{'s' if len(hosts) != 1 else ''} ({', '.join(hosts)}), "
+            f"backend {p.backend} ({timing})",
+            f"# {format_size(p.nbytes)} each way per exchange, both directions at once; "
+            f"warmup iters: {p.warmup_iters} iters: {p.iters}",
+            f"# {len(self.rounds)} rounds of {per_round} pairs side by side (round-robin"
+            f"{'; one rank idle per round' if n % 2 else ''})",
+            "#", "# Using devices",
+        ]
+        for d in self.devices:
+            lines.append(f"#  Rank {d['rank']:2d} Pid {d['pid']:6d} on {d['host']:>10s} "
+                         f"device {d['device']:2d} [{d['device_hex']}] {d['device_info']}")
+        lines += ["#", "# busbw per direction (GB/s); a pair's time is its slower rank's"]
+        lines += self.matrix_lines()
+        lines += ["#", f"# Median pair busbw: {self.median:.4g} GB/s"]
+        lines += self.verdict_lines()
+        return lines
+
+    def matrix_lines(self) -> list[str]:
+        n = len(self.devices)
+        width = max([10] + [len(self.host(r)) for r in range(n)])
+        lines = [f"# {'rank':>4s} {'host':<{width}s}" + "".join(f"{c:>9d}" for c in range(n))]
+        for r in range(n):
+            cells = "".join(f"{'-' if v is None else format_gbps(v):>9s}" for v in self.matrix[r])
+            lines.append(f"  {r:4d} {self.host(r):<{width}s}{cells}")
+        return lines
+
+    def verdict_lines(self) -> list[str]:
+        lines = []
+        for a, b in self.wrong_pairs:
+            lines.append(f"# WRONG DATA between ranks {a} ({self.host(a)}) and {b} ({self.host(b)})")
+        if self.plan.fail_below is not None:
+            if self.flagged:
+                lines.append(f"# {len(self.flagged)} pair(s) more than {self.plan.fail_below:g}% below the median:")
+            else:
+                lines.append(f"# No pair more than {self.plan.fail_below:g}% below the median: OK")
+        shown = self.flagged or self.ranked[:SHOWN_SLOWEST]
+        if shown and not self.flagged:
+            lines.append("# Slowest pairs:")
+        for a, b, v, pct in shown:
+            side = "below" if pct >= 0 else "above"
+            lines.append(f"#   {a:3d} <-> {b:<3d} {format_gbps(v):>9s} GB/s  {abs(pct):6.1f}% {side} median  "
+                         f"({self.host(a)} - {self.host(b)})")
+        return lines
+
+    # ---- files ----------------------------------------------------------------------
+    def pair_records(self) -> list[dict]:
+        flagged = {(a, b) for a, b, _, _ in self.flagged}
+        wrong = set(self.wrong_pairs)
+        return [{"rank_a": a, "rank_b": b, "host_a": self.host(a), "host_b": self.host(b),
+                 "size_bytes": self.plan.nbytes, "time_us": self.plan.nbytes / v / 1e3 if v else None,
+                 "busbw_gbps": v, "below_median_pct": pct, "flagged": (a, b) in flagged,
+                 "wrong_data": (a, b) in wrong}
+                for a, b, v, pct in sorted(self.ranked, key=lambda item: item[:2])]
+
+    def write_files(self) -> None:
+        if self.plan.json_path:
+            doc = {"size_bytes": self.plan.nbytes, "iters": self.plan.iters,
+                   "warmup_iters": self.plan.warmup_iters, "backend": self.plan.backend,
+                   "nranks": len(self.devices), "devices": self.devices,
+                   "rounds": [[list(p) for p in r] for r in self.rounds],
+                   "median_busbw_gbps": self.median, "fail_below_pct": self.plan.fail_below,
+                   "busbw_gbps": self.matrix, "pairs": self.pair_records()}
+            with open(self.plan.json_path, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+        if self.plan.csv_path:
+            records = self.pair_records()
+            with open(self.plan.csv_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["rank_a"])
+                writer.writeheader()
+                writer.writerows(records)
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+def build_plan(o: dict, backend: str) -> PairsPlan:
+    from ncclbench.output import check_writable
+
+    try:
+        nbytes = parse_size(o["size"])
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if nbytes < 1:
+        raise PlanError("-b must be at least 1 byte")
+    fail_below = parse_percent(o["fail_below"]) if o["fail_below"] is not None else None
+    for path, what in ((o["json_path"], "JSON file"), (o["csv_path"], "CSV file")):
+        if path:
+            check_writable(path, what)
+    return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
+                     o["json_path"], o["csv_path"])
+
+
+def run_pairs(o: dict) -> int:
+    """Run as a launched rank, or self-spawn -g local ranks that re-enter here (as the
+    collectives do, see cli.run_collective)."""
+    from ncclbench import launch
+    from ncclbench.cli import choose_backend, multinode_args
+
+    argv = sys.argv[1:]
+    info = launch.detect()
+    launched = info.launcher != "none"
+    backend = choose_backend(o["backend"], launched)
+    plan = build_plan(o, backend)
+    if launched:
+        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+            raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
+                            f"{info.local_world_size} ranks on this node); drop -g")
+        if info.world_size < 2:
+            raise PlanError("pairs needs at least 2 ranks")
+        return run_rank(plan, info)
+    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
+    if ngpus < 1:
+        raise PlanError(f"-g must be at least 1 (got {ngpus})")
+    if ngpus * o["nnodes"] < 2:
+        raise PlanError("pairs needs at least 2 ranks: use -g 2 or more, or start it under torchrun/srun/mpirun")
+    if backend == "nccl" and ngpus > launch.visible_gpu_count():
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {launch.visible_gpu_count()} visible")
+    spawn = multinode_args(o, ngpus)
+    child_argv = list(argv) + ([] if o["backend"] else ["--backend", backend])
+    return launch.spawn_local(ngpus, child_argv, **spawn)
+
+
+@click.command(name="pairs", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-b", "--size", default="256M", show_default=True, help="Bytes each way per exchange (8, 64K, 256M, 1G).")
+@click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed exchanges per pair.")
+@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Untimed exchanges per pair before timing.")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
+@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each. Omit under torchrun/srun/mpirun.")
+@click.option("--fail-below", "fail_below", default=None, metavar="X%",
+              help="Exit 1 when any pair is more than X% below the median pair.")
+@click.option("--json", "json_path", default=None, help="Write the matrix and every pair to this JSON file.")
+@click.option("--csv", "csv_path", default=None, help="Write one row per pair to this CSV file (overwritten).")
+@click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds an exchange may take before the run is aborted.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
+@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1.")
+@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
+def pairs_command(**options):
+    """Send/recv bandwidth between every pair of ranks, in round-robin rounds that keep
+    every rank busy; flags pairs far below the median."""
+    sys.exit(int(run_pairs(options)))

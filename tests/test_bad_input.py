@@ -1,0 +1,121 @@
+"""Every bad input: one line of error, exit code 2, nothing launched, no traceback.
+
+Runs the real entry point (`ncclbench.cli.main`) in-process: each case fails before any
+rank starts, so no process would be spawned anyway (asserted: no child processes)."""
+
+import os
+
+import psutil
+import pytest
+
+from ncclbench.cli import main
+
+BAD_SUITE = "runs:\n  - collective: allreduce\n    datatype: float7\n"
+UNKNOWN_KEY_SUITE = "runs:\n  - collective: allreduce\n    sizes: 8\n"
+UNKNOWN_COLL_SUITE = "runs:\n  - allreduse\n"
+NOT_YAML = "runs: [allreduce\n"
+OTHER_CSV = "a,b,c\n1,2,3\n"
+
+CASES = [
+    # (id, argv, expected words in the error line)
+    ("negative size", ["allreduce", "-b", "-8"], "size"),
+    ("unparsable size", ["allreduce", "-b", "8X"], "cannot parse size"),
+    ("min above max", ["allreduce", "-b", "1M", "-e", "1K"], "larger than maximum"),
+    ("zero step", ["allreduce", "-b", "1K", "-e", "4K", "-i", "0"], "step must be > 0"),
+    ("factor one", ["allreduce", "-b", "1K", "-e", "4K", "-f", "1"], "step factor must be > 1"),
+    ("factor below one", ["allreduce", "-b", "1K", "-e", "4K", "-f", "0.5"], "step factor must be > 1"),
+    ("factor from zero", ["allreduce", "-b", "0", "-e", "4K", "-f", "2"], "minimum size > 0"),
+    ("unknown collective", ["allreduse"], "allreduse"),
+    ("unknown dtype", ["allreduce", "-d", "float7"], "unknown datatype"),
+    ("unknown op", ["allreduce", "-o", "xor"], "unknown op"),
+    ("unknown backend", ["allreduce", "--backend", "mpi"], "mpi"),
+    ("avg on ints with gloo", ["allreduce", "--backend", "gloo", "-d", "int32", "-o", "avg"], "cannot average"),
+    ("fp8 on gloo", ["allgather", "--backend", "gloo", "-d", "f8e4m3"], "no datatype f8e4m3"),
+    ("uint32 on gloo", ["allreduce", "--backend", "gloo", "-d", "uint32"], "no datatype uint32"),
+    ("root beyond ranks", ["broadcast", "--backend", "gloo", "-g", "2", "-r", "5"], "root 5 does not exist"),
+    ("bad root", ["broadcast", "-r", "first"], "root must be"),
+    ("zero gpus", ["allreduce", "--backend", "gloo", "-g", "0"], "-g must be at least 1"),
+    ("more gpus than visible", ["allreduce", "--backend", "nccl", "-g", "64"], "more GPUs than"),
+    ("zero iterations", ["allreduce", "-n", "0"], "iters"),
+    ("zero agg", ["allreduce", "-m", "0"], "agg_iters"),
+    ("bad average", ["allreduce", "-a", "4"], "average"),
+    ("zero timeout", ["allreduce", "-T", "0"], "timeout"),
+    ("threads", ["allreduce", "-t", "2"], "nthreads"),
+    ("graph on gloo", ["allreduce", "--backend", "gloo", "-G", "5"], "gloo"),
+    ("graph and blocking", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "1"], "cannot be combined"),
+    ("sendrecv alone", ["sendrecv", "--backend", "gloo", "-g", "1"], "at least 2 ranks"),
+    ("json dir missing", ["allreduce", "--backend", "gloo", "-J", "/nonexistent/dir/r.json"], "does not exist"),
+    ("csv dir missing", ["allreduce", "--backend", "gloo", "--csv", "/nonexistent/dir/r.csv"], "does not exist"),
+    ("results dir unusable", ["allreduce", "--backend", "gloo", "--results-dir", "/proc/ncclbench"], "result store"),
+    ("nodes without master", ["allreduce", "--backend", "gloo", "-g", "2", "--nnodes", "2"], "--master-addr"),
+    ("node rank beyond nodes", ["allreduce", "--backend", "gloo", "--nnodes", "2", "--node-rank", "2",
+                                "--master-addr", "h"], "--node-rank 2"),
+    ("unknown option", ["allreduce", "--frobnicate"], "frobnicate"),
+]
+
+
+def _no_children():
+    return [p for p in psutil.Process().children(recursive=True)]
+
+
+@pytest.mark.parametrize("argv,words", [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exc.value.code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ncclbench: error:"), err
+    assert words.lower() in lines[0].lower(), err
+    assert "Traceback" not in err
+    assert not _no_children()
+
+
+@pytest.mark.parametrize("content,words", [(BAD_SUITE, "runs[0]"), (UNKNOWN_KEY_SUITE, "unknown key 'sizes'"),
+                                           (UNKNOWN_COLL_SUITE, "unknown collective"), (NOT_YAML, "not valid YAML")])
+def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        main(["suite", str(path), "--backend", "gloo", "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert str(path) in err[0] and words in err[0]
+
+
+def test_csv_with_other_columns_is_refused(capsys, tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text(OTHER_CSV)
+    with pytest.raises(SystemExit) as exc:
+        main(["allreduce", "--backend", "gloo", "--csv", str(path), "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "columns differ" in err[0]
+    assert path.read_text() == OTHER_CSV  # untouched
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"RANK": "5", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "RANK"),
+    ({"RANK": "1"}, "WORLD_SIZE"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "x"}, "OMPI_COMM_WORLD_SIZE"),
+])
+def test_contradictory_launcher_environment(env, words, capsys, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as exc:
+        main(["allreduce", "--backend", "gloo", "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert words in err[0]
+
+
+def test_compare_with_malformed_baseline(capsys, tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text("{not json")
+    new = tmp_path / "new.txt"
+    new.write_text("nothing here\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(base), str(new)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err

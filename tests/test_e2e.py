@@ -1,0 +1,117 @@
+"""End-to-end: real ranks on the CPU (gloo) through the same launchers users use."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, run_cli, table_rows
+
+ALL = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "gather", "scatter",
+       "sendrecv"]
+HEADER = "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong "
+
+
+def _tests(stdout: str) -> dict:
+    """Split a log into its tests: name -> lines."""
+    out, name = {}, None
+    for line in stdout.splitlines():
+        m = re.match(r"# Collective test starting: (\w+)_perf", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        if name:
+            out[name].append(line)
+    return out
+
+
+def _check_nccl_tests_layout(lines: list[str], nranks: int, nsizes: int):
+    text = "\n".join(lines)
+    assert HEADER in lines
+    assert sum(1 for ln in lines if ln.startswith("#  Rank ")) == nranks
+    rows = table_rows(text)
+    assert len(rows) == nsizes
+    for row in rows:
+        assert len(row) == 13, row
+        int(row[0]), int(row[1]), float(row[5]), float(row[6]), float(row[7])  # noqa: B018 - parse check
+        assert row[8] == "0" and row[12] in ("0", "N/A"), row
+    assert any(ln.startswith("# Out of bounds values : 0 OK") for ln in lines)
+    assert any(re.match(r"# Avg bus bandwidth    : [0-9.e+-]+ $", ln) for ln in lines)
+    for line in lines:
+        if re.match(r"^\s+\d", line):
+            assert len(line) in (117, 118), line  # the reference files' widths
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_every_collective_on_gloo_ranks(nranks, tmp_path):
+    """`-g N` self-spawn through torchrun's machinery: every collective, nccl-tests layout."""
+    csv = tmp_path / "all.csv"
+    r = run_cli(["suite", str(ROOT / "configs" / "quick.yaml"), "-g", str(nranks), "--backend", "gloo",
+                 "--no-save", "--csv", str(csv)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    tests = _tests(r.stdout)
+    assert sorted(tests) == sorted(ALL)
+    for name, lines in tests.items():
+        _check_nccl_tests_layout(lines, nranks, nsizes=5)
+    frame = pd.read_csv(csv)
+    assert len(frame) == 9 * 5 * 2
+    assert set(frame.ranks) == {nranks}
+    assert "# Suite summary" in r.stdout
+
+
+def test_launched_by_torchrun_directly(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(ROOT.parent)) or shutil.which("torchrun") \
+        or str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    out = tmp_path / "r.json"
+    cmd = [torchrun, "--nproc-per-node", "3", "--standalone", "-m", "ncclbench", "reducescatter",
+           "--backend", "gloo", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--no-save", "-J", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _check_nccl_tests_layout(_tests(r.stdout)["reduce_scatter"], 3, nsizes=3)
+    doc = json.loads(out.read_text())
+    assert doc["version"] == 3 and doc["ncclbench"]["ranks"] == 3 and doc["ncclbench"]["complete"] is True
+    assert [res["size"] for res in doc["results"]] == [1008, 4080, 16368]  # 16-byte-aligned chunks x 3
+
+
+def test_op_root_and_dtype_loops(tmp_path):
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "4K", "-e", "4K", "-o", "all", "-d", "bfloat16",
+                 "-n", "2", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = table_rows(r.stdout)
+    assert [row[3] for row in rows] == ["sum", "prod", "max", "min", "avg"]
+    assert all(row[8] == "0" and row[12] == "0" for row in rows)
+    r = run_cli(["broadcast", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "2K", "-f", "2", "-r", "all",
+                 "-n", "2", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [(row[0], row[4]) for row in table_rows(r.stdout)] == [("1024", "0"), ("2048", "0"),
+                                                                   ("1024", "1"), ("2048", "1")]
+
+
+def test_planted_wrong_element_fails_loudly(tmp_path):
+    out = tmp_path / "r.csv"
+    r = run_cli(["allgather", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2",
+                 "--no-save", "--csv", str(out)], env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
+    assert r.returncode == 7, r.stderr
+    assert "# Out of bounds values : 4 FAILED" in r.stdout
+    assert "# Wrong results at sizes: 1024, 4096" in r.stdout
+    rows = table_rows(r.stdout)
+    assert [row[8] for row in rows] == ["1", "1"] and [row[12] for row in rows] == ["1", "1"]
+    assert list(pd.read_csv(out).nwrong) == [1, 1, 1, 1]
+
+
+def test_per_iteration_columns_and_json(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "64", "-e", "64", "-n", "6", "-I", "1",
+                 "-K", "2", "--no-save", "-J", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "i_p99" in r.stdout and "summary skips first 2 iterations" in r.stdout
+    row = table_rows(r.stdout)[0]
+    assert len(row) == 21
+    per = json.loads(out.read_text())["results"][0]["out_of_place_per_iter"]
+    assert per["skipped_iterations"] == 2 and len(per["times_us"]) == 6
+    assert len(per["per_process_max_times_us"]) == 2
+    assert per["min_us"] <= per["p50_us"] <= per["p99_us"] <= per["max_us"]

@@ -1,0 +1,185 @@
+"""`ncclbench pairs`: the round-robin schedule and the slow-pair verdict as pure functions,
+then the real command on gloo ranks (healthy, and with one rank slowed by the test hook)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+
+import pytest
+
+from conftest import run_cli
+from ncclbench.errors import ExitCode, PlanError
+from ncclbench.pairs import (PairsPlan, PairsResult, below_median, pair_busbw, parse_percent,
+                             parse_slow_hook, peer_in_round, slow_pairs, tournament_rounds)
+
+# Small enough that gloo's exchanges cost next to nothing; the launch (torch imports on
+# 2 cores) dominates each end-to-end test at ~10-20 s.
+TINY = ["--backend", "gloo", "-b", "4K", "-n", "2", "-w", "1", "-T", "60"]
+
+
+# ---- schedule ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", range(0, 14))
+def test_tournament_covers_every_pair_once_and_keeps_ranks_busy(n):
+    rounds = tournament_rounds(n)
+    seen = [pair for r in rounds for pair in r]
+    assert sorted(seen) == list(itertools.combinations(range(n), 2))  # each pair exactly once, a < b
+    expected_rounds = 0 if n < 2 else (n - 1 if n % 2 == 0 else n)
+    assert len(rounds) == expected_rounds
+    for pairs in rounds:
+        busy = [rank for pair in pairs for rank in pair]
+        assert len(busy) == len(set(busy)), "a rank in two pairs of one round"
+        assert len(pairs) == n // 2  # even: everyone busy; odd: exactly one rank idle
+
+
+def test_peer_in_round():
+    pairs = [(0, 3), (1, 2)]
+    assert [peer_in_round(pairs, r) for r in range(5)] == [3, 2, 1, 0, None]
+
+
+# ---- verdict -------------------------------------------------------------------------
+
+def matrix_from(values: dict, n: int):
+    m = [[None] * n for _ in range(n)]
+    for (a, b), v in values.items():
+        m[a][b] = m[b][a] = v
+    return m
+
+
+def test_pair_busbw_takes_the_slower_side():
+    # rank 0 saw 1 ms with rank 1, rank 1 saw 2 ms: the exchange is over after 2 ms
+    times = [{1: 0.001, 2: 0.001}, {0: 0.002, 2: 0.001}, {0: 0.001, 1: 0.004}]
+    m = pair_busbw(times, 2_000_000)
+    assert m[0][1] == m[1][0] == pytest.approx(1.0)  # 2 MB / 2 ms = 1 GB/s
+    assert m[1][2] == pytest.approx(0.5)
+    assert m[0][2] == pytest.approx(2.0)
+    assert [m[i][i] for i in range(3)] == [None, None, None]
+
+
+def test_slow_pairs_flags_only_pairs_far_below_the_median():
+    m = matrix_from({(0, 1): 100, (0, 2): 100, (0, 3): 100, (1, 2): 40, (1, 3): 100, (2, 3): 85}, 4)
+    assert [(a, b) for a, b, _, _ in slow_pairs(m, 20)] == [(1, 2)]
+    (a, b, v, pct), = slow_pairs(m, 20)
+    assert v == 40 and pct == pytest.approx(60.0)  # median of the six pairs is 100
+    assert [(a, b) for a, b, _, _ in slow_pairs(m, 10)] == [(1, 2), (2, 3)]
+    assert slow_pairs(m, 60) == []  # "more than" 60%: exactly 60% is not flagged
+
+
+def test_below_median_lists_every_pair_slowest_first():
+    m = matrix_from({(0, 1): 10, (0, 2): 30, (1, 2): 20}, 3)
+    ranked = below_median(m)
+    assert [(a, b) for a, b, _, _ in ranked] == [(0, 1), (1, 2), (0, 2)]
+    assert [round(p) for *_, p in ranked] == [50, 0, -50]
+
+
+def test_slow_pairs_edge_cases():
+    assert slow_pairs(matrix_from({}, 1), 20) == []
+    assert slow_pairs(matrix_from({(0, 1): 5.0}, 2), 20) == []  # one pair is its own median
+    uniform = matrix_from({pair: 7.0 for pair in itertools.combinations(range(5), 2)}, 5)
+    assert slow_pairs(uniform, 1) == []
+
+
+@pytest.mark.parametrize("text, value", [("20%", 20.0), ("20", 20.0), (" 12.5 % ", 12.5)])
+def test_parse_percent(text, value):
+    assert parse_percent(text) == value
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "100%", "-5%", "%"])
+def test_parse_percent_refuses(text):
+    with pytest.raises(PlanError):
+        parse_percent(text)
+
+
+def test_parse_slow_hook():
+    assert parse_slow_hook(None) == (frozenset(), 0.0)
+    assert parse_slow_hook("1") == (frozenset({1}), 0.1)
+    assert parse_slow_hook("1,3:0.5") == (frozenset({1, 3}), 0.5)
+    with pytest.raises(PlanError):
+        parse_slow_hook("one")
+
+
+def fake_result(times, fail_below=20.0, wrong=()):
+    plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="gloo", timeout_s=60,
+                     fail_below=fail_below, json_path=None, csv_path=None)
+    devices = [{"rank": r, "pid": 100 + r, "host": f"node{r // 2}", "device": r % 2, "device_hex": "cpu",
+                "device_info": "CPU (gloo)"} for r in range(len(times))]
+    return PairsResult(plan, devices, tournament_rounds(len(times)), times, list(wrong))
+
+
+def uniform_times(n, seconds=0.001, slow=None, slow_seconds=0.01):
+    return [{p: (slow_seconds if slow in (r, p) else seconds) for p in range(n) if p != r} for r in range(n)]
+
+
+def test_report_names_the_slow_pairs_and_exits_1():
+    result = fake_result(uniform_times(5, slow=3))
+    text = "\n".join(result.report_lines("host clock"))
+    assert "4 pair(s) more than 20% below the median" in text
+    assert "#     0 <-> 3      0.1000 GB/s    90.0% below median  (node0 - node1)" in text
+    assert "5 rounds of 2 pairs side by side (round-robin; one rank idle per round)" in text
+    assert result.exit_code() == ExitCode.REGRESSION
+    assert fake_result(uniform_times(5)).exit_code() == ExitCode.OK
+    assert fake_result(uniform_times(5, slow=3), fail_below=None).exit_code() == ExitCode.OK
+    assert fake_result(uniform_times(4), wrong=[(0, 1)]).exit_code() == ExitCode.WRONG_RESULTS
+
+
+# ---- the command, for real -------------------------------------------------------------
+
+def matrix_rows(stdout: str) -> dict[int, tuple[str, list[str]]]:
+    """rank -> (host, cells) from the matrix printed by rank 0."""
+    rows = {}
+    for line in stdout.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        rank, host, *cells = line.split()
+        rows[int(rank)] = (host, cells)
+    return rows
+
+
+def test_usage_errors_are_one_line_and_exit_2():
+    for args, words in ((["--fail-below", "150%"], "between 0% and 100%"),
+                        (["-g", "1"], "at least 2 ranks"),
+                        (["-g", "2", "-b", "0"], "at least 1 byte")):
+        proc = run_cli(["pairs", *TINY, *args], timeout=60)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+        assert proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_pairs_on_four_gloo_ranks(tmp_path):
+    out_json, out_csv = tmp_path / "pairs.json", tmp_path / "pairs.csv"
+    proc = run_cli(["pairs", "-g", "4", *TINY, "--json", str(out_json), "--csv", str(out_csv)], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("#  Rank ") == 4
+    assert "3 rounds of 2 pairs side by side" in proc.stdout
+    assert "# Slowest pairs:" in proc.stdout
+    rows = matrix_rows(proc.stdout)
+    assert sorted(rows) == [0, 1, 2, 3]
+    for r, (_host, cells) in rows.items():
+        assert len(cells) == 4 and cells[r] == "-"
+        assert all(float(cells[c]) > 0 for c in range(4) if c != r)
+        assert all(cells[c] == rows[c][1][r] for c in range(4))  # symmetric
+
+    doc = json.loads(out_json.read_text())
+    assert doc["nranks"] == 4 and doc["size_bytes"] == 4096
+    assert sorted(map(tuple, (p for r in doc["rounds"] for p in r))) == list(itertools.combinations(range(4), 2))
+    assert len(doc["pairs"]) == 6 and not any(p["wrong_data"] for p in doc["pairs"])
+    with open(out_csv, newline="") as f:
+        records = list(csv.DictReader(f))
+    assert [(int(r["rank_a"]), int(r["rank_b"])) for r in records] == list(itertools.combinations(range(4), 2))
+
+
+@pytest.mark.slow
+def test_slow_rank_is_flagged_and_fails_the_run(tmp_path):
+    """Rank 1 sleeps 0.1 s in each timed exchange: its three pairs are ~50x slower than the
+    others, so they sit below the median (the mean of one slow and one fast pair) and only
+    they are flagged, however noisy the fast pairs are on a busy 2-core machine."""
+    out_json = tmp_path / "pairs.json"
+    proc = run_cli(["pairs", "-g", "4", *TINY, "--fail-below", "20%", "--json", str(out_json)],
+                   env={"NCCLBENCH_PAIRS_SLOW": "1"}, timeout=180)
+    assert proc.returncode == ExitCode.REGRESSION, proc.stdout + proc.stderr
+    assert "3 pair(s) more than 20% below the median" in proc.stdout
+    flagged = {(p["rank_a"], p["rank_b"]) for p in json.loads(out_json.read_text())["pairs"] if p["flagged"]}
+    assert flagged == {(0, 1), (1, 2), (1, 3)}

@@ -1,0 +1,106 @@
+"""Fault injection with real processes (gloo): a killed rank, a stalled rank, a rank with
+another plan, Ctrl-C during `-N 0`. Each: bounded exit, a message naming the rank,
+valid partial files with the sizes done, and no process left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import psutil
+import pytest
+
+from conftest import cli_command, run_cli, table_rows
+
+BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "--no-save"]
+
+
+def _leftovers(tag: str) -> list:
+    """Processes whose command line still mentions this test's unique folder."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(tag in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_gone(tag: str, seconds: float = 15) -> list:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        left = _leftovers(tag)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return _leftovers(tag)
+
+
+def _partial_files(tmp_path, expected_sizes):
+    frame = pd.read_csv(tmp_path / "r.csv")
+    assert sorted(set(frame.size_bytes)) == expected_sizes
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["complete"] is False
+    assert [r["size"] for r in doc["results"]] == expected_sizes
+
+
+def test_killed_rank(tmp_path):
+    start = time.time()
+    r = run_cli(BASE + ["--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")],
+                env={"NCCLBENCH_FAULT": "kill:rank=1,size=4096"}, timeout=180)
+    elapsed = time.time() - start
+    assert r.returncode == 3, r.stderr
+    assert "rank 1" in r.stderr and "SIGKILL" in r.stderr
+    assert elapsed < 90
+    assert [row[0] for row in table_rows(r.stdout)] == ["1024"]
+    _partial_files(tmp_path, [1024])
+    assert not _wait_gone(str(tmp_path))
+
+
+def test_stalled_rank_past_timeout(tmp_path):
+    start = time.time()
+    r = run_cli(BASE + ["-T", "5", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")],
+                env={"NCCLBENCH_FAULT": "stall:rank=1,size=4096,seconds=300"}, timeout=180)
+    elapsed = time.time() - start
+    assert r.returncode == 4, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")]
+    assert len(errors) == 1 and "4096 B" in errors[0] and "rank(s) 1 never reached it" in errors[0], r.stderr
+    assert elapsed < 5 + 60  # the bound plus start-up and teardown on a slow 2-core machine
+    assert "# Incomplete run (timeout): 1 rows finished and kept" in r.stdout
+    _partial_files(tmp_path, [1024])
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "timeout" and "4096" in doc["errors"][0]
+    assert not _wait_gone(str(tmp_path))
+
+
+def test_rank_with_a_different_plan(tmp_path):
+    r = run_cli(BASE + ["--csv", str(tmp_path / "r.csv")], env={"NCCLBENCH_FAULT": "plan:rank=1"})
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")]
+    assert len(errors) == 1 and "rank(s) 1 run a different plan" in errors[0] and "max_bytes" in errors[0]
+    assert table_rows(r.stdout) == []
+    assert not _wait_gone(str(tmp_path))
+
+
+def test_ctrl_c_during_endless_cycles(tmp_path):
+    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv")]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for a few rows to land
+        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "# Error: interrupted by the user (Ctrl-C)" in out
+    assert "# Collective test concluded: all_reduce_perf" in out
+    assert "Traceback" not in err
+    frame = pd.read_csv(tmp_path / "r.csv")
+    assert len(frame) >= 8 and (frame.nwrong == 0).all()
+    assert not _wait_gone(str(tmp_path))
