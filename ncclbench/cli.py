@@ -61,6 +61,12 @@ def collective_options(f):
         _flag("-C", "--report_cputime", "Report host time per op instead of device time."),
         _flag("-I", "--per_iter_timing", "Per-iteration timing columns (i_min i_max i_p99 i_cv%)."),
         click.option("-K", "--per_iter_skip", type=click.IntRange(min=0), default=0, show_default=True, help="Iterations left out of the -I summary."),
+        click.option("-u", "--unalign", type=click.IntRange(min=0), default=0, show_default=True, help="Misalign every buffer by this many elements."),
+        click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
+        click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),
+        click.option("-M", "--memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
+        click.option("--min-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the average busbw is below 0.9 x this GB/s (default $NCCL_TESTS_MIN_BW)."),
+        click.option("--min-peak-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
         click.option("-J", "--output_file", type=str, default=None, help="Write results as nccl-tests JSON (version 3)."),
         click.option("--csv", "csv_path", type=str, default=None, help="Append one row per size and placement to this CSV."),
         click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
@@ -104,6 +110,17 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         raise _fail(f"step factor must be > 1 (got {factor:g})")
     if o["cudagraph"] and o["blocking"]:
         raise _fail("-G (CUDA graphs) and -z (blocking) cannot be combined")
+    if o.get("cta_policy") is not None:
+        raise _fail(f"-x/--cta_policy is not supported on the {backend} backend: neither torch.distributed "
+                    "nor CuPy exposes NCCL's CTA policy")
+    if o.get("stream_null") and backend == "gloo":
+        raise _fail("-y/--stream_null needs a GPU backend (nccl or cupy)")
+    min_bw = o.get("min_bw")
+    if min_bw is None and os.environ.get("NCCL_TESTS_MIN_BW"):
+        try:
+            min_bw = float(os.environ["NCCL_TESTS_MIN_BW"])
+        except ValueError:
+            raise _fail(f"NCCL_TESTS_MIN_BW must be a number of GB/s (got {os.environ['NCCL_TESTS_MIN_BW']!r})") from None
     plan = Plan(
         collective=coll_name, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
         step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
@@ -111,7 +128,9 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
         report_timestamps=bool(o["report_timestamps"]), graph_replays=o["cudagraph"],
         report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
-        per_iter_skip=o["per_iter_skip"], backend=backend, args=tuple(argv),
+        per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), stream_null=bool(o.get("stream_null")),
+        memory_report=bool(o.get("memory_report")), min_bw=min_bw or 0.0, min_peak_bw=o.get("min_peak_bw") or 0.0,
+        backend=backend, args=tuple(argv),
     )
     try:
         sizes = plan.sizes()
@@ -139,6 +158,8 @@ def validate_for_backend(plan, nranks: int | None) -> None:
             raise _fail(f"root {plan.root} does not exist with {nranks} ranks (use 0..{nranks - 1} or all)")
         if coll.name == "sendrecv" and nranks < 2:
             raise _fail("sendrecv needs at least 2 ranks (-g 2 or more)")
+        if coll.name == "hypercube" and nranks & (nranks - 1):
+            raise _fail(f"hypercube needs a power-of-two number of ranks (got {nranks})")
 
 
 def choose_backend(requested: str | None, launched: bool) -> str:

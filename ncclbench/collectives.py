@@ -69,7 +69,7 @@ class Collective:
     command: str                    # CLI subcommand (allreduce)
     layout: Callable[[int, int, int], Layout]
     bus_factor: Callable[[int], float]
-    data_scales_with_ranks: bool    # algbw counts param_count * nranks elements
+    data_factor: Callable[[int], int]  # algbw counts param_count * data_factor(nranks) elements
     has_op: bool
     has_root: bool
     printed_op: str | None          # fixed text of the redop column, None = the op's name
@@ -79,8 +79,7 @@ class Collective:
     call: Callable  # (backend, send, recv, op, root) -> None
 
     def algbw_bytes(self, layout: Layout, itemsize: int, nranks: int) -> int:
-        scale = nranks if self.data_scales_with_ranks else 1
-        return layout.param_count * itemsize * scale
+        return layout.param_count * itemsize * self.data_factor(nranks)
 
     def bandwidths(self, layout: Layout, itemsize: int, nranks: int, seconds: float) -> tuple[float, float]:
         """(algbw, busbw) in GB/s (1e9 bytes/s), as nccl-tests' getBw."""
@@ -117,6 +116,8 @@ def _from_each_rank(ctx, idx, offset_of):
 
 
 _ring_factor = lambda n: 2 * (n - 1) / n  # noqa: E731
+_per_rank = lambda n: n  # noqa: E731 - data of every rank counted
+_single = lambda n: 1  # noqa: E731
 _scatter_factor = lambda n: (n - 1) / n  # noqa: E731
 _one = lambda n: 1.0  # noqa: E731
 
@@ -129,51 +130,101 @@ def register(c: Collective) -> Collective:
 
 
 register(Collective(
-    "all_reduce", "allreduce", _whole, _ring_factor, False, True, False, None, True, _everyone,
+    "all_reduce", "allreduce",
+    layout=_whole, bus_factor=_ring_factor, data_factor=_single,
+    has_op=True, has_root=False, printed_op=None,
+    in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
     call=lambda b, s, r, op, root: b.all_reduce(s, r, op),
 ))
 register(Collective(
-    "all_gather", "allgather", _gathered, _scatter_factor, True, False, False, "none", True, _everyone,
+    "all_gather", "allgather",
+    layout=_gathered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    has_op=False, has_root=False, printed_op="none",
+    in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
     call=lambda b, s, r, op, root: b.all_gather(s, r),
 ))
 register(Collective(
-    "reduce_scatter", "reducescatter", _scattered, _scatter_factor, True, True, False, None, True, _everyone,
+    "reduce_scatter", "reducescatter",
+    layout=_scattered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    has_op=True, has_root=False, printed_op=None,
+    in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk, _all_ranks(ctx)),
     call=lambda b, s, r, op, root: b.reduce_scatter(s, r, op),
 ))
 register(Collective(
-    "alltoall", "alltoall", _exchanged, _scatter_factor, True, False, False, "none", False, _everyone,
+    "alltoall", "alltoall",
+    layout=_exchanged, bus_factor=_scatter_factor, data_factor=_per_rank,
+    has_op=False, has_root=False, printed_op="none",
+    in_place_checked=False, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root: b.alltoall(s, r),
 ))
 register(Collective(
-    "broadcast", "broadcast", _whole, _one, False, False, True, "none", True, _everyone,
+    "broadcast", "broadcast",
+    layout=_whole, bus_factor=_one, data_factor=_single,
+    has_op=False, has_root=True, printed_op="none",
+    in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx),
     call=lambda b, s, r, op, root: b.broadcast(s, r, root),
 ))
 register(Collective(
-    "reduce", "reduce", _whole, _one, False, True, True, None, True, _root_only,
+    "reduce", "reduce",
+    layout=_whole, bus_factor=_one, data_factor=_single,
+    has_op=True, has_root=True, printed_op=None,
+    in_place_checked=True, checked_on=_root_only,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
     call=lambda b, s, r, op, root: b.reduce(s, r, op, root),
 ))
 register(Collective(
-    "gather", "gather", _gathered, _scatter_factor, True, False, True, "none", True, _root_only,
+    "gather", "gather",
+    layout=_gathered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    has_op=False, has_root=True, printed_op="none",
+    in_place_checked=True, checked_on=_root_only,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
     call=lambda b, s, r, op, root: b.gather(s, r, root),
 ))
 register(Collective(
-    "scatter", "scatter", _scattered, _scatter_factor, True, False, True, "none", True, _everyone,
+    "scatter", "scatter",
+    layout=_scattered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    has_op=False, has_root=True, printed_op="none",
+    in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx + ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root: b.scatter(s, r, root),
 ))
 # nccl-tests' sendrecv prints the op column ("sum") although nothing is reduced.
 register(Collective(
-    "sendrecv", "sendrecv", _whole, _one, False, False, False, None, False, _everyone,
+    "sendrecv", "sendrecv",
+    layout=_whole, bus_factor=_one, data_factor=_single,
+    has_op=False, has_root=False, printed_op=None,
+    in_place_checked=False, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values((ctx.rank - 1) % ctx.nranks, idx),
     call=lambda b, s, r, op, root: b.sendrecv(s, r),
 ))
+
+
+# all_gather as log2(n) pairwise exchanges (nccl-tests' hypercube_perf): each step swaps
+# the block gathered so far with the partner rank ^ step. Power-of-two rank counts only.
+# nccl-tests counts only the (n-1) chunks received, with bus factor 1.
+register(Collective(
+    "hypercube", "hypercube",
+    layout=_gathered, bus_factor=_one, data_factor=lambda n: n - 1,
+    has_op=False, has_root=False, printed_op="",
+    in_place_checked=True, checked_on=_everyone,
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    call=lambda b, s, r, op, root: b.hypercube(s, r),
+))
+
+
+def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """(peer, first chunk sent, first chunk received) per step; each step moves `step` chunks."""
+    steps, step = [], 1
+    while step < nranks:
+        peer = rank ^ step
+        steps.append((peer, (rank // step) * step, (peer // step) * step))
+        step *= 2
+    return steps
 
 
 def lookup(name: str) -> Collective:

@@ -108,7 +108,9 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "results": [row_json(r) for r in summary.rows],
         "out_of_bounds": {"count": sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0),
                           "okay": "true" if summary.wrong == 0 else "false"},
-        "average_bus_bandwidth": {"bandwidth": json_number(summary.average_busbw), "okay": "unchecked"},
+        "average_bus_bandwidth": {"bandwidth": json_number(summary.average_busbw),
+                                  "okay": _okay(summary.bandwidth_ok(info.config.get("min_bw", 0.0),
+                                                                     info.config.get("min_peak_bw", 0.0)))},
         "errors": summary.errors or [""],
     }
     if end_time:
@@ -123,6 +125,10 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "peak_bus_bandwidth": summary.peak_busbw, "largest_size_bus_bandwidth": summary.largest_size_busbw,
     }
     return doc
+
+
+def _okay(flag: bool | None) -> str:
+    return "unchecked" if flag is None else ("true" if flag else "false")
 
 
 def write_json_atomic(path: str, doc: dict) -> None:

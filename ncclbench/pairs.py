@@ -310,7 +310,7 @@ class PairsResult:
             f"backend {p.backend} ({timing})",
             f"# {format_size(p.nbytes)} each way per exchange, both directions at once; "
             f"warmup iters: {p.warmup_iters} iters: {p.iters}",
-            f"# {len(self.rounds)} rounds of {per_round} pairs side by side (round-robin"
+            f"# {len(self.rounds)} rounds of {per_round} pair{'s' if per_round != 1 else ''} side by side (round-robin"
             f"{'; one rank idle per round' if n % 2 else ''})",
             "#", "# Using devices",
         ]
@@ -341,9 +341,10 @@ class PairsResult:
                 lines.append(f"# {len(self.flagged)} pair(s) more than {self.plan.fail_below:g}% below the median:")
             else:
                 lines.append(f"# No pair more than {self.plan.fail_below:g}% below the median: OK")
-        shown = self.flagged or self.ranked[:SHOWN_SLOWEST]
-        if shown and not self.flagged:
-            lines.append("# Slowest pairs:")
+        # without flagged pairs: the few slowest, as long as they are below the median
+        shown = self.flagged or [item for item in self.ranked[:SHOWN_SLOWEST] if item[3] > 0]
+        if not self.flagged:
+            lines.append("# Slowest pairs:" if shown else "# No pair below the median")
         for a, b, v, pct in shown:
             side = "below" if pct >= 0 else "above"
             lines.append(f"#   {a:3d} <-> {b:<3d} {format_gbps(v):>9s} GB/s  {abs(pct):6.1f}% {side} median  "

@@ -33,6 +33,11 @@ class Plan:
     report_cputime: bool = False
     per_iter: bool = False
     per_iter_skip: int = 0
+    unalign: int = 0               # -u: every buffer starts this many elements late
+    stream_null: bool = False      # -y: run on the legacy default stream
+    memory_report: bool = False    # -M
+    min_bw: float = 0.0            # NCCL_TESTS_MIN_BW / --min-bw: fail when avg busbw < 0.9 x this
+    min_peak_bw: float = 0.0       # --min-peak-bw: fail when the peak busbw < this
     backend: str = "gloo"
     split: str | None = None
     args: tuple[str, ...] = field(default=(), compare=False)
@@ -64,7 +69,7 @@ class Plan:
         c = self.coll
         if c.has_op:
             return list(self.ops)
-        return [c.printed_op or "sum"]
+        return [c.printed_op if c.printed_op is not None else "sum"]
 
     def root_list(self, nranks: int) -> list[int]:
         if not self.coll.has_root:
@@ -81,13 +86,14 @@ class Plan:
         """(send, recv) bytes to allocate once for the whole sweep; recv also holds the
         in-place send region."""
         send = recv = 0
+        pad = self.unalign * 8  # -u: room for the offset at the widest type
         for name in self.dtypes:
             item = DTYPES[name].itemsize
             for size in sizes if sizes is not None else self.sizes():
                 lay = self.coll.layout(size // item, item, nranks)
                 send = max(send, lay.send_count * item)
                 recv = max(recv, max(lay.send_count, lay.recv_count) * item)
-        return send, recv
+        return send + pad, recv + pad
 
     def largest_fitting_size(self, nranks: int, budget_bytes: int) -> int | None:
         fitting = [s for s in self.sizes() if sum(self.buffer_bytes(nranks, [s])) <= budget_bytes]

@@ -46,7 +46,7 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[s
         f"# Collective test starting: {test_name(info.collective)}",
         f"# nThread 1 nGpus 1 minBytes {c['minimum_bytes']} maxBytes {c['maximum_bytes']} "
         f"step: {format_step(info)} warmup iters: {c['warmup_iters']} iters: {c['iterations']} "
-        f"agg iters: {c['aggregated_iterations']} validation: {c['validation']} graph: {c['graph']} unalign: 0",
+        f"agg iters: {c['aggregated_iterations']} validation: {c['validation']} graph: {c['graph']} unalign: {c.get('unalign', 0)}",
     ]
     if per_iter:
         lines.append(f"# Per-Iteration Report: {info.timing} timing; i_* uses max over process rows; "
@@ -96,6 +96,9 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
     ]
     if peak_line:
         lines.append(peak_line)
+    lines.extend(bandwidth_gate_lines(info, summary))
+    if summary.memory:
+        lines.append("# Memory usage (rank 0, MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in summary.memory.items()))
     launch_bound = launch_bound_sizes(info, summary)
     if launch_bound:
         lines.append(
@@ -110,6 +113,21 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
     if not summary.complete:
         lines.append(f"# Incomplete run ({summary.status}): {len(summary.rows)} rows finished and kept")
     lines += ["#", f"# Collective test concluded: {test_name(info.collective)}", "#"]
+    return lines
+
+
+def bandwidth_gate_lines(info: RunInfo, summary: RunSummary) -> list[str]:
+    lines = []
+    avg_floor = info.config.get("min_bw", 0.0)
+    if avg_floor:
+        ok = summary.average_busbw >= 0.9 * avg_floor
+        lines.append(f"# Bandwidth check: average busbw {summary.average_busbw:g} GB/s vs 0.9 x {avg_floor:g} "
+                     f"(NCCL_TESTS_MIN_BW / --min-bw): {'OK' if ok else 'FAILED'}")
+    peak_floor = info.config.get("min_peak_bw", 0.0)
+    if peak_floor:
+        ok = summary.peak_busbw >= peak_floor
+        lines.append(f"# Bandwidth check: peak busbw {summary.peak_busbw:g} GB/s vs {peak_floor:g} "
+                     f"(--min-peak-bw): {'OK' if ok else 'FAILED'}")
     return lines
 
 

@@ -89,8 +89,9 @@ class RunInfo:
 class RunSummary:
     rows: list[ResultRow]
     complete: bool
-    status: str = "ok"      # ok | wrong_results | timeout | interrupted | error
+    status: str = "ok"      # ok | wrong_results | bandwidth_low | timeout | interrupted | error
     errors: list[str] = field(default_factory=list)
+    memory: dict | None = None  # -M: MiB by what holds it
 
     def printed_cells(self):
         for row in self.rows:
@@ -117,6 +118,13 @@ class RunSummary:
     @property
     def wrong(self) -> int:
         return sum(r.wrong_total() for r in self.rows)
+
+    def bandwidth_ok(self, min_bw: float, min_peak_bw: float) -> bool | None:
+        """None when no floor was set (nccl-tests' "unchecked")."""
+        if not min_bw and not min_peak_bw:
+            return None
+        return (not min_bw or self.average_busbw >= 0.9 * min_bw) and \
+            (not min_peak_bw or self.peak_busbw >= min_peak_bw)
 
     def failing_sizes(self) -> list[int]:
         return sorted({r.size for r in self.rows if r.wrong_total() > 0})

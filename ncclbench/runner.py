@@ -26,14 +26,15 @@ def now() -> str:
 class Buffers:
     """Send and receive memory allocated once for the largest size, typed per dtype."""
 
-    def __init__(self, backend, send_bytes: int, recv_bytes: int):
+    def __init__(self, backend, send_bytes: int, recv_bytes: int, unalign: int = 0):
         self.send_raw = backend.alloc_bytes(send_bytes)
         self.recv_raw = backend.alloc_bytes(recv_bytes)
+        self.unalign = unalign
 
     def typed(self, dtype: DType):
         def view(raw):
             n = raw.numel() // dtype.itemsize
-            return raw[: n * dtype.itemsize].view(dtype.torch_dtype())
+            return raw[: n * dtype.itemsize].view(dtype.torch_dtype())[self.unalign:]
 
         return view(self.send_raw), view(self.recv_raw)
 
@@ -129,6 +130,8 @@ class RankRunner:
             raise PlanError(f"root {p.root} does not exist with {self.nranks} ranks (use 0..{self.nranks - 1} or all)")
         if p.coll.name == "sendrecv" and self.nranks < 2:
             raise PlanError("sendrecv needs at least 2 ranks")
+        if p.coll.name == "hypercube" and self.nranks & (self.nranks - 1):
+            raise PlanError(f"hypercube needs a power-of-two number of ranks (got {self.nranks})")
         for d in p.dtypes:
             for op in p.op_list() if p.coll.has_op else [None]:
                 reason = self._unsupported(d, op)
@@ -240,7 +243,8 @@ class RankRunner:
             cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
         return ResultRow(self.coll.name, layout.printed_bytes(dtype.itemsize), layout.param_count,
-                         dtype.name, self.coll.printed_op or op, root, cells[0], cells[1],
+                         dtype.name, self.coll.printed_op if self.coll.printed_op is not None else op,
+                         root, cells[0], cells[1],
                          timestamp=now())
 
 
@@ -249,7 +253,7 @@ def run_rank(plans, launch, make_report) -> int:
     `make_report(plan, run_info)`. Returns the most serious exit code."""
     from ncclbench.backends import create_backend
 
-    backend = create_backend(plans[0].backend, launch, max(p.timeout_s for p in plans))
+    backend = create_backend(plans[0].backend, launch, max(p.timeout_s for p in plans), plans[0].stream_null)
     codes = []
     try:
         for plan in plans:
@@ -295,12 +299,13 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         hard_exit(ExitCode.TIMEOUT)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
-    buffers = None
+    buffers = memory = None
     step = 0
     try:
         sizes = plan.sizes()
         send_bytes, recv_bytes = plan.buffer_bytes(runner.nranks)
-        buffers = Buffers(backend, send_bytes, recv_bytes)
+        buffers = Buffers(backend, send_bytes, recv_bytes, plan.unalign)
+        memory = backend.memory_usage() if plan.memory_report else None
         cycle = 0
         while plan.run_cycles == 0 or cycle < plan.run_cycles:
             cycle += 1
@@ -334,8 +339,12 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         del buffers
         backend.release_graphs()
     summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
+    if plan.memory_report:
+        summary.memory = dict(memory or {}, **(backend.memory_usage(peak=True) or {}))
     if summary.complete and summary.wrong:
         summary.status = "wrong_results"
+    elif summary.complete and summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
+        summary.status = "bandwidth_low"
     if report is not None:
         report.finish(summary)
         for err in summary.errors:
@@ -347,6 +356,7 @@ def exit_code_for(summary: RunSummary) -> int:
     return {
         "ok": ExitCode.OK,
         "wrong_results": ExitCode.WRONG_RESULTS,
+        "bandwidth_low": ExitCode.WRONG_RESULTS,
         "interrupted": ExitCode.INTERRUPTED,
         "timeout": ExitCode.TIMEOUT,
         "error": ExitCode.NCCL_ERROR,
@@ -369,7 +379,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         "aggregated_iterations": plan.agg_iters, "validation": plan.check, "graph": plan.graph_replays,
         "blocking_collectives": "true" if plan.blocking else "false",
         "per_iter_timing": "true" if plan.per_iter else "false", "per_iter_skip": plan.per_iter_skip,
-        "parallel_init": "false",
+        "parallel_init": "false", "unalign": plan.unalign, "min_bw": plan.min_bw, "min_peak_bw": plan.min_peak_bw,
     }
     env = sorted(f"{k}={v}" for k, v in os.environ.items()
                  if k.startswith(("NCCL_", "TORCH_NCCL_", "CUDA_", "NCCLBENCH_")))

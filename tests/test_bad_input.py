@@ -51,6 +51,10 @@ CASES = [
     ("node rank beyond nodes", ["allreduce", "--backend", "gloo", "--nnodes", "2", "--node-rank", "2",
                                 "--master-addr", "h"], "--node-rank 2"),
     ("unknown option", ["allreduce", "--frobnicate"], "frobnicate"),
+    ("hypercube on 3 ranks", ["hypercube", "--backend", "gloo", "-g", "3"], "power-of-two"),
+    ("cta policy", ["allreduce", "--backend", "gloo", "-x", "1"], "not supported"),
+    ("null stream on cpu", ["allreduce", "--backend", "gloo", "-y", "1"], "GPU backend"),
+    ("negative unalign", ["allreduce", "-u", "-1"], "unalign"),
 ]
 
 
@@ -108,6 +112,14 @@ def test_contradictory_launcher_environment(env, words, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
     assert words in err[0]
+
+
+def test_bad_min_bw_variable(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", "fast")
+    with pytest.raises(SystemExit) as exc:
+        main(["allreduce", "--backend", "gloo", "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "NCCL_TESTS_MIN_BW" in err[0]
 
 
 def test_compare_with_malformed_baseline(capsys, tmp_path):

@@ -27,7 +27,7 @@ def simulate(coll, inputs, root, op):
             outs.append(red(inputs))
         elif coll.name == "broadcast":
             outs.append(inputs[root])
-        elif coll.name in ("all_gather",) or (coll.name == "gather" and r == root):
+        elif coll.name in ("all_gather", "hypercube") or (coll.name == "gather" and r == root):
             outs.append(torch.cat(inputs))
         elif coll.name == "reduce_scatter":
             chunk = inputs[0].numel() // n

@@ -115,3 +115,20 @@ def test_per_iteration_columns_and_json(tmp_path):
     assert per["skipped_iterations"] == 2 and len(per["times_us"]) == 6
     assert len(per["per_process_max_times_us"]) == 2
     assert per["min_us"] <= per["p50_us"] <= per["p99_us"] <= per["max_us"]
+
+
+def test_hypercube_unalign_memory_and_bandwidth_gate(tmp_path):
+    """hypercube on 4 ranks with misaligned buffers is correct; an unreachable --min-bw
+    fails the run with nccl-tests' code 7 and says so, JSON included."""
+    out = tmp_path / "r.json"
+    r = run_cli(["hypercube", "-g", "4", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2",
+                 "-u", "3", "-M", "1", "--min-bw", "1000", "--no-save", "-J", str(out)])
+    assert r.returncode == 7, r.stderr[-2000:]
+    rows = table_rows(r.stdout)
+    assert [(row[0], row[1], row[2]) for row in rows] == [("1024", "64", "float"), ("4096", "256", "float")]
+    assert all(len(row) == 12 and row[7] == "0" and row[11] == "0" for row in rows)  # empty redop column
+    assert "unalign: 3" in r.stdout
+    assert "# Bandwidth check: average busbw" in r.stdout and "FAILED" in r.stdout
+    assert "# Memory usage (rank 0, MiB):" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["average_bus_bandwidth"]["okay"] == "false" and doc["ncclbench"]["status"] == "bandwidth_low"

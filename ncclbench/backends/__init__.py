@@ -11,14 +11,15 @@ from ncclbench.errors import PlanError
 BACKENDS = ("nccl", "gloo", "cupy")
 
 
-def create_backend(name: str, launch, timeout_s: float):
-    """Start the backend for this rank; `launch` is a LaunchInfo, already consistent."""
+def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False):
+    """Start the backend for this rank; `launch` is a LaunchInfo, already consistent.
+    `stream_null`: run on the legacy default stream instead of a stream of our own (-y)."""
     if name in ("nccl", "gloo"):
         from ncclbench.backends.torch_dist import TorchBackend
 
-        return TorchBackend(name, launch, timeout_s)
+        return TorchBackend(name, launch, timeout_s, stream_null)
     if name == "cupy":
         from ncclbench.backends.cupy_nccl import CupyBackend
 
-        return CupyBackend(launch, timeout_s)
+        return CupyBackend(launch, timeout_s, stream_null)
     raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")

@@ -49,7 +49,7 @@ def import_nccl():
 class CupyBackend(TorchBackend):
     in_place_only = frozenset()
 
-    def __init__(self, launch, timeout_s: float):
+    def __init__(self, launch, timeout_s: float, stream_null: bool = False):
         import torch
         import torch.distributed as dist
 
@@ -60,7 +60,8 @@ class CupyBackend(TorchBackend):
             raise PlanError("backend cupy needs CUDA GPUs and none is visible; use --backend gloo")
         self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
         torch.cuda.set_device(self.device)
-        use_own_stream(torch, self.device)
+        if not stream_null:
+            use_own_stream(torch, self.device)
         import cupy
 
         cupy.cuda.Device(self.device.index).use()
@@ -69,7 +70,9 @@ class CupyBackend(TorchBackend):
         self.control = None
         self.group = None
         self.group_rank, self.group_size = self.rank, self.nranks
+        self._mem_start = torch.cuda.mem_get_info(self.device)
         self.comm = self._make_comm(self.rank, self.nranks)
+        self._mem_after_init = torch.cuda.mem_get_info(self.device)
         self._types = _nccl_type_table(torch)
         # The stream handle is looked up once: torch.cuda.current_stream() builds a Python
         # object per call, several microseconds of host time per op. Capture resets it.
@@ -170,6 +173,19 @@ class CupyBackend(TorchBackend):
         n, me = self.group_size, self.group_rank
         self._grouped([((me + 1) % n, send.data_ptr())], [((me - 1) % n, recv.data_ptr())],
                       recv.numel(), self._type(recv))
+
+    def hypercube(self, send, recv):
+        from ncclbench.collectives import hypercube_schedule
+
+        n, me = self.group_size, self.group_rank
+        chunk, item = recv.numel() // n, recv.element_size()
+        own = recv[me * chunk:(me + 1) * chunk]
+        if own.data_ptr() != send.data_ptr():
+            own.copy_(send)
+        base, dtype = recv.data_ptr(), self._type(recv)
+        for step, (peer, sent, got) in enumerate(hypercube_schedule(n, me)):
+            width = (1 << step) * chunk
+            self._grouped([(peer, base + sent * chunk * item)], [(peer, base + got * chunk * item)], width, dtype)
 
     def close(self):
         self.release_graphs()

@@ -51,7 +51,7 @@ def use_own_stream(torch, device) -> None:
 class TorchBackend:
     in_place_only = frozenset({"all_reduce", "broadcast", "reduce"})
 
-    def __init__(self, name: str, launch, timeout_s: float):
+    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False):
         import torch
         import torch.distributed as dist
 
@@ -68,12 +68,15 @@ class TorchBackend:
                 raise PlanError("backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
             self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
             torch.cuda.set_device(self.device)
-            use_own_stream(torch, self.device)
+            if not stream_null:
+                use_own_stream(torch, self.device)
+            self._mem_start = torch.cuda.mem_get_info(self.device)
             # device_id: eager communicator creation, so the first timed op does not pay for
             # it and CUDA-graph capture works.
             dist.init_process_group("nccl", rank=self.rank, world_size=self.nranks,
                                     timeout=timeout, device_id=self.device)
             self.control = dist.new_group(backend="gloo", timeout=timeout)
+            self._mem_after_init = torch.cuda.mem_get_info(self.device)
         else:
             self.device = torch.device("cpu")
             dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout)
@@ -117,6 +120,24 @@ class TorchBackend:
     # ---- memory ------------------------------------------------------------------
     def alloc_bytes(self, nbytes: int):
         return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
+
+    def memory_usage(self, peak: bool = False) -> dict:
+        """MiB by what holds it (-M): the CUDA context, the communicator (device memory that
+        disappeared while it was created), our buffers, and the peak of our allocations."""
+        mib = 1 << 20
+        if not self.is_gpu:
+            import psutil
+
+            return {"process RSS": psutil.Process().memory_info().rss / mib}
+        torch = self.torch
+        free0, total = self._mem_start
+        free1, _ = self._mem_after_init
+        if peak:
+            free_now, _ = torch.cuda.mem_get_info(self.device)
+            return {"peak allocated by ncclbench": torch.cuda.max_memory_allocated(self.device) / mib,
+                    "device used at end": (total - free_now) / mib}
+        return {"context and others": (total - free0) / mib, "communicator": (free0 - free1) / mib,
+                "user buffers": torch.cuda.memory_allocated(self.device) / mib}
 
     def free_memory(self) -> int | None:
         if not self.is_gpu:
@@ -171,6 +192,23 @@ class TorchBackend:
         ]
         for req in self.dist.batch_isend_irecv(ops):
             req.wait()
+
+    def hypercube(self, send, recv):
+        from ncclbench.collectives import hypercube_schedule
+
+        n, me = self.group_size, self.group_rank
+        chunk = recv.numel() // n
+        own = recv[me * chunk:(me + 1) * chunk]
+        if own.data_ptr() != send.data_ptr():
+            own.copy_(send)
+        for step, (peer, sent, got) in enumerate(hypercube_schedule(n, me)):
+            width = (1 << step) * chunk
+            ops = [self.dist.P2POp(self.dist.isend, recv[sent * chunk: sent * chunk + width], self._global(peer),
+                                   group=self.group),
+                   self.dist.P2POp(self.dist.irecv, recv[got * chunk: got * chunk + width], self._global(peer),
+                                   group=self.group)]
+            for req in self.dist.batch_isend_irecv(ops):
+                req.wait()
 
     def bind(self, coll, send, recv, op, root):
         """A zero-argument callable issuing one op on these buffers. Backends with a cheaper

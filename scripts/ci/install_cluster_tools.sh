@@ -42,11 +42,13 @@ if [[ ${#wanted[@]} -eq 0 ]]; then
     exit 0
 fi
 
-sudo_cmd=()
-if [[ "$(id -u)" != 0 ]]; then
-    command -v sudo > /dev/null 2>&1 || { say "need root (or sudo) to install: ${wanted[*]}" >&2; exit 1; }
-    sudo_cmd=(sudo -n)
+if [[ "$(id -u)" != 0 ]] && ! command -v sudo > /dev/null 2>&1; then
+    say "need root (or sudo) to install: ${wanted[*]}" >&2
+    exit 1
 fi
+as_root() {
+    if [[ "$(id -u)" == 0 ]]; then "$@"; else sudo -n "$@"; fi
+}
 command -v apt-get > /dev/null 2>&1 || { say "no apt-get: install ${wanted[*]} by hand" >&2; exit 1; }
 
 # Keep the package scripts from starting services (see the header); only remove a
@@ -54,27 +56,26 @@ command -v apt-get > /dev/null 2>&1 || { say "no apt-get: install ${wanted[*]} b
 policy=/usr/sbin/policy-rc.d
 created_policy=0
 if [[ ! -e "$policy" ]]; then
-    printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee "$policy" > /dev/null
-    "${sudo_cmd[@]}" chmod 755 "$policy"
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" > /dev/null
+    as_root chmod 755 "$policy"
     created_policy=1
 fi
 cleanup() {
     if [[ "$created_policy" == 1 ]]; then
-        "${sudo_cmd[@]}" rm -f "$policy"
+        as_root rm -f "$policy"
     fi
 }
 trap cleanup EXIT
 
 apt_quiet=(-qq -o Dpkg::Use-Pty=0 -o APT::Install-Recommends=false)
-export DEBIAN_FRONTEND=noninteractive
 log="$(mktemp)"
 install_wanted() {
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
+    as_root env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y "${apt_quiet[@]}" "${wanted[@]}" > "$log" 2>&1
 }
 # Try without `apt-get update` first (fast when the lists are fresh), then refresh them.
 if ! install_wanted; then
-    "${sudo_cmd[@]}" apt-get update -qq > "$log" 2>&1 || { cat "$log" >&2; exit 1; }
+    as_root apt-get update -qq > "$log" 2>&1 || { cat "$log" >&2; exit 1; }
     install_wanted || { tail -n 30 "$log" >&2; say "apt-get install ${wanted[*]} failed" >&2; exit 1; }
 fi
 rm -f "$log"
