@@ -62,6 +62,7 @@ def collective_options(f):
         _flag("-I", "--per_iter_timing", "Per-iteration timing columns (i_min i_max i_p99 i_cv%)."),
         click.option("-K", "--per_iter_skip", type=click.IntRange(min=0), default=0, show_default=True, help="Iterations left out of the -I summary."),
         click.option("-u", "--unalign", type=click.IntRange(min=0), default=0, show_default=True, help="Misalign every buffer by this many elements."),
+        click.option("-R", "--local_register", type=click.IntRange(0, 2), default=0, show_default=True, help="Register buffers with NCCL: 1 user buffers, 2 symmetric windows."),
         click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
         click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),
         click.option("-M", "--memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
@@ -128,7 +129,7 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
         report_timestamps=bool(o["report_timestamps"]), graph_replays=o["cudagraph"],
         report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
-        per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), stream_null=bool(o.get("stream_null")),
+        per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), local_register=o.get("local_register", 0), stream_null=bool(o.get("stream_null")),
         memory_report=bool(o.get("memory_report")), min_bw=min_bw or 0.0, min_peak_bw=o.get("min_peak_bw") or 0.0,
         backend=backend, args=tuple(argv),
     )

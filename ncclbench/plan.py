@@ -34,6 +34,7 @@ class Plan:
     per_iter: bool = False
     per_iter_skip: int = 0
     unalign: int = 0               # -u: every buffer starts this many elements late
+    local_register: int = 0        # -R: 0 none, 1 NCCL user buffers, 2 symmetric windows
     stream_null: bool = False      # -y: run on the legacy default stream
     memory_report: bool = False    # -M
     min_bw: float = 0.0            # NCCL_TESTS_MIN_BW / --min-bw: fail when avg busbw < 0.9 x this

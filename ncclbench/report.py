@@ -98,7 +98,7 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
         lines.append(peak_line)
     lines.extend(bandwidth_gate_lines(info, summary))
     if summary.memory:
-        lines.append("# Memory usage (rank 0, MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in summary.memory.items()))
+        lines.append("# Memory usage (rank 0, MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.memory.items()))
     launch_bound = launch_bound_sizes(info, summary)
     if launch_bound:
         lines.append(

@@ -280,8 +280,13 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     runner.agree_on_plan()
     runner.validate()
     devices = backend.all_gather_object(runner.device_record())
+    notes = [n for n in [backend.prepare_registration(plan.local_register)] if n]
+    buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
+    notes += [n for n in [backend.register_buffers()] if n]
     if backend.rank == 0:
-        report = make_report(plan, build_run_info(plan, backend, devices))
+        info = build_run_info(plan, backend, devices)
+        info.notes += notes
+        report = make_report(plan, info)
     board = ProgressBoard(default_store(), backend.rank, backend.nranks)
 
     def on_timeout(what: str) -> None:
@@ -299,13 +304,10 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         hard_exit(ExitCode.TIMEOUT)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
-    buffers = memory = None
+    memory = backend.memory_usage() if plan.memory_report else None
     step = 0
     try:
         sizes = plan.sizes()
-        send_bytes, recv_bytes = plan.buffer_bytes(runner.nranks)
-        buffers = Buffers(backend, send_bytes, recv_bytes, plan.unalign)
-        memory = backend.memory_usage() if plan.memory_report else None
         cycle = 0
         while plan.run_cycles == 0 or cycle < plan.run_cycles:
             cycle += 1
@@ -336,8 +338,9 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
             raise CollectiveError(errors[0]) from exc
     finally:
         watchdog.stop()
-        del buffers
         backend.release_graphs()
+        backend.deregister_buffers()
+        del buffers
     summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
     if plan.memory_report:
         summary.memory = dict(memory or {}, **(backend.memory_usage(peak=True) or {}))

@@ -1,7 +1,7 @@
 """The one timing engine, shared by every collective and backend.
 
-Per size and placement, as nccl-tests does: one untimed op, wait, host barrier, then
-`iters` outer iterations of `agg` ops between two device marks (CUDA events on the
+Per size and placement, as nccl-tests does: one untimed op, wait, host barrier (plus one
+more untimed op to align the ranks' streams), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
 collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
 `graph_replays` the iters x agg loop is captured once and the graph replayed that many
 times between the marks. Per-iteration marks (-I) bracket each outer iteration."""
@@ -50,6 +50,9 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings) ->
     run_op(0)
     backend.synchronize()
     backend.barrier()
+    # The host barrier (gloo, over TCP) releases ranks up to ~100 us apart; one more untimed
+    # collective lines the GPUs up, so the start mark does not time the slowest rank's lag.
+    run_op(0)
 
     if settings.mode is TimingMode.GRAPH:
         def loop():
@@ -59,6 +62,7 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings) ->
         replay = backend.capture(loop)
         backend.synchronize()
         backend.barrier()
+        run_op(0)
         replays = max(settings.graph_replays, 1)
         host0 = time.perf_counter()
         start = backend.mark()

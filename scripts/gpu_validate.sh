@@ -2,6 +2,8 @@
 # Validation run on a lent multi-GPU machine (the device tool). One call does everything;
 # logs land in $OUT (packed into $OUT/logs.tgz). Stages are chosen with STAGES, e.g.
 #   STAGES="env probe full_nccl full_cupy latency topo pytest" bash scripts/gpu_validate.sh
+# Other stages: hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
+# reliab (killed and stalled rank, wall times), hostcost (plain torch loop), register (-R 0/1/2).
 # Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -45,6 +47,36 @@ for stage in $STAGES; do
       timeout 60 ncclbench topo >"$LOG/topo.txt" 2>&1
       timeout 60 ncclbench topo --json >"$LOG/topo.json" 2>"$LOG/topo_json.err"
       timeout 120 ncclbench p2p --json "$LOG/p2p.json" --csv "$LOG/p2p.csv" >"$LOG/p2p.txt" 2>&1 ;;
+    hyper)
+      for b in nccl cupy; do
+        timeout 120 ncclbench hypercube -g "$NP" --backend $b -b 8 -e "$MAXBYTES" -f 4 --no-save \
+          --csv "$LOG/hyper_${b}_np$NP.csv" >"$LOG/hyper_${b}_np$NP.txt" 2>&1
+      done ;;
+    quick)
+      for k in 1 2; do
+        timeout 120 ncclbench suite configs/quick.yaml -g "$NP" --results-dir "$LOG/store$k" \
+          --csv "$LOG/quick$k.csv" >"$LOG/quick$k.txt" 2>&1
+      done
+      ncclbench compare "$LOG/quick1.csv" "$LOG/quick2.csv" --threshold 5% --min-size 64K --json "$LOG/compare.json" \
+        >"$LOG/compare.txt" 2>&1; echo "compare exit $?" >>"$LOG/compare.txt"
+      ncclbench plot "$LOG/quick1.csv" -o "$LOG/quick1.png" >"$LOG/plot.txt" 2>&1 ;;
+    reliab)
+      for f in "kill:rank=1,size=1048576" "stall:rank=1,size=1048576,seconds=300"; do
+        k=${f%%:*}; s0=$(date +%s.%N)
+        NCCLBENCH_FAULT=$f timeout 200 ncclbench allreduce -g 2 -b 8 -e 64M -f 4 -T 10 --no-save \
+          --csv "$LOG/rel_$k.csv" -J "$LOG/rel_$k.json" >"$LOG/rel_$k.out" 2>"$LOG/rel_$k.err"
+        rc=$?; s1=$(date +%s.%N)
+        $PY -c "print('$f exit $rc wall %.1f s' % ($s1 - $s0))" >>"$LOG/reliab.txt"
+        sleep 3; ps -eo pid,args | grep "[N]CCLBENCH\|-m ncclbench" >>"$LOG/reliab.txt" || echo "no ncclbench process left" >>"$LOG/reliab.txt"
+      done ;;
+    hostcost)
+      { torchrun --nproc-per-node "$NP" scripts/host_cost.py; torchrun --nproc-per-node "$NP" scripts/host_cost.py --own-stream; } \
+        >"$LOG/hostcost.txt" 2>&1 ;;
+    register)
+      for r in 0 1 2; do
+        timeout 120 ncclbench allreduce -g "$NP" -b 8 -e 1M -f 8 -n 200 -R $r --no-save -M 1 \
+          -J "$LOG/register_R$r.json" >"$LOG/register_R$r.txt" 2>&1
+      done ;;
     pytest)
       timeout 300 $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
     *)

@@ -187,6 +187,11 @@ class CupyBackend(TorchBackend):
             width = (1 << step) * chunk
             self._grouped([(peer, base + sent * chunk * item)], [(peer, base + got * chunk * item)], width, dtype)
 
+    def prepare_registration(self, mode: int) -> str | None:
+        if mode:
+            return f"-R {mode}: CuPy has no binding for ncclCommRegister/ncclCommWindowRegister; buffers not registered"
+        return None
+
     def close(self):
         self.release_graphs()
         comm, self.comm = getattr(self, "comm", None), None

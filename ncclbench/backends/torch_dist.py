@@ -119,7 +119,54 @@ class TorchBackend:
 
     # ---- memory ------------------------------------------------------------------
     def alloc_bytes(self, nbytes: int):
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            with self.torch.cuda.use_mem_pool(pool):
+                return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
         return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
+
+    def prepare_registration(self, mode: int) -> str | None:
+        """-R 1: NCCL user-buffer registration, -R 2: symmetric window registration, of the
+        benchmark buffers (allocated next from an NCCL memory pool). Returns a note for the
+        header when the mode cannot be had (the run then goes on unregistered)."""
+        self._register_mode = 0
+        if mode == 0:
+            return None
+        if self.name != "nccl":
+            return f"-R {mode}: buffer registration needs the nccl backend; buffers not registered"
+        try:
+            nccl = self.dist.distributed_c10d._get_default_group()._get_backend(self.device)
+            self._pool = self.torch.cuda.MemPool(nccl.mem_allocator)
+            self._nccl_pg, self._register_mode = nccl, mode
+        except Exception as exc:  # noqa: BLE001 - old torch/NCCL: say so, run unregistered
+            self._pool = None
+            return f"-R {mode}: this torch/NCCL has no NCCL memory pool ({_first_line(exc)}); buffers not registered"
+        return None
+
+    def register_buffers(self) -> str | None:
+        """Register what was allocated from the pool; a note when it failed."""
+        mode = getattr(self, "_register_mode", 0)
+        if not mode:
+            return None
+        try:
+            if mode == 2:
+                self._nccl_pg.register_mem_pool(self._pool, symm=True)
+            else:
+                self._nccl_pg.register_mem_pool(self._pool)
+            self._registered = True
+        except TypeError:
+            return "-R 2: this torch cannot register symmetric windows (register_mem_pool has no symm); not registered"
+        except Exception as exc:  # noqa: BLE001
+            return f"-R {mode}: registration failed ({_first_line(exc)}); buffers not registered"
+        return None
+
+    def deregister_buffers(self) -> None:
+        if getattr(self, "_registered", False):
+            try:
+                self._nccl_pg.deregister_mem_pool(self._pool)
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+            self._registered = False
 
     def memory_usage(self, peak: bool = False) -> dict:
         """MiB by what holds it (-M): the CUDA context, the communicator (device memory that
@@ -270,11 +317,17 @@ class TorchBackend:
 
     def close(self):
         self.release_graphs()
+        self.deregister_buffers()
         if self.dist.is_initialized():
             try:
                 self.dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 def wrap_collective_error(exc: Exception, what: str) -> CollectiveError:
