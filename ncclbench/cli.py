@@ -78,6 +78,7 @@ def collective_options(f):
         click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1."),
         click.option("--rdzv-endpoint", type=str, default=None, help="HOST:PORT, instead of --master-addr/--master-port."),
         click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar (it only shows on a terminal anyway)."),
     ]
     for dec in reversed(decorators):
         f = dec(f)
@@ -196,7 +197,8 @@ def output_spec(plan, o: dict):
         if not os.access(results_dir, os.W_OK):
             raise _fail(f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
     return OutputSpec(json_path=o["output_file"], csv_path=o["csv_path"], results_dir=results_dir,
-                      timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip)
+                      timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip,
+                      progress=not o.get("quiet"))
 
 
 def options_for(values: dict) -> dict:
@@ -278,6 +280,8 @@ def multinode_args(o: dict, ngpus: int) -> dict:
 
 
 def run_as_rank(plan, info, spec) -> int:
+    from dataclasses import replace
+
     from ncclbench import launch
     from ncclbench.output import Reporter
     from ncclbench.runner import run_rank
@@ -286,7 +290,8 @@ def run_as_rank(plan, info, spec) -> int:
 
     def make_report(plan, run_info):
         run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
-        return Reporter(run_info, spec, peak_line_for=peak_line_for)
+        return Reporter(run_info, replace(spec, expected_rows=plan.expected_rows(run_info.nranks)),
+                        peak_line_for=peak_line_for)
 
     return run_rank([plan], info, make_report)
 

@@ -31,6 +31,36 @@ class OutputSpec:
     timestamps: bool = False
     per_iter: bool = False
     per_iter_skip: int = 0
+    progress: bool = True            # a progress bar on stderr when it is a terminal
+    expected_rows: int = 0           # rows the sweep will produce (0: unknown, -N 0)
+
+
+class Progress:
+    """Sizes done / to do, current size and elapsed time, on stderr, only on a terminal: the
+    table on stdout stays byte-for-byte what scripts parse."""
+
+    def __init__(self, total: int, label: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+            TimeElapsedColumn
+        from rich.console import Console
+
+        self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[size]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self._task = self._bar.add_task(label, total=total or None, size="")
+        self._bar.start()
+
+    def advance(self, row: ResultRow) -> None:
+        from ncclbench.sizes import format_size
+
+        self._bar.update(self._task, advance=1, size=f"last: {format_size(row.size)} {row.dtype} {row.op}")
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+def wants_progress(spec: OutputSpec) -> bool:
+    return spec.progress and sys.stderr.isatty() and not os.environ.get("CI")
 
 
 def default_results_dir() -> str:
@@ -190,6 +220,7 @@ class Reporter:
         for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip):
             self._print(line)
         self._write_json(RunSummary(self.rows, complete=False, status="running"))
+        self.progress = Progress(spec.expected_rows, info.collective) if wants_progress(spec) else None
 
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
@@ -203,12 +234,17 @@ class Reporter:
 
     def add_row(self, row: ResultRow) -> None:
         self.rows.append(row)
+        if self.progress:
+            self.progress.advance(row)
         self._print(report.row_line(row, self.spec.per_iter, self.spec.timestamps))
         if self.spec.csv_path:
             append_csv(self.spec.csv_path, csv_records(self.info, row))
         self._write_json(RunSummary(self.rows, complete=False, status="running"))
 
     def finish(self, summary: RunSummary) -> None:
+        if self.progress:
+            self.progress.stop()
+            self.progress = None
         peak_line = self.peak_line_for(summary) if self.peak_line_for else None
         for line in report.trailer_lines(self.info, summary, peak_line):
             self._print(line)

@@ -77,6 +77,14 @@ class Plan:
             return [-1]
         return list(range(nranks)) if self.root == -1 else [self.root]
 
+    def expected_rows(self, nranks: int | None = None) -> int:
+        """Rows the sweep prints (0 when it runs until interrupted). Roots count as 1 when
+        `-r all` and the rank count is not known yet."""
+        if self.run_cycles == 0:
+            return 0
+        roots = len(self.root_list(nranks)) if nranks else 1
+        return self.run_cycles * len(self.sizes()) * len(self.dtypes) * len(self.op_list()) * roots
+
     def fingerprint(self) -> dict:
         """What every rank must agree on before the first collective."""
         d = asdict(self)

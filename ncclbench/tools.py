@@ -19,8 +19,9 @@ from ncclbench.errors import BenchError, ExitCode, PlanError
 @click.option("--csv", "csv_path", default=None, help="Append every run's rows to this CSV.")
 @click.option("--results-dir", default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR).")
 @click.option("--no-save", is_flag=True, help="Do not keep the runs in the result store.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option("--group", "group_index", type=int, default=None, hidden=True)
-def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, group_index):
+def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, group_index):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
     from ncclbench import cli, launch
     from ncclbench.suite import env_groups, load_suite
@@ -30,7 +31,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, gr
     info = launch.detect()
     launched = info.launcher != "none"
     chosen = cli.choose_backend(backend, launched)
-    common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None}
+    common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
+              "quiet": quiet}
     nranks = info.world_size if launched else (ngpus or 1)
     # Build every plan now: a bad entry is refused before anything starts.
     plans_by_group = []
@@ -63,6 +65,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, gr
         argv += ["--csv", csv_path] if csv_path else []
         argv += ["--results-dir", results_dir] if results_dir else []
         argv += ["--no-save"] if no_save else []
+        argv += ["--quiet"] if quiet else []
         saved = {name: os.environ.get(name) for name, _ in env}
         os.environ.update(dict(env))
         try:
@@ -93,7 +96,9 @@ def _run_group(plans, labels, info, spec, suite_file) -> int:
     def make_report(plan, run_info):
         run_info.topology, run_info.link_peak_gbps, peak_line_for = cli.topology_context(plan)
         rep = Reporter(run_info, replace(spec, timestamps=plan.report_timestamps, per_iter=plan.per_iter,
-                                         per_iter_skip=plan.per_iter_skip), peak_line_for=peak_line_for)
+                                         per_iter_skip=plan.per_iter_skip,
+                                         expected_rows=plan.expected_rows(run_info.nranks)),
+                       peak_line_for=peak_line_for)
         reporters.append(rep)
         return rep
 

@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import ROOT, run_cli, table_rows
+from conftest import ROOT, cli_command, run_cli, table_rows
 
 ALL = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "gather", "scatter",
        "sendrecv"]
@@ -132,3 +132,37 @@ def test_hypercube_unalign_memory_and_bandwidth_gate(tmp_path):
     assert "# Memory usage (rank 0, MiB):" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["average_bus_bandwidth"]["okay"] == "false" and doc["ncclbench"]["status"] == "bandwidth_low"
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    """stderr on a pseudo-terminal shows the rich progress bar; stdout (a pipe) stays the
+    plain nccl-tests table; --quiet turns the bar off."""
+    import os
+    import pty
+
+    def run(extra):
+        master, slave = pty.openpty()
+        env = {k: v for k, v in os.environ.items() if k != "CI"}
+        proc = subprocess.Popen(cli_command() + ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4K",
+                                                 "-f", "4", "-n", "2", "--no-save", *extra],
+                                stdout=subprocess.PIPE, stderr=slave, env=env, text=True)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        out, _ = proc.communicate(timeout=240)
+        os.close(master)
+        return proc.returncode, out, b"".join(chunks).decode(errors="replace")
+
+    code, out, err = run([])
+    assert code == 0
+    assert "━" in err and "all_reduce" in err
+    assert "━" not in out and len(table_rows(out)) == 2
+    code, out, err = run(["--quiet"])
+    assert code == 0 and "━" not in err
