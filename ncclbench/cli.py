@@ -79,6 +79,7 @@ def collective_options(f):
         click.option("--rdzv-endpoint", type=str, default=None, help="HOST:PORT, instead of --master-addr/--master-port."),
         click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar (it only shows on a terminal anyway)."),
+        click.option("--split", type=str, default=None, help='Run the test in parallel groups: "<AND|OR|MOD|DIV> <value>" of the rank (default $NCCL_TESTS_SPLIT / $NCCL_TESTS_SPLIT_MASK).'),
     ]
     for dec in reversed(decorators):
         f = dec(f)
@@ -123,8 +124,9 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
             min_bw = float(os.environ["NCCL_TESTS_MIN_BW"])
         except ValueError:
             raise _fail(f"NCCL_TESTS_MIN_BW must be a number of GB/s (got {os.environ['NCCL_TESTS_MIN_BW']!r})") from None
+    split = split_spec_text(o.get("split"))
     plan = Plan(
-        collective=coll_name, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
+        collective=coll_name, split=split, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
         step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
         warmup_iters=o["warmup_iters"], agg_iters=o["agg_iters"], run_cycles=o["run_cycles"], check=o["check"],
         blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
@@ -143,6 +145,17 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
     return plan
 
 
+def split_spec_text(option: str | None) -> str | None:
+    """The --split spec (or nccl-tests' variables), normalised, or None."""
+    from ncclbench.launchenv import LaunchEnvError, parse_split, split_spec_from_environ
+
+    try:
+        spec = parse_split(option) if option else split_spec_from_environ()
+    except (ValueError, LaunchEnvError) as exc:
+        raise _fail(str(exc)) from None
+    return f"{spec.op} {spec.value}" if spec else None
+
+
 def validate_for_backend(plan, nranks: int | None) -> None:
     """What can be refused before any process starts."""
     from ncclbench.backends.torch_dist import unsupported_reason
@@ -156,6 +169,7 @@ def validate_for_backend(plan, nranks: int | None) -> None:
     if plan.graph_replays and plan.backend == "gloo":
         raise _fail("-G (CUDA graphs) needs GPUs: the gloo backend runs on the CPU")
     if nranks is not None:
+        nranks = len(plan.groups(nranks)[0])  # the rank count each test sees
         if coll.has_root and plan.root >= nranks:
             raise _fail(f"root {plan.root} does not exist with {nranks} ranks (use 0..{nranks - 1} or all)")
         if coll.name == "sendrecv" and nranks < 2:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ncclbench.collectives import Collective, lookup
 from ncclbench.dtypes import DTYPES
+from ncclbench.errors import PlanError
 from ncclbench.sizes import size_sweep
 from ncclbench.timing import Average, TimingMode, TimingSettings
 
@@ -84,6 +85,19 @@ class Plan:
             return 0
         roots = len(self.root_list(nranks)) if nranks else 1
         return self.run_cycles * len(self.sizes()) * len(self.dtypes) * len(self.op_list()) * roots
+
+    def groups(self, nranks: int) -> list[list[int]]:
+        """World ranks of each parallel group (--split); one group of everyone without it.
+        Groups must have one size: the rows combine every group's times."""
+        if not self.split:
+            return [list(range(nranks))]
+        from ncclbench.launchenv import split_groups
+
+        groups = list(split_groups(nranks, self.split).values())
+        if len({len(g) for g in groups}) > 1:
+            raise PlanError(f"--split {self.split!r} on {nranks} ranks makes groups of sizes "
+                            f"{', '.join(str(len(g)) for g in groups)}: ncclbench needs groups of one size")
+        return groups
 
     def fingerprint(self) -> dict:
         """What every rank must agree on before the first collective."""

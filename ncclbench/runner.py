@@ -155,7 +155,8 @@ class RankRunner:
 
     def device_record(self) -> DeviceRecord:
         info = self.backend.device_info()
-        return DeviceRecord(rank=self.backend.rank, group=0, pid=os.getpid(), hostname=socket.gethostname(),
+        return DeviceRecord(rank=self.backend.rank, group=self.backend.group_index, pid=os.getpid(),
+                            hostname=socket.gethostname(),
                             device=info["device"], device_hex=info["device_hex"], device_info=info["device_info"])
 
     # ---- the sweep ----------------------------------------------------------------------------
@@ -254,6 +255,11 @@ def run_rank(plans, launch, make_report) -> int:
     from ncclbench.backends import create_backend
 
     backend = create_backend(plans[0].backend, launch, max(p.timeout_s for p in plans), plans[0].stream_null)
+    try:
+        backend.use_groups(plans[0].groups(backend.nranks))
+    except Exception:
+        backend.close()
+        raise
     codes = []
     try:
         for plan in plans:
@@ -371,6 +377,10 @@ def build_run_info(plan, backend, devices) -> RunInfo:
 
     code, text = backend.library_version()
     notes = []
+    if plan.split:
+        groups = plan.groups(backend.nranks)
+        notes.append(f"split {plan.split}: {len(groups)} groups of {len(groups[0])} ranks run the test in parallel "
+                     "(each rank's group is in `# Using devices`); times are averaged over all ranks")
     if plan.coll.name in backend.in_place_only:
         notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
                      "on distinct buffers (use --backend cupy for a true out-of-place call)")

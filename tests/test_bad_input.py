@@ -55,6 +55,10 @@ CASES = [
     ("cta policy", ["allreduce", "--backend", "gloo", "-x", "1"], "not supported"),
     ("null stream on cpu", ["allreduce", "--backend", "gloo", "-y", "1"], "GPU backend"),
     ("negative unalign", ["allreduce", "-u", "-1"], "unalign"),
+    ("bad split", ["allreduce", "--backend", "gloo", "--split", "XOR 3"], "split"),
+    ("unequal split", ["allreduce", "--backend", "gloo", "-g", "4", "--split", "MOD 3"], "one size"),
+    ("root beyond split group", ["broadcast", "--backend", "gloo", "-g", "4", "--split", "MOD 2", "-r", "2"],
+     "root 2 does not exist with 2 ranks"),
 ]
 
 

@@ -166,3 +166,17 @@ def test_progress_bar_on_a_terminal_only(tmp_path):
     assert "━" not in out and len(table_rows(out)) == 2
     code, out, err = run(["--quiet"])
     assert code == 0 and "━" not in err
+
+
+def test_split_runs_parallel_groups_and_checks_each(tmp_path):
+    """--split "MOD 2": two groups of 2 ranks; rows are per-group tests (2-rank sizes and
+    counts); a wrong element planted on rank 3 (group 1) is still counted."""
+    r = run_cli(["reducescatter", "-g", "4", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2",
+                 "--split", "MOD 2", "--no-save"], env={"NCCLBENCH_FAULT": "corrupt:rank=3"})
+    assert r.returncode == 7, r.stderr[-2000:]
+    groups = re.findall(r"#  Rank +(\d) Group +(\d)", r.stdout)
+    assert groups == [("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")]
+    rows = table_rows(r.stdout)
+    assert [(row[0], row[1]) for row in rows] == [("1024", "128"), ("4096", "512")]  # 2-rank chunks
+    assert all(row[8] == "1" and row[12] == "1" for row in rows)
+    assert "split MOD 2: 2 groups of 2 ranks" in r.stdout

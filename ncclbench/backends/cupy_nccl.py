@@ -69,7 +69,7 @@ class CupyBackend(TorchBackend):
                                 timeout=timedelta(seconds=timeout_s + 30))
         self.control = None
         self.group = None
-        self.group_rank, self.group_size = self.rank, self.nranks
+        self.group_rank, self.group_size, self.group_index = self.rank, self.nranks, 0
         self._mem_start = torch.cuda.mem_get_info(self.device)
         self.comm = self._make_comm(self.rank, self.nranks)
         self._mem_after_init = torch.cuda.mem_get_info(self.device)
@@ -82,6 +82,19 @@ class CupyBackend(TorchBackend):
         uid = [self.nccl.get_unique_id() if rank == 0 else None]
         self.dist.broadcast_object_list(uid, src=0)
         return self.nccl.NcclCommunicator(nranks, uid[0], rank)
+
+    def use_groups(self, groups: list[list[int]]) -> None:
+        """One NCCL communicator per group (--split); the first rank of each group makes
+        its unique id and everyone learns them over the world's gloo group."""
+        if len(groups) == 1:
+            return
+        index = next(i for i, ranks in enumerate(groups) if self.rank in ranks)
+        ranks = groups[index]
+        mine = self.nccl.get_unique_id() if ranks[0] == self.rank else None
+        ids = self.all_gather_object(mine)
+        self._world_comm = self.comm
+        self.group_index, self.group_rank, self.group_size = index, ranks.index(self.rank), len(ranks)
+        self.comm = self.nccl.NcclCommunicator(len(ranks), ids[ranks[0]], self.group_rank)
 
     def library_version(self) -> tuple[int, str]:
         code = self.nccl.get_version()
@@ -194,11 +207,13 @@ class CupyBackend(TorchBackend):
 
     def close(self):
         self.release_graphs()
-        comm, self.comm = getattr(self, "comm", None), None
-        if comm is not None:
-            try:
-                self.torch.cuda.synchronize(self.device)
-                comm.destroy()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
+        for name in ("comm", "_world_comm"):
+            comm = getattr(self, name, None)
+            setattr(self, name, None)
+            if comm is not None:
+                try:
+                    self.torch.cuda.synchronize(self.device)
+                    comm.destroy()
+                except Exception:  # noqa: BLE001 - best effort at exit
+                    pass
         super().close()

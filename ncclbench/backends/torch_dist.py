@@ -84,8 +84,20 @@ class TorchBackend:
         self.group = None  # None = world; a split sets a subgroup
         self.group_rank = self.rank
         self.group_size = self.nranks
+        self.group_index = 0
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def use_groups(self, groups: list[list[int]]) -> None:
+        """Run the collectives inside this rank's group (--split). Every rank creates every
+        group, in the same order, as torch requires."""
+        if len(groups) == 1:
+            return
+        for index, ranks in enumerate(groups):
+            group = self.dist.new_group(ranks)
+            if self.rank in ranks:
+                self.group, self.group_index = group, index
+                self.group_rank, self.group_size = ranks.index(self.rank), len(ranks)
 
     # ---- description -------------------------------------------------------------
     @property
