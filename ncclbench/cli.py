@@ -11,23 +11,13 @@ import sys
 import click
 
 from ncclbench import __version__
+from ncclbench.clitypes import SIZE
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError
 from ncclbench.sizes import parse_size
 
 
-class SizeType(click.ParamType):
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-SIZE = SizeType()
 
 
 def _flag(letter, long, help_text, default=0):

@@ -23,7 +23,8 @@ import pandas as pd
 
 from ncclbench.errors import BenchError, ExitCode
 from ncclbench.resultsio import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
-from ncclbench.sizes import format_size, parse_size
+from ncclbench.clitypes import SizeType
+from ncclbench.sizes import format_size
 
 MATCH_KEYS = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
 
@@ -384,18 +385,6 @@ class OneLineErrorCommand(click.Command):
     def _fail(self, message: str) -> NoReturn:
         click.echo(f"ncclbench {self.name}: error: {' '.join(message.split())}", err=True)
         sys.exit(ExitCode.USAGE)
-
-
-class SizeType(click.ParamType):
-    """A byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 class ThresholdType(click.ParamType):

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ncclbench.errors import BenchError, ExitCode, PlanError
+from ncclbench.errors import ExitCode, PlanError
 
 
 # ---- suite -----------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 Runs the real entry point (`ncclbench.cli.main`) in-process: each case fails before any
 rank starts, so no process would be spawned anyway (asserted: no child processes)."""
 
-import os
 
 import psutil
 import pytest

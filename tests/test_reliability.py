@@ -10,7 +10,6 @@ import time
 
 import pandas as pd
 import psutil
-import pytest
 
 from conftest import cli_command, run_cli, table_rows
 

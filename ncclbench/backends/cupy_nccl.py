@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from datetime import timedelta
 
-from ncclbench.backends.torch_dist import TorchBackend, gpu_for_rank, use_own_stream
+from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
 from ncclbench.errors import PlanError
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); passed as ints so that types newer
@@ -56,12 +56,7 @@ class CupyBackend(TorchBackend):
         self.nccl = import_nccl()
         self.torch, self.dist, self.name = torch, dist, "cupy"
         self.rank, self.nranks, self.local_rank = launch.rank, launch.world_size, launch.local_rank
-        if not torch.cuda.is_available():
-            raise PlanError("backend cupy needs CUDA GPUs and none is visible; use --backend gloo")
-        self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
-        torch.cuda.set_device(self.device)
-        if not stream_null:
-            use_own_stream(torch, self.device)
+        self.device = setup_gpu(torch, launch, "cupy", stream_null)
         import cupy
 
         cupy.cuda.Device(self.device.index).use()

@@ -42,10 +42,17 @@ def gpu_for_rank(launch, visible: int) -> int:
         raise PlanError(str(exc)) from None
 
 
-def use_own_stream(torch, device) -> None:
-    """Run everything on one non-blocking stream of our own, as nccl-tests does, instead of
-    the legacy default stream that implicitly synchronizes with every other stream."""
-    torch.cuda.set_stream(torch.cuda.Stream(device))
+def setup_gpu(torch, launch, backend: str, stream_null: bool):
+    """This rank's GPU, made current. Everything then runs on one non-blocking stream of
+    our own, as nccl-tests does, rather than the legacy default stream that synchronizes
+    with every other stream (-y 1 keeps the default stream)."""
+    if not torch.cuda.is_available():
+        raise PlanError(f"backend {backend} needs CUDA GPUs and none is visible; use --backend gloo")
+    device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
+    torch.cuda.set_device(device)
+    if not stream_null:
+        torch.cuda.set_stream(torch.cuda.Stream(device))
+    return device
 
 
 class TorchBackend:
@@ -64,12 +71,7 @@ class TorchBackend:
         # later than ncclbench's own per-size watchdog (-T), which names the size and rank
         timeout = timedelta(seconds=timeout_s + 30)
         if name == "nccl":
-            if not torch.cuda.is_available():
-                raise PlanError("backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
-            self.device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
-            torch.cuda.set_device(self.device)
-            if not stream_null:
-                use_own_stream(torch, self.device)
+            self.device = setup_gpu(torch, launch, name, stream_null)
             self._mem_start = torch.cuda.mem_get_info(self.device)
             # device_id: eager communicator creation, so the first timed op does not pay for
             # it and CUDA-graph capture works.
