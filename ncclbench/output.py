@@ -115,13 +115,15 @@ def _placement_json(p) -> dict:
             "nwrong": float(p.nwrong) if p.nwrong is not None else "nan"}
 
 
-def row_json(row: ResultRow) -> dict:
+def row_json(row: ResultRow, iterations: int) -> dict:
     out = {"size": row.size, "count": row.count, "type": row.dtype, "redop": row.op,
            "root": f"{row.root:6d}"}
     for name, p in row.placements():
         out[name] = _placement_json(p)
         if p.per_iter is not None:
             out[f"{name}_per_iter"] = p.per_iter
+    out["actual_iterations"] = iterations
+    out["experiment_name"] = ""
     out["timestamp"] = row.timestamp
     out["host_us"] = {name: p.host_us for name, p in row.placements()}
     return out
@@ -135,7 +137,7 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "env": info.env,
         "nccl_version": info.nccl_code,
         "config": dict(info.config, devices=[vars(d) for d in info.devices]),
-        "results": [row_json(r) for r in summary.rows],
+        "results": [row_json(r, info.config["iterations"]) for r in summary.rows],
         "out_of_bounds": {"count": sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0),
                           "okay": "true" if summary.wrong == 0 else "false"},
         "average_bus_bandwidth": {"bandwidth": json_number(summary.average_busbw),

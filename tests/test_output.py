@@ -1,0 +1,93 @@
+"""Our -J JSON against a real nccl-tests -J file, key by key; `show` replays a saved run."""
+
+import json
+
+from conftest import REFERENCE, run_cli, table_rows
+from ncclbench.cli import main
+
+NCCL_TESTS_JSON = REFERENCE / "h200-2gpu-nvswitch" / "all_reduce_np2_periter.json"
+
+
+def _shape(value):
+    """Type skeleton of a JSON value: same keys, same kinds of leaves."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def _covers(ours, theirs, path="$"):
+    """Every key nccl-tests writes is in ours with a value of the same kind (extra keys allowed)."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict), path
+        for key, sub in theirs.items():
+            assert key in ours, f"{path}.{key} missing"
+            _covers(ours[key], sub, f"{path}.{key}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list), path
+        if theirs and ours:
+            _covers(ours[0], theirs[0], f"{path}[0]")
+    else:
+        assert ours == theirs, f"{path}: {ours} vs {theirs}"
+
+
+def test_json_has_nccl_tests_schema_key_by_key(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "8", "-e", "64", "-f", "8", "-n", "4", "-I", "1",
+                 "-K", "1", "--no-save", "-J", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ours = json.loads(out.read_text())
+    theirs = json.loads(NCCL_TESTS_JSON.read_text())
+    _covers(_shape(ours), _shape(theirs))
+    assert ours["version"] == 3
+    assert ours["results"][0]["root"] == "    -1"  # padded string, as nccl-tests writes it
+    assert ours["config"]["blocking_collectives"] in ("true", "false")
+    assert len(ours["config"]["devices"]) == 2
+    # the numbers agree with the table
+    rows = table_rows(r.stdout)
+    for res, row in zip(ours["results"], rows):
+        assert res["size"] == int(row[0]) and res["count"] == int(row[1])
+        assert f"{res['out_of_place']['bus_bw']:.2f}" == row[7]
+
+
+def test_json_name_is_never_overwritten(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    r = run_cli(["allreduce", "-g", "1", "--backend", "gloo", "-b", "8", "-e", "8", "-n", "1", "--no-save",
+                 "-J", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert out.read_text() == "{}"
+    assert json.loads((tmp_path / "r.json.0").read_text())["version"] == 3
+    assert f"# Writing JSON output to {out}.0" in r.stdout
+
+
+def test_store_and_show_replay_the_table(tmp_path, capsys):
+    store = tmp_path / "store"
+    r = run_cli(["broadcast", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2",
+                 "--results-dir", str(store)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    saved = list(store.glob("*_broadcast_2r_gloo.json"))
+    assert len(saved) == 1 and "results saved to" in r.stderr
+    try:
+        main(["show", str(saved[0])])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    shown = capsys.readouterr().out
+    original = [row[:5] + row[6:8] for row in table_rows(r.stdout)]
+    replayed = [row[:5] + row[6:8] for row in table_rows(shown)]
+    assert replayed == original and len(original) == 2
+    assert "# Collective test starting: broadcast_perf" in shown
+
+
+def test_show_reads_nccl_tests_text(capsys):
+    try:
+        main(["show", str(REFERENCE / "h200-4gpu-nvswitch" / "sendrecv_np4.txt")])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    out = capsys.readouterr().out
+    assert "sendrecv" in out and "2147483648" in out
