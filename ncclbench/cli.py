@@ -390,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `ncclbench`: the help, not an error
+            print(exc.format_message())
+            sys.exit(ExitCode.OK)
         print(f"ncclbench: error: {exc.format_message()}", file=sys.stderr)
         sys.exit(ExitCode.USAGE)
     except click.exceptions.Abort:

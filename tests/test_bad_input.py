@@ -134,3 +134,10 @@ def test_compare_with_malformed_baseline(capsys, tmp_path):
         main(["compare", str(base), str(new)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
+
+
+def test_bare_command_shows_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 0
+    assert "Commands:" in capsys.readouterr().out
