@@ -141,3 +141,27 @@ def test_bare_command_shows_help(capsys):
         main([])
     assert exc.value.code == 0
     assert "Commands:" in capsys.readouterr().out
+
+
+def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
+    """The per-rank check that runs before allocating (a GPU backend reports free memory;
+    here a stand-in with 3 GiB free, since this machine has no GPU)."""
+    from types import SimpleNamespace
+
+    from ncclbench.errors import PlanError
+    from ncclbench.plan import Plan
+    from ncclbench.runner import RankRunner
+
+    class FakeGpuBackend(SimpleNamespace):
+        def free_memory(self):
+            return 3 << 30
+
+    plan = Plan("all_reduce", min_bytes=8, max_bytes=4 << 30, step_factor=4.0, backend="nccl")
+    backend = FakeGpuBackend(group_rank=0, group_size=4, rank=0, nranks=4)
+    with pytest.raises(PlanError) as exc:
+        RankRunner(plan, backend, None).validate()
+    text = str(exc.value)
+    assert "buffers need 4.0 GiB" in text and "3.0 GiB free" in text
+    assert "largest size that fits: -e 536870912" in text  # 2 x 512 MiB + 2 GiB reserve = 3 GiB
+    small = Plan("all_reduce", min_bytes=8, max_bytes=64 << 20, step_factor=4.0, backend="nccl")
+    RankRunner(small, backend, None).validate()  # fits: no error
