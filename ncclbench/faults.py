@@ -53,9 +53,9 @@ def corrupt_output(rank: int, view) -> None:
         flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
 
 
-def plan_tweak(rank: int) -> dict:
-    """Options this rank changes in its own plan (to test the plan agreement)."""
+def plan_tweak(rank: int, fingerprint: dict) -> dict:
+    """Fingerprint entries this rank changes in its own plan (to test the plan agreement)."""
     f = active()
     if f is not None and f.kind == "plan" and f.applies(rank):
-        return {"max_bytes_scale": 2}
+        return {"max_bytes": fingerprint["max_bytes"] * 2}
     return {}
