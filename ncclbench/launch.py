@@ -71,16 +71,16 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
 
 
 def exit_code_of_failure(failures: dict) -> int:
-    """Rank 0's code when it failed (it knows the run's outcome), else the first failure's;
-    a rank killed by a signal counts as a lost peer (NCCL error)."""
-    if not failures:
-        return ExitCode.NCCL_ERROR
+    """Rank 0's code when it exited with one (it knows the run's outcome), else the lowest
+    rank's positive code; only ranks killed by signals count as a lost peer (NCCL error)."""
     ordered = sorted(failures.items())
     for rank, failure in ordered:
         if rank == 0 and failure.exitcode > 0:
             return failure.exitcode
-    code = ordered[0][1].exitcode
-    return code if code > 0 else ExitCode.NCCL_ERROR
+    for _rank, failure in ordered:
+        if failure.exitcode > 0:
+            return failure.exitcode
+    return ExitCode.NCCL_ERROR
 
 
 def quiet_torchrun_logs() -> None:

@@ -349,9 +349,13 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
     if plan.memory_report:
         summary.memory = dict(memory or {}, **(backend.memory_usage(peak=True) or {}))
-    if summary.complete and summary.wrong:
+    # Only rank 0 holds the rows, so only rank 0 judges them; the other ranks exit 0 and
+    # rank 0's code is the run's (an early non-zero exit elsewhere would make the launcher
+    # kill rank 0 while it is still writing).
+    if report is not None and summary.complete and summary.wrong:
         summary.status = "wrong_results"
-    elif summary.complete and summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
+    elif report is not None and summary.complete and \
+            summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
         summary.status = "bandwidth_low"
     if report is not None:
         report.finish(summary)

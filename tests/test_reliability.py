@@ -103,3 +103,16 @@ def test_ctrl_c_during_endless_cycles(tmp_path):
     frame = pd.read_csv(tmp_path / "r.csv")
     assert len(frame) >= 8 and (frame.nwrong == 0).all()
     assert not _wait_gone(str(tmp_path))
+
+
+def test_exit_code_of_failures_prefers_the_run_verdict():
+    """Rank 0's own code wins; a rank-0 SIGTERM by the launcher does not hide another
+    rank's code; only signals alone mean a lost peer."""
+    from types import SimpleNamespace as F
+
+    from ncclbench.launch import exit_code_of_failure
+
+    assert exit_code_of_failure({0: F(exitcode=7), 1: F(exitcode=-15)}) == 7
+    assert exit_code_of_failure({0: F(exitcode=-15), 2: F(exitcode=4)}) == 4
+    assert exit_code_of_failure({1: F(exitcode=-9), 0: F(exitcode=-15)}) == 3
+    assert exit_code_of_failure({}) == 3
