@@ -147,25 +147,8 @@ def split_spec_text(option: str | None) -> str | None:
 
 
 def validate_for_backend(plan, nranks: int | None) -> None:
-    """What can be refused before any process starts."""
-    from ncclbench.backends.torch_dist import unsupported_reason
-
-    coll = plan.coll
-    for d in plan.dtypes:
-        for op in plan.op_list() if coll.has_op else [None]:
-            reason = unsupported_reason(plan.backend if plan.backend != "cupy" else "cupy", d, op)
-            if reason:
-                raise _fail(reason)
-    if plan.graph_replays and plan.backend == "gloo":
-        raise _fail("-G (CUDA graphs) needs GPUs: the gloo backend runs on the CPU")
-    if nranks is not None:
-        nranks = len(plan.groups(nranks)[0])  # the rank count each test sees
-        if coll.has_root and plan.root >= nranks:
-            raise _fail(f"root {plan.root} does not exist with {nranks} ranks (use 0..{nranks - 1} or all)")
-        if coll.name == "sendrecv" and nranks < 2:
-            raise _fail("sendrecv needs at least 2 ranks (-g 2 or more)")
-        if coll.name == "hypercube" and nranks & (nranks - 1):
-            raise _fail(f"hypercube needs a power-of-two number of ranks (got {nranks})")
+    """What can be refused before any process starts (nranks: the whole world, if known)."""
+    plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
 
 
 def choose_backend(requested: str | None, launched: bool) -> str:
@@ -348,12 +331,13 @@ def _make_command(coll):
         sys.exit(int(code))
 
     command.__doc__ = (f"Benchmark {coll.name} (like nccl-tests' {coll.name}_perf). "
-                       f"busbw = algbw x {_factor_text(coll.name)}.")
+                       f"busbw = algbw x {_factor_text(coll)}.")
     return click.command(name=coll.command)(command)
 
 
-def _factor_text(name: str) -> str:
-    return {"all_reduce": "2(n-1)/n", "broadcast": "1", "reduce": "1", "sendrecv": "1"}.get(name, "(n-1)/n")
+def _factor_text(coll) -> str:
+    """The registry's bus-bandwidth factor, in nccl-tests' notation (read off at n = 8)."""
+    return {1.0: "1", 7 / 8: "(n-1)/n", 14 / 8: "2(n-1)/n"}[coll.bus_factor(8)]
 
 
 for _coll in REGISTRY.values():

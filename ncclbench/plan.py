@@ -99,6 +99,31 @@ class Plan:
                             f"{', '.join(str(len(g)) for g in groups)}: ncclbench needs groups of one size")
         return groups
 
+    def check_runnable(self, ranks_per_test: int | None) -> None:
+        """What can be refused before a single buffer exists: dtype/op pairs the backend
+        lacks, and rank counts the collective cannot use. PlanError with one line."""
+        from ncclbench.backends.torch_dist import unsupported_reason
+
+        coll = self.coll
+        for d in self.dtypes:
+            for op in self.op_list() if coll.has_op else [None]:
+                reason = unsupported_reason(self.backend, d, op)
+                if reason is None and DTYPES[d].torch_dtype() is None:
+                    reason = f"this torch has no {d} type"
+                if reason:
+                    raise PlanError(reason)
+        if self.graph_replays and self.backend == "gloo":
+            raise PlanError("-G (CUDA graphs) needs GPUs: the gloo backend runs on the CPU")
+        n = ranks_per_test
+        if n is None:
+            return
+        if coll.has_root and self.root >= n:
+            raise PlanError(f"root {self.root} does not exist with {n} ranks (use 0..{n - 1} or all)")
+        if coll.name == "sendrecv" and n < 2:
+            raise PlanError("sendrecv needs at least 2 ranks (-g 2 or more)")
+        if coll.name == "hypercube" and n & (n - 1):
+            raise PlanError(f"hypercube needs a power-of-two number of ranks (got {n})")
+
     def fingerprint(self) -> dict:
         """What every rank must agree on before the first collective."""
         d = asdict(self)

@@ -4,7 +4,7 @@ torch or distributed code."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 PLACEMENTS = ("out_of_place", "in_place")
 
@@ -137,7 +137,3 @@ def json_number(x: float | None):
     if isinstance(x, float) and math.isnan(x):
         return "nan"
     return x
-
-
-def as_dict(obj) -> dict:
-    return asdict(obj)

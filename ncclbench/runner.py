@@ -47,7 +47,6 @@ class Slots:
     def __init__(self, coll: Collective, layout, send_t, recv_t, in_place: bool,
                  use_recv_as_send: bool, rank: int, nslots: int):
         self.views = []
-        self.calls = []
         span = max(layout.send_count, layout.recv_count, 1)
         if in_place:
             fit = recv_t.numel() // span
@@ -72,8 +71,7 @@ class Slots:
 
     def bind(self, backend, coll, op, root):
         """One ready-to-call op per slot (backend.bind), for the eager timed loop."""
-        self.calls = [backend.bind(coll, send, recv, op, root) for send, recv in self.views]
-        return self.calls
+        return [backend.bind(coll, send, recv, op, root) for send, recv in self.views]
 
 
 def fill_input(view, pattern: InputPattern, rank: int, dtype: DType, device):
@@ -125,17 +123,7 @@ class RankRunner:
 
     def validate(self):
         p = self.plan
-        if p.coll.has_root and p.root >= self.nranks:
-            raise PlanError(f"root {p.root} does not exist with {self.nranks} ranks (use 0..{self.nranks - 1} or all)")
-        if p.coll.name == "sendrecv" and self.nranks < 2:
-            raise PlanError("sendrecv needs at least 2 ranks")
-        if p.coll.name == "hypercube" and self.nranks & (self.nranks - 1):
-            raise PlanError(f"hypercube needs a power-of-two number of ranks (got {self.nranks})")
-        for d in p.dtypes:
-            for op in p.op_list() if p.coll.has_op else [None]:
-                reason = self._unsupported(d, op)
-                if reason:
-                    raise PlanError(reason)
+        p.check_runnable(self.nranks)  # with the group size the backend actually formed
         send, recv = p.buffer_bytes(self.nranks)
         free = self.backend.free_memory()
         if free is not None and send + recv + (2 << 30) > free:
@@ -143,14 +131,6 @@ class RankRunner:
             hint = f"largest size that fits: -e {fit}" if fit else "not even the smallest size fits"
             raise PlanError(f"buffers need {(send + recv) / 2**30:.1f} GiB but the GPU has "
                             f"{free / 2**30:.1f} GiB free ({hint})")
-
-    def _unsupported(self, dtype: str, op):
-        from ncclbench.backends.torch_dist import unsupported_reason
-
-        reason = unsupported_reason(self.plan.backend, dtype, op)
-        if reason is None and DTYPES[dtype].torch_dtype() is None:
-            reason = f"this torch has no {dtype} type"
-        return reason
 
     def device_record(self) -> DeviceRecord:
         info = self.backend.device_info()

@@ -21,11 +21,6 @@ class TimingMode(str, enum.Enum):
     GRAPH = "graph"        # CUDA graph replay (-G)
     BLOCKING = "blocking"  # -z: wait for each op before launching the next
 
-    def describe(self, backend_timer: str) -> str:
-        return {"eager": f"eager launches, {backend_timer}",
-                "graph": f"CUDA graph replay, {backend_timer}",
-                "blocking": f"blocking (wait after each op), {backend_timer}"}[self.value]
-
 
 @dataclass(frozen=True)
 class TimingSettings:

@@ -10,7 +10,7 @@ import functools
 import time
 from datetime import timedelta
 
-from ncclbench.errors import CollectiveError, PlanError
+from ncclbench.errors import PlanError
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
@@ -342,8 +342,3 @@ class TorchBackend:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:160] if text else type(exc).__name__
-
-
-def wrap_collective_error(exc: Exception, what: str) -> CollectiveError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return CollectiveError(f"{what} failed: {text}")
