@@ -70,6 +70,14 @@ def collective_options(f):
         click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar (it only shows on a terminal anyway)."),
         click.option("--split", type=str, default=None, help='Run the test in parallel groups: "<AND|OR|MOD|DIV> <value>" of the rank (default $NCCL_TESTS_SPLIT / $NCCL_TESTS_SPLIT_MASK).'),
+        click.option("--alltoallv-spread", "a2av_spread", type=str, default=None,
+                     help="alltoallv: 0 even split over peers .. 1 distance-weighted (default $NCCL_TESTS_ALLTOALLV_SPREAD or 1)."),
+        click.option("--alltoallv-matrix", "a2av_matrix", type=str, default=None,
+                     help="alltoallv: square file of bytes rank i sends rank j (default $NCCL_TESTS_ALLTOALLV_MATRIX_FILE); needs -b = -e."),
+        click.option("--alltoallv-scale", "a2av_scale", type=str, default=None,
+                     help="alltoallv: factor on every matrix entry (default $NCCL_TESTS_ALLTOALLV_MATRIX_SCALE or 1)."),
+        click.option("--alltoallv-summary", "a2av_summary", is_flag=True, default=None,
+                     help="alltoallv: per-rank bytes and bandwidth under each row (default $NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY)."),
     ]
     for dec in reversed(decorators):
         f = dec(f)
@@ -115,6 +123,10 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         except ValueError:
             raise _fail(f"NCCL_TESTS_MIN_BW must be a number of GB/s (got {os.environ['NCCL_TESTS_MIN_BW']!r})") from None
     split = split_spec_text(o.get("split"))
+    traffic, summary = alltoallv_traffic(coll_name, o)
+    if traffic is not None and traffic.matrix is not None and o["minbytes"] != o["maxbytes"]:
+        raise _fail("alltoallv with a matrix file needs -b and -e set to the same value (e.g. -b 32M -e 32M): "
+                    "the matrix fixes every size")
     plan = Plan(
         collective=coll_name, split=split, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
         step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
@@ -124,7 +136,7 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
         per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), local_register=o.get("local_register", 0), stream_null=bool(o.get("stream_null")),
         memory_report=bool(o.get("memory_report")), min_bw=min_bw or 0.0, min_peak_bw=o.get("min_peak_bw") or 0.0,
-        backend=backend, args=tuple(argv),
+        backend=backend, traffic=traffic, traffic_summary=summary, args=tuple(argv),
     )
     try:
         sizes = plan.sizes()
@@ -133,6 +145,39 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
     if not sizes:
         raise _fail("the size range is empty")
     return plan
+
+
+def alltoallv_traffic(coll_name: str, o: dict):
+    """(Traffic, print summary) for alltoallv from its options or nccl-tests' variables;
+    (None, False) for other collectives, which refuse the options."""
+    from ncclbench.traffic import Traffic, parse_fraction, parse_scale, read_matrix
+
+    given = [k for k in ("a2av_spread", "a2av_matrix", "a2av_scale", "a2av_summary") if o.get(k) is not None]
+    if lookup(coll_name).name != "alltoallv":
+        if given:
+            raise _fail(f"--{given[0].replace('a2av_', 'alltoallv-')} applies to alltoallv only")
+        return None, False
+    env = os.environ
+    summary = o.get("a2av_summary")
+    if summary is None:
+        summary = env.get("NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY", "0").strip() not in ("", "0")
+    if o.get("a2av_matrix") is not None and o.get("a2av_spread") is not None:
+        raise _fail("--alltoallv-matrix and --alltoallv-spread exclude each other (the matrix sets every amount)")
+    matrix_file = o.get("a2av_matrix") if o.get("a2av_spread") is None else None
+    if matrix_file is None and o.get("a2av_spread") is None:
+        matrix_file = env.get("NCCL_TESTS_ALLTOALLV_MATRIX_FILE") or None
+    scale_text, scale_what = o.get("a2av_scale"), "--alltoallv-scale"
+    if scale_text is None:
+        scale_text, scale_what = env.get("NCCL_TESTS_ALLTOALLV_MATRIX_SCALE", "1"), "NCCL_TESTS_ALLTOALLV_MATRIX_SCALE"
+    if matrix_file is None:
+        if o.get("a2av_scale") is not None:
+            raise _fail("--alltoallv-scale needs a matrix (--alltoallv-matrix FILE)")
+        spread_text, spread_what = o.get("a2av_spread"), "--alltoallv-spread"
+        if spread_text is None:
+            spread_text, spread_what = env.get("NCCL_TESTS_ALLTOALLV_SPREAD", "1"), "NCCL_TESTS_ALLTOALLV_SPREAD"
+        return Traffic(spread=parse_fraction(str(spread_text), spread_what)), bool(summary)
+    scale = parse_scale(str(scale_text), scale_what)
+    return Traffic(matrix=read_matrix(matrix_file, scale), source=matrix_file, scale=scale), bool(summary)
 
 
 def split_spec_text(option: str | None) -> str | None:

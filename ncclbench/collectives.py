@@ -22,12 +22,24 @@ class Layout:
     param_count: int            # the `count` column, and what bandwidth is computed from
     send_inplace_offset: int    # in-place: send buffer = recv + offset * rank
     recv_inplace_offset: int    # in-place: recv buffer = recv + offset * rank
+    # alltoallv: elements [src][dst]; send/recv_count are then the busiest rank's totals
+    counts: tuple[tuple[int, ...], ...] | None = None
 
     def printed_bytes(self, itemsize: int) -> int:
         return max(self.send_count, self.recv_count) * itemsize
 
+    def sends(self, rank: int) -> tuple[int, ...]:
+        return self.counts[rank]
 
-def _whole(count: int, itemsize: int, nranks: int) -> Layout:
+    def receives(self, rank: int) -> tuple[int, ...]:
+        return tuple(row[rank] for row in self.counts)
+
+    def recv_span(self, rank: int) -> int:
+        """Elements of `rank`'s receive buffer that the collective writes."""
+        return sum(self.receives(rank)) if self.counts is not None else self.recv_count
+
+
+def _whole(count: int, itemsize: int, nranks: int, traffic=None) -> Layout:
     return Layout(count, count, count, 0, 0)
 
 
@@ -37,17 +49,17 @@ def _chunk(count: int, itemsize: int, nranks: int) -> int:
     return per_rank - per_rank % align
 
 
-def _gathered(count, itemsize, nranks):      # small send, n chunks received
+def _gathered(count, itemsize, nranks, traffic=None):      # small send, n chunks received
     base = _chunk(count, itemsize, nranks)
     return Layout(base, base * nranks, base, base, 0)
 
 
-def _scattered(count, itemsize, nranks):     # n chunks sent, small receive
+def _scattered(count, itemsize, nranks, traffic=None):     # n chunks sent, small receive
     base = _chunk(count, itemsize, nranks)
     return Layout(base * nranks, base, base, 0, base)
 
 
-def _exchanged(count, itemsize, nranks):     # n chunks each way
+def _exchanged(count, itemsize, nranks, traffic=None):     # n chunks each way
     base = _chunk(count, itemsize, nranks)
     return Layout(base * nranks, base * nranks, base, 0, 0)
 
@@ -61,25 +73,26 @@ class CheckContext:
     nranks: int
     root: int
     chunk: int  # Layout.param_count
+    counts: tuple[tuple[int, ...], ...] | None = None  # Layout.counts (alltoallv)
 
 
 @dataclass(frozen=True)
 class Collective:
     name: str                       # nccl-tests name (all_reduce): JSON, CSV, `*_perf` alias
     command: str                    # CLI subcommand (allreduce)
-    layout: Callable[[int, int, int], Layout]
+    layout: Callable[..., Layout]   # (count, itemsize, nranks, traffic=None)
     bus_factor: Callable[[int], float]
-    data_factor: Callable[[int], int]  # algbw counts param_count * data_factor(nranks) elements
+    moved: Callable[[Layout, int], int]  # (layout, nranks) -> elements algbw counts
     has_op: bool
     has_root: bool
     printed_op: str | None          # fixed text of the redop column, None = the op's name
     in_place_checked: bool          # False: nccl-tests prints N/A for in-place #wrong
     checked_on: Callable[[int, int], bool]          # (rank, root) -> does this rank's output mean anything
     expected: Callable[[CheckContext, object], object]  # (ctx, recv indices) -> int64/float64 values
-    call: Callable  # (backend, send, recv, op, root) -> None
+    call: Callable  # (backend, send, recv, op, root, layout) -> None
 
     def algbw_bytes(self, layout: Layout, itemsize: int, nranks: int) -> int:
-        return layout.param_count * itemsize * self.data_factor(nranks)
+        return self.moved(layout, nranks) * itemsize
 
     def bandwidths(self, layout: Layout, itemsize: int, nranks: int, seconds: float) -> tuple[float, float]:
         """(algbw, busbw) in GB/s (1e9 bytes/s), as nccl-tests' getBw."""
@@ -116,8 +129,8 @@ def _from_each_rank(ctx, idx, offset_of):
 
 
 _ring_factor = lambda n: 2 * (n - 1) / n  # noqa: E731
-_per_rank = lambda n: n  # noqa: E731 - data of every rank counted
-_single = lambda n: 1  # noqa: E731
+_per_rank = lambda lay, n: lay.param_count * n  # noqa: E731 - data of every rank counted
+_single = lambda lay, n: lay.param_count  # noqa: E731
 _scatter_factor = lambda n: (n - 1) / n  # noqa: E731
 _one = lambda n: 1.0  # noqa: E731
 
@@ -131,76 +144,76 @@ def register(c: Collective) -> Collective:
 
 register(Collective(
     "all_reduce", "allreduce",
-    layout=_whole, bus_factor=_ring_factor, data_factor=_single,
+    layout=_whole, bus_factor=_ring_factor, moved=_single,
     has_op=True, has_root=False, printed_op=None,
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
-    call=lambda b, s, r, op, root: b.all_reduce(s, r, op),
+    call=lambda b, s, r, op, root, lay: b.all_reduce(s, r, op),
 ))
 register(Collective(
     "all_gather", "allgather",
-    layout=_gathered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
-    call=lambda b, s, r, op, root: b.all_gather(s, r),
+    call=lambda b, s, r, op, root, lay: b.all_gather(s, r),
 ))
 register(Collective(
     "reduce_scatter", "reducescatter",
-    layout=_scattered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    layout=_scattered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=True, has_root=False, printed_op=None,
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk, _all_ranks(ctx)),
-    call=lambda b, s, r, op, root: b.reduce_scatter(s, r, op),
+    call=lambda b, s, r, op, root, lay: b.reduce_scatter(s, r, op),
 ))
 register(Collective(
     "alltoall", "alltoall",
-    layout=_exchanged, bus_factor=_scatter_factor, data_factor=_per_rank,
+    layout=_exchanged, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
     in_place_checked=False, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: ctx.rank * ctx.chunk),
-    call=lambda b, s, r, op, root: b.alltoall(s, r),
+    call=lambda b, s, r, op, root, lay: b.alltoall(s, r),
 ))
 register(Collective(
     "broadcast", "broadcast",
-    layout=_whole, bus_factor=_one, data_factor=_single,
+    layout=_whole, bus_factor=_one, moved=_single,
     has_op=False, has_root=True, printed_op="none",
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx),
-    call=lambda b, s, r, op, root: b.broadcast(s, r, root),
+    call=lambda b, s, r, op, root, lay: b.broadcast(s, r, root),
 ))
 register(Collective(
     "reduce", "reduce",
-    layout=_whole, bus_factor=_one, data_factor=_single,
+    layout=_whole, bus_factor=_one, moved=_single,
     has_op=True, has_root=True, printed_op=None,
     in_place_checked=True, checked_on=_root_only,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
-    call=lambda b, s, r, op, root: b.reduce(s, r, op, root),
+    call=lambda b, s, r, op, root, lay: b.reduce(s, r, op, root),
 ))
 register(Collective(
     "gather", "gather",
-    layout=_gathered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=True, printed_op="none",
     in_place_checked=True, checked_on=_root_only,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
-    call=lambda b, s, r, op, root: b.gather(s, r, root),
+    call=lambda b, s, r, op, root, lay: b.gather(s, r, root),
 ))
 register(Collective(
     "scatter", "scatter",
-    layout=_scattered, bus_factor=_scatter_factor, data_factor=_per_rank,
+    layout=_scattered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=True, printed_op="none",
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx + ctx.rank * ctx.chunk),
-    call=lambda b, s, r, op, root: b.scatter(s, r, root),
+    call=lambda b, s, r, op, root, lay: b.scatter(s, r, root),
 ))
 # nccl-tests' sendrecv prints the op column ("sum") although nothing is reduced.
 register(Collective(
     "sendrecv", "sendrecv",
-    layout=_whole, bus_factor=_one, data_factor=_single,
+    layout=_whole, bus_factor=_one, moved=_single,
     has_op=False, has_root=False, printed_op=None,
     in_place_checked=False, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values((ctx.rank - 1) % ctx.nranks, idx),
-    call=lambda b, s, r, op, root: b.sendrecv(s, r),
+    call=lambda b, s, r, op, root, lay: b.sendrecv(s, r),
 ))
 
 
@@ -209,13 +222,53 @@ register(Collective(
 # nccl-tests counts only the (n-1) chunks received, with bus factor 1.
 register(Collective(
     "hypercube", "hypercube",
-    layout=_gathered, bus_factor=_one, data_factor=lambda n: n - 1,
+    layout=_gathered, bus_factor=_one, moved=lambda lay, n: lay.param_count * (n - 1),
     has_op=False, has_root=False, printed_op="",
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
-    call=lambda b, s, r, op, root: b.hypercube(s, r),
+    call=lambda b, s, r, op, root, lay: b.hypercube(s, r),
 ))
 
+
+# alltoallv (nccl-tests' alltoallv_perf): uneven per-peer amounts from a Traffic (generated
+# spread or byte matrix, see traffic.py), packed back to back in rank order on both sides.
+# The count column is the even per-peer count (0 in matrix mode); size and algbw use the
+# busiest rank's larger total; nccl-tests does not check in-place (it is timed only).
+def _variable(count, itemsize, nranks, traffic=None):
+    from ncclbench.traffic import Traffic
+
+    traffic = traffic or Traffic()
+    base = _chunk(count, itemsize, nranks) if traffic.generated else 0
+    counts = traffic.counts(nranks, base * nranks * itemsize, itemsize)
+    send = max(sum(row) for row in counts)
+    recv = max(sum(col) for col in zip(*counts))
+    return Layout(send, recv, base, 0, 0, counts=counts)
+
+
+def _from_each_sender(ctx, idx):
+    """recv holds, for each source in rank order, the part of its send stream meant for us."""
+    import torch
+
+    out = torch.empty_like(idx)
+    start = 0
+    for src in range(ctx.nranks):
+        n = ctx.counts[src][ctx.rank]
+        mask = (idx >= start) & (idx < start + n)
+        if mask.any():
+            offset = sum(ctx.counts[src][:ctx.rank])  # where our part starts in src's stream
+            out[mask] = ctx.pattern.values(src, idx[mask] - start + offset)
+        start += n
+    return out
+
+
+register(Collective(
+    "alltoallv", "alltoallv",
+    layout=_variable, bus_factor=_scatter_factor, moved=lambda lay, n: max(lay.send_count, lay.recv_count),
+    has_op=False, has_root=False, printed_op="none",
+    in_place_checked=False, checked_on=_everyone,
+    expected=_from_each_sender,
+    call=lambda b, s, r, op, root, lay: b.alltoallv(s, r, lay),
+))
 
 def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
     """(peer, first chunk sent, first chunk received) per step; each step moves `step` chunks."""

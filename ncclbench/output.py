@@ -239,6 +239,8 @@ class Reporter:
         if self.progress:
             self.progress.advance(row)
         self._print(report.row_line(row, self.spec.per_iter, self.spec.timestamps))
+        for line in row.notes:
+            self._print(line)
         if self.spec.csv_path:
             append_csv(self.spec.csv_path, csv_records(self.info, row))
         self._write_json(RunSummary(self.rows, complete=False, status="running"))

@@ -9,6 +9,7 @@ from ncclbench.dtypes import DTYPES
 from ncclbench.errors import PlanError
 from ncclbench.sizes import size_sweep
 from ncclbench.timing import Average, TimingMode, TimingSettings
+from ncclbench.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Plan:
     min_peak_bw: float = 0.0       # --min-peak-bw: fail when the peak busbw < this
     backend: str = "gloo"
     split: str | None = None
+    traffic: Traffic | None = None  # alltoallv: generated spread or byte matrix
+    traffic_summary: bool = False   # alltoallv: per-rank bytes and bandwidth after each row
     args: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -50,6 +53,10 @@ class Plan:
 
     def sizes(self) -> list[int]:
         return size_sweep(self.min_bytes, self.max_bytes, self.step_bytes, self.step_factor)
+
+    def layout(self, size: int, itemsize: int, nranks: int):
+        """Element counts of the buffers for one message size (collectives.Layout)."""
+        return self.coll.layout(size // itemsize, itemsize, nranks, self.traffic)
 
     @property
     def mode(self) -> TimingMode:
@@ -123,6 +130,15 @@ class Plan:
             raise PlanError("sendrecv needs at least 2 ranks (-g 2 or more)")
         if coll.name == "hypercube" and n & (n - 1):
             raise PlanError(f"hypercube needs a power-of-two number of ranks (got {n})")
+        t = self.traffic
+        if t is not None and t.matrix is not None:
+            if len(t.matrix) < n:
+                raise PlanError(f"alltoallv matrix {t.source} is {len(t.matrix)}x{len(t.matrix)}: "
+                                f"too small for {n} ranks")
+            need = t.busiest_rank_bytes(n)
+            if self.max_bytes < need:
+                raise PlanError(f"alltoallv matrix {t.source} needs -e of at least {need} bytes "
+                                f"(the busiest rank's total); got {self.max_bytes}")
 
     def fingerprint(self) -> dict:
         """What every rank must agree on before the first collective."""
@@ -138,7 +154,7 @@ class Plan:
         for name in self.dtypes:
             item = DTYPES[name].itemsize
             for size in sizes if sizes is not None else self.sizes():
-                lay = self.coll.layout(size // item, item, nranks)
+                lay = self.layout(size, item, nranks)
                 send = max(send, lay.send_count * item)
                 recv = max(recv, max(lay.send_count, lay.recv_count) * item)
         return send + pad, recv + pad

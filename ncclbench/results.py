@@ -30,6 +30,7 @@ class ResultRow:
     out_of_place: PlacementResult
     in_place: PlacementResult
     timestamp: str = ""     # -S / CSV
+    notes: tuple[str, ...] = ()  # comment lines printed under the row (alltoallv summary)
 
     def placements(self):
         return (("out_of_place", self.out_of_place), ("in_place", self.in_place))

@@ -69,9 +69,9 @@ class Slots:
     def __getitem__(self, op_index: int):
         return self.views[op_index % len(self.views)]
 
-    def bind(self, backend, coll, op, root):
+    def bind(self, backend, coll, op, root, layout):
         """One ready-to-call op per slot (backend.bind), for the eager timed loop."""
-        return [backend.bind(coll, send, recv, op, root) for send, recv in self.views]
+        return [backend.bind(coll, send, recv, op, root, layout) for send, recv in self.views]
 
 
 def fill_input(view, pattern: InputPattern, rank: int, dtype: DType, device):
@@ -148,11 +148,11 @@ class RankRunner:
     def warm_up(self, buffers, dtype, op, root, sizes):
         send_t, recv_t = buffers.typed(dtype)
         for size in sizes:
-            layout = self.coll.layout(size // dtype.itemsize, dtype.itemsize, self.nranks)
+            layout = self.plan.layout(size, dtype.itemsize, self.nranks)
             slots = self._slots(layout, send_t, recv_t, False, 1)
             for _ in range(self.plan.warmup_iters):
                 send, recv = slots[0]
-                self.coll.call(self.backend, send, recv, op, root)
+                self.coll.call(self.backend, send, recv, op, root, layout)
         self.backend.synchronize()
 
     def _slots(self, layout, send_t, recv_t, in_place, nslots):
@@ -163,7 +163,7 @@ class RankRunner:
     def measure_size(self, buffers, dtype, op, root, size):
         """This rank's (timing, wrong) for both placements of one size."""
         send_t, recv_t = buffers.typed(dtype)
-        layout = self.coll.layout(size // dtype.itemsize, dtype.itemsize, self.nranks)
+        layout = self.plan.layout(size, dtype.itemsize, self.nranks)
         settings = self.plan.timing_settings()
         out = []
         for in_place in (False, True):
@@ -173,9 +173,9 @@ class RankRunner:
                 # capture must see the current (capture) stream: no pre-bound calls
                 def run_op(k, slots=slots):
                     send, recv = slots[k]
-                    self.coll.call(self.backend, send, recv, op, root)
+                    self.coll.call(self.backend, send, recv, op, root, layout)
             else:
-                calls = slots.bind(self.backend, self.coll, op, root)
+                calls = slots.bind(self.backend, self.coll, op, root, layout)
                 ncalls = len(calls)
 
                 def run_op(k, calls=calls, ncalls=ncalls):
@@ -198,12 +198,13 @@ class RankRunner:
         bit_view(recv, dtype).fill_(-1)  # poison: an unwritten element cannot pass
         fill_input(send, pattern, self.rank, dtype, device)
         self.backend.synchronize()
-        self.coll.call(self.backend, send, recv, op, root)
+        self.coll.call(self.backend, send, recv, op, root, layout)
         self.backend.synchronize()
         if not self.coll.checked_on(self.rank, root):
             return 0
+        recv = recv[:layout.recv_span(self.rank)]
         faults.corrupt_output(self.backend.rank, recv)
-        ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count)
+        ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count, layout.counts)
         return count_wrong(recv, self.coll, ctx, dtype, op, device)
 
     def to_row(self, per_rank, layout, dtype, op, root) -> ResultRow:
@@ -222,10 +223,32 @@ class RankRunner:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
             cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
+        notes = ()
+        if plan.traffic_summary and layout.counts is not None:
+            notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].time_us)
         return ResultRow(self.coll.name, layout.printed_bytes(dtype.itemsize), layout.param_count,
                          dtype.name, self.coll.printed_op if self.coll.printed_op is not None else op,
                          root, cells[0], cells[1],
-                         timestamp=now())
+                         timestamp=now(), notes=notes)
+
+
+def traffic_summary_lines(plan, layout, itemsize: int, nranks: int, time_us: float) -> tuple[str, ...]:
+    """alltoallv per-rank bytes and bandwidth at the out-of-place time (nccl-tests'
+    NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY lines)."""
+    t = plan.traffic
+    if t.generated:
+        head = (f"# NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY: mode=generated nranks={nranks} "
+                f"total_bytes={layout.param_count * nranks * itemsize} spread={t.spread:.3f} time_usec={time_us:.2f}")
+    else:
+        head = (f"# NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY: mode=matrix nranks={nranks} matrix_dim={len(t.matrix)} "
+                f"scale={t.scale:.3f} time_usec={time_us:.2f}")
+    lines = [head]
+    factor = plan.coll.bus_factor(nranks)
+    for rank in range(nranks):
+        sent, got = sum(layout.sends(rank)) * itemsize, sum(layout.receives(rank)) * itemsize
+        alg = max(sent, got) / 1e3 / time_us if time_us > 0 else 0.0
+        lines.append(f"#   rank={rank} send_bytes={sent} recv_bytes={got} alg_bw={alg:.2f} bus_bw={alg * factor:.2f}")
+    return tuple(lines)
 
 
 def run_rank(plans, launch, make_report) -> int:
@@ -364,6 +387,8 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         groups = plan.groups(backend.nranks)
         notes.append(f"split {plan.split}: {len(groups)} groups of {len(groups[0])} ranks run the test in parallel "
                      "(each rank's group is in `# Using devices`); times are averaged over all ranks")
+    if plan.traffic is not None:
+        notes.append(plan.traffic.describe())
     if plan.coll.name in backend.in_place_only:
         notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
                      "on distinct buffers (use --backend cupy for a true out-of-place call)")

@@ -3,8 +3,11 @@
 # logs land in $OUT (packed into $OUT/logs.tgz). Stages are chosen with STAGES, e.g.
 #   STAGES="env probe full_nccl full_cupy latency topo pytest" bash scripts/gpu_validate.sh
 # Other stages: hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
-# reliab (killed and stalled rank, wall times), hostcost (plain torch loop), register (-R 0/1/2).
-# Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder).
+# reliab (killed and stalled rank, wall times), hostcost (plain torch and CuPy loops),
+# register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 64 MiB),
+# a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs).
+# Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder),
+# COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ncclbench-out}
@@ -26,22 +29,25 @@ for stage in $STAGES; do
     probe)
       torchrun --nproc-per-node 2 scripts/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
       torchrun --nproc-per-node 2 scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
-    full_nccl|full_cupy)
-      b=${stage#full_}
-      sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/full.yaml"
-      if [ -n "${COLLS:-}" ]; then  # only these collectives, e.g. COLLS="gather scatter"
-        { sed '/^runs:/,$d' "$LOG/full.yaml"; echo "runs:"; for c in $COLLS; do echo "  - $c"; done; } >"$LOG/full.tmp"
-        mv "$LOG/full.tmp" "$LOG/full.yaml"
+    full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
+      b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
+      sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/$name.yaml"
+      if [ "$name" != "$b" ]; then  # CUDA graphs: one replay of the 20 captured ops, from 64 MiB
+        sed -i "s/minbytes: 8/minbytes: 64M/; s/^defaults:/defaults:\n  cudagraph: 1/" "$LOG/$name.yaml"
       fi
-      timeout ${FULL_TIMEOUT:-240} ncclbench suite "$LOG/full.yaml" -g "$NP" --backend "$b" --no-save \
-        --csv "$LOG/full_${b}_np$NP.csv" >"$LOG/full_${b}_np$NP.txt" 2>"$LOG/full_${b}_np$NP.err"
-      echo "exit $?" >>"$LOG/full_${b}_np$NP.err" ;;
+      if [ -n "${COLLS:-}" ]; then  # only these collectives, e.g. COLLS="gather scatter"
+        { sed '/^runs:/,$d' "$LOG/$name.yaml"; echo "runs:"; for c in $COLLS; do echo "  - $c"; done; } >"$LOG/full.tmp"
+        mv "$LOG/full.tmp" "$LOG/$name.yaml"
+      fi
+      timeout ${FULL_TIMEOUT:-240} ncclbench suite "$LOG/$name.yaml" -g "$NP" --backend "$b" --no-save \
+        --csv "$LOG/full_${name}_np$NP.csv" >"$LOG/full_${name}_np$NP.txt" 2>"$LOG/full_${name}_np$NP.err"
+      echo "exit $?" >>"$LOG/full_${name}_np$NP.err" ;;
     latency)
       for b in nccl cupy; do
         timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 1M -f 8 -n 200 --no-save \
-          -J "$LOG/small_${b}_eager_np$NP.json" >"$LOG/small_${b}_eager_np$NP.txt" 2>&1
+          -J "$LOG/small_${b}_eager_np$NP${TAG:-}.json" >"$LOG/small_${b}_eager_np$NP${TAG:-}.txt" 2>&1
         timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 1M -f 8 -G 100 --no-save \
-          -J "$LOG/small_${b}_graph_np$NP.json" >"$LOG/small_${b}_graph_np$NP.txt" 2>&1
+          -J "$LOG/small_${b}_graph_np$NP${TAG:-}.json" >"$LOG/small_${b}_graph_np$NP${TAG:-}.txt" 2>&1
       done ;;
     topo)
       timeout 60 ncclbench topo >"$LOG/topo.txt" 2>&1
@@ -70,8 +76,24 @@ for stage in $STAGES; do
         sleep 3; ps -eo pid,args | grep "[N]CCLBENCH\|-m ncclbench" >>"$LOG/reliab.txt" || echo "no ncclbench process left" >>"$LOG/reliab.txt"
       done ;;
     hostcost)
-      { torchrun --nproc-per-node "$NP" scripts/host_cost.py; torchrun --nproc-per-node "$NP" scripts/host_cost.py --own-stream; } \
-        >"$LOG/hostcost.txt" 2>&1 ;;
+      { torchrun --nproc-per-node "$NP" scripts/host_cost.py; torchrun --nproc-per-node "$NP" scripts/host_cost.py --own-stream
+        torchrun --nproc-per-node "$NP" scripts/host_cost.py --cupy; } >"$LOG/hostcost.txt" 2>&1 ;;
+    a2av)
+      printf "0 64M 1G\n512M 16M 0\n256M 256M 256M\n" | sed "s/1G/1073741824/; s/512M/536870912/; s/256M/268435456/g; s/64M/67108864/; s/16M/16777216/" \
+        | cut -d' ' -f1-"$NP" | head -n "$NP" >"$LOG/a2av_matrix.txt"
+      for b in nccl cupy; do
+        for s in 1 0; do
+          timeout 120 ncclbench alltoallv -g "$NP" --backend $b -b 8 -e "$MAXBYTES" -f 4 --alltoallv-spread $s --no-save \
+            --csv "$LOG/a2av_${b}_s${s}_np$NP.csv" >"$LOG/a2av_${b}_s${s}_np$NP.txt" 2>&1
+        done
+        timeout 120 ncclbench alltoallv -g "$NP" --backend $b -b 2G -e 2G --alltoallv-matrix "$LOG/a2av_matrix.txt" \
+          --alltoallv-summary --no-save >"$LOG/a2av_${b}_matrix_np$NP.txt" 2>&1
+      done ;;
+    split)
+      for b in nccl cupy; do
+        timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 64M -f 8 --split "MOD 2" --no-save \
+          >"$LOG/split_${b}_np$NP.txt" 2>&1; echo "exit $?" >>"$LOG/split_${b}_np$NP.txt"
+      done ;;
     register)
       for r in 0 1 2; do
         timeout 120 ncclbench allreduce -g "$NP" -b 8 -e 1M -f 8 -n 200 -R $r --no-save -M 1 \

@@ -7,9 +7,10 @@ import torch
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
+from ncclbench.traffic import Traffic
 
 
-def simulate(coll, inputs, root, op):
+def simulate(coll, inputs, root, op, lay=None):
     """Each rank's output computed the slow, obvious way from all ranks' inputs (int64 / float64)."""
     n = len(inputs)
 
@@ -40,6 +41,14 @@ def simulate(coll, inputs, root, op):
             outs.append(inputs[root][r * chunk:(r + 1) * chunk])
         elif coll.name == "sendrecv":
             outs.append(inputs[(r - 1) % n])
+        elif coll.name == "alltoallv":
+            # cut each sender's stream into per-destination parts, keep the parts for r
+            parts = []
+            for src in range(n):
+                cuts = torch.tensor(lay.counts[src]).cumsum(0).tolist()
+                begin = cuts[r - 1] if r else 0
+                parts.append(inputs[src][begin:cuts[r]])
+            outs.append(torch.cat(parts))
         else:
             outs.append(None)
     return outs
@@ -52,17 +61,23 @@ def test_expected_matches_simulation(name, nranks):
     dtype = DTYPES["float"]
     ops = ["sum", "prod", "min", "max"] if coll.has_op else ["sum"]
     root = nranks - 1 if coll.has_root else -1
+    traffics = [None]
+    if name == "alltoallv":
+        matrix = tuple(tuple(16 * ((7 * i + 3 * j) % 5) for j in range(nranks)) for i in range(nranks))
+        traffics = [Traffic(spread=1.0), Traffic(spread=0.0), Traffic(spread=0.37),
+                    Traffic(matrix=matrix, source="m.txt")]
     for op in ops:
-        pattern = InputPattern(dtype, op, nranks, seed=5)
-        lay = coll.layout(1024, dtype.itemsize, nranks)
-        inputs = [pattern.values(r, torch.arange(lay.send_count)) for r in range(nranks)]
-        outs = simulate(coll, inputs, root, op)
-        for r in range(nranks):
-            if not coll.checked_on(r, root):
-                continue
-            ctx = CheckContext(pattern, r, nranks, root, lay.param_count)
-            exp = coll.expected(ctx, torch.arange(lay.recv_count))
-            assert torch.equal(exp, outs[r]), (name, op, r)
+        for traffic in traffics:
+            pattern = InputPattern(dtype, op, nranks, seed=5)
+            lay = coll.layout(1024, dtype.itemsize, nranks, traffic)
+            inputs = [pattern.values(r, torch.arange(lay.send_count)) for r in range(nranks)]
+            outs = simulate(coll, inputs, root, op, lay)
+            for r in range(nranks):
+                if not coll.checked_on(r, root):
+                    continue
+                ctx = CheckContext(pattern, r, nranks, root, lay.param_count, lay.counts)
+                exp = coll.expected(ctx, torch.arange(lay.recv_span(r)))
+                assert torch.equal(exp, outs[r]), (name, op, r, traffic)
 
 
 @pytest.mark.parametrize("dname", sorted(DTYPES))

@@ -49,3 +49,37 @@ def test_planted_wrong_element_fails_the_run():
                 env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
     assert r.returncode == 7, r.stderr[-2000:]
     assert "FAILED" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_alltoallv_generated_and_matrix(backend, tmp_path):
+    """Uneven per-peer parts move right on GPUs, eagerly and inside a CUDA graph."""
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    for extra in ([], ["-G", "2"]):
+        r = run_cli(["alltoallv", "-g", str(n), "--backend", backend, "-b", "8", "-e", "16M", "-f", "16",
+                     "--alltoallv-spread", "0.6", "--no-save"] + extra)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = table_rows(r.stdout)
+        assert len(rows) == 7 and all(row[8] == "0" for row in rows)
+    matrix = tmp_path / "m.txt"
+    matrix.write_text("\n".join(" ".join(str(4096 * (i + 2 * j)) for j in range(n)) for i in range(n)))
+    r = run_cli(["alltoallv", "-g", str(n), "--backend", backend, "-b", "1M", "-e", "1M",
+                 "--alltoallv-matrix", str(matrix), "-d", "half", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = table_rows(r.stdout)
+    assert row[1] == "0" and row[8] == "0"
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_split_groups_on_gpus(backend):
+    """--split makes per-group communicators (torch new_group / one NCCL comm per group)."""
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "8", "-e", "1M", "-f", "32",
+                 "--split", "MOD 2", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{2 if n >= 2 else 1} groups of {n // 2} ranks" in r.stdout
+    assert all(row[8] == "0" and row[-1] == "0" for row in table_rows(r.stdout))

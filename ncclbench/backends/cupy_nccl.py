@@ -112,7 +112,7 @@ class CupyBackend(TorchBackend):
         finally:
             self._stream_handle = saved
 
-    def bind(self, coll, send, recv, op, root):
+    def bind(self, coll, send, recv, op, root, layout):
         """Pre-resolved call for the eager loop: pointers, counts, types and the stream are
         fixed, so each timed op costs one Python call into CuPy (host time per op is what
         limits eager small-message times)."""
@@ -128,7 +128,7 @@ class CupyBackend(TorchBackend):
             return functools.partial(comm.broadcast, s, r, recv.numel(), self._type(recv), root, stream)
         if name == "reduce":
             return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], root, stream)
-        return super().bind(coll, send, recv, op, root)
+        return super().bind(coll, send, recv, op, root, layout)
 
     def all_reduce(self, send, recv, op):
         self.comm.allReduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
@@ -176,6 +176,21 @@ class CupyBackend(TorchBackend):
         item = recv.element_size()
         sends = [(p, send.data_ptr() + p * chunk * item) for p in range(n)] if self.group_rank == root else []
         self._grouped(sends, [(root, recv.data_ptr())], chunk, self._type(recv))
+
+    def alltoallv(self, send, recv, layout):
+        """Per peer in rank order: send its part, receive ours, as nccl-tests; zero-byte
+        parts are skipped."""
+        me, item = self.group_rank, recv.element_size()
+        s, r, dtype, stream = send.data_ptr(), recv.data_ptr(), self._type(recv), self._stream()
+        self.nccl.groupStart()
+        for peer, (out, into) in enumerate(zip(layout.sends(me), layout.receives(me))):
+            if out:
+                self.comm.send(s, out, dtype, peer, stream)
+                s += out * item
+            if into:
+                self.comm.recv(r, into, dtype, peer, stream)
+                r += into * item
+        self.nccl.groupEnd()
 
     def sendrecv(self, send, recv):
         n, me = self.group_size, self.group_rank

@@ -233,17 +233,28 @@ class TorchBackend:
         self.dist.all_to_all_single(recv, send, group=self.group)
 
     def gather(self, send, recv, root):
-        # torch copies the root's own chunk before the NCCL group, serially: at >= 128 MiB
-        # this costs a few % of busbw against nccl-tests (docs/BENCHMARKS.md); the cupy
-        # backend sends to self inside the group like nccl-tests.
-        parts = list(recv.view(self.group_size, recv.numel() // self.group_size).unbind(0)) \
-            if self.group_rank == root else None
-        self.dist.gather(send, parts, dst=self._global(root), group=self.group)
+        # As nccl-tests builds it: one grouped send to the root, the root receiving from
+        # every rank including itself (all_to_all_single with one-sided splits is exactly
+        # that NCCL group). dist.gather copies the root's own chunk serially first.
+        n, chunk = self.group_size, send.numel()
+        to_root = [chunk if p == root else 0 for p in range(n)]
+        if self.group_rank == root:
+            self.dist.all_to_all_single(recv, send, [chunk] * n, to_root, group=self.group)
+        else:
+            self.dist.all_to_all_single(recv[:0], send, [0] * n, to_root, group=self.group)
 
     def scatter(self, send, recv, root):
-        parts = list(send.view(self.group_size, send.numel() // self.group_size).unbind(0)) \
-            if self.group_rank == root else None
-        self.dist.scatter(recv, parts, src=self._global(root), group=self.group)
+        n, chunk = self.group_size, recv.numel()
+        from_root = [chunk if p == root else 0 for p in range(n)]
+        if self.group_rank == root:
+            self.dist.all_to_all_single(recv, send[:chunk * n], from_root, [chunk] * n, group=self.group)
+        else:
+            self.dist.all_to_all_single(recv, send[:0], from_root, [0] * n, group=self.group)
+
+    def alltoallv(self, send, recv, layout):
+        me = self.group_rank
+        sends, receives = list(layout.sends(me)), list(layout.receives(me))
+        self.dist.all_to_all_single(recv[:sum(receives)], send[:sum(sends)], receives, sends, group=self.group)
 
     def sendrecv(self, send, recv):
         n, me = self.group_size, self.group_rank
@@ -271,10 +282,10 @@ class TorchBackend:
             for req in self.dist.batch_isend_irecv(ops):
                 req.wait()
 
-    def bind(self, coll, send, recv, op, root):
+    def bind(self, coll, send, recv, op, root, layout):
         """A zero-argument callable issuing one op on these buffers. Backends with a cheaper
         pre-resolved form override it (the eager timed loop calls it `iters` times)."""
-        return functools.partial(coll.call, self, send, recv, op, root)
+        return functools.partial(coll.call, self, send, recv, op, root, layout)
 
     def _global(self, group_rank: int) -> int:
         if self.group is None:
