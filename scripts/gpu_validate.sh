@@ -4,7 +4,7 @@
 #   STAGES="env probe full_nccl full_cupy latency topo pytest" bash scripts/gpu_validate.sh
 # Other stages: hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
 # reliab (killed and stalled rank, wall times), hostcost (plain torch and CuPy loops),
-# register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 64 MiB),
+# register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs).
 # Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
@@ -32,8 +32,8 @@ for stage in $STAGES; do
     full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
       b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
       sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/$name.yaml"
-      if [ "$name" != "$b" ]; then  # CUDA graphs: one replay of the 20 captured ops, from 64 MiB
-        sed -i "s/minbytes: 8/minbytes: 64M/; s/^defaults:/defaults:\n  cudagraph: 1/" "$LOG/$name.yaml"
+      if [ "$name" != "$b" ]; then  # CUDA graphs: one replay of the 20 captured ops, from 32 MiB (the reference rows 32M 128M 512M 2G)
+        sed -i "s/minbytes: 8/minbytes: 32M/; s/^defaults:/defaults:\n  cudagraph: 1/" "$LOG/$name.yaml"
       fi
       if [ -n "${COLLS:-}" ]; then  # only these collectives, e.g. COLLS="gather scatter"
         { sed '/^runs:/,$d' "$LOG/$name.yaml"; echo "runs:"; for c in $COLLS; do echo "  - $c"; done; } >"$LOG/full.tmp"
