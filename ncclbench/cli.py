@@ -138,6 +138,8 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         memory_report=bool(o.get("memory_report")), min_bw=min_bw or 0.0, min_peak_bw=o.get("min_peak_bw") or 0.0,
         backend=backend, traffic=traffic, traffic_summary=summary, args=tuple(argv),
     )
+    if "all" in (str(o["datatype"]).strip().lower(), str(o["op"]).strip().lower()):
+        plan = plan.without_unsupported()
     try:
         sizes = plan.sizes()
     except ValueError as exc:

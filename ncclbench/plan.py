@@ -45,6 +45,7 @@ class Plan:
     split: str | None = None
     traffic: Traffic | None = None  # alltoallv: generated spread or byte matrix
     traffic_summary: bool = False   # alltoallv: per-rank bytes and bandwidth after each row
+    skipped: tuple[tuple[str, str], ...] = ()  # (dtype, op) pairs of `-d/-o all` the backend lacks
     args: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -80,6 +81,10 @@ class Plan:
             return list(self.ops)
         return [c.printed_op if c.printed_op is not None else "sum"]
 
+    def dtype_ops(self) -> list[tuple[str, str]]:
+        """The (dtype, op) pairs to run, in nccl-tests' order, without the skipped ones."""
+        return [(d, op) for d in self.dtypes for op in self.op_list() if (d, op) not in self.skipped]
+
     def root_list(self, nranks: int) -> list[int]:
         if not self.coll.has_root:
             return [-1]
@@ -91,7 +96,7 @@ class Plan:
         if self.run_cycles == 0:
             return 0
         roots = len(self.root_list(nranks)) if nranks else 1
-        return self.run_cycles * len(self.sizes()) * len(self.dtypes) * len(self.op_list()) * roots
+        return self.run_cycles * len(self.sizes()) * len(self.dtype_ops()) * roots
 
     def groups(self, nranks: int) -> list[list[int]]:
         """World ranks of each parallel group (--split); one group of everyone without it.
@@ -106,19 +111,34 @@ class Plan:
                             f"{', '.join(str(len(g)) for g in groups)}: ncclbench needs groups of one size")
         return groups
 
+    def unsupported(self, dtype: str, op: str | None) -> str | None:
+        """Why this plan's backend cannot run `dtype` with reduction `op`, or None."""
+        from ncclbench.backends.torch_dist import unsupported_reason
+
+        reason = unsupported_reason(self.backend, dtype, op)
+        if reason is None and DTYPES[dtype].torch_dtype() is None:
+            reason = f"this torch has no {dtype} type"
+        return reason
+
+    def without_unsupported(self) -> "Plan":
+        """`-d all` / `-o all`: the same plan minus the pairs the backend cannot run (nccl-tests
+        runs every type it was built with; here that is every type the backend has)."""
+        from dataclasses import replace
+
+        op_of = (lambda op: op) if self.coll.has_op else (lambda op: None)
+        skipped = tuple((d, op) for d in self.dtypes for op in self.op_list() if self.unsupported(d, op_of(op)))
+        return replace(self, skipped=skipped)
+
     def check_runnable(self, ranks_per_test: int | None) -> None:
         """What can be refused before a single buffer exists: dtype/op pairs the backend
         lacks, and rank counts the collective cannot use. PlanError with one line."""
-        from ncclbench.backends.torch_dist import unsupported_reason
-
         coll = self.coll
-        for d in self.dtypes:
-            for op in self.op_list() if coll.has_op else [None]:
-                reason = unsupported_reason(self.backend, d, op)
-                if reason is None and DTYPES[d].torch_dtype() is None:
-                    reason = f"this torch has no {d} type"
-                if reason:
-                    raise PlanError(reason)
+        if not self.dtype_ops():
+            raise PlanError(f"the {self.backend} backend can run none of the requested types and ops")
+        for d, op in self.dtype_ops():
+            reason = self.unsupported(d, op if coll.has_op else None)
+            if reason:
+                raise PlanError(reason)
         if self.graph_replays and self.backend == "gloo":
             raise PlanError("-G (CUDA graphs) needs GPUs: the gloo backend runs on the CPU")
         n = ranks_per_test

@@ -140,10 +140,9 @@ class RankRunner:
 
     # ---- the sweep ----------------------------------------------------------------------------
     def combinations(self):
-        for dname in self.plan.dtypes:
-            for op in self.plan.op_list():
-                for root in self.plan.root_list(self.nranks):
-                    yield DTYPES[dname], op, root
+        for dname, op in self.plan.dtype_ops():
+            for root in self.plan.root_list(self.nranks):
+                yield DTYPES[dname], op, root
 
     def warm_up(self, buffers, dtype, op, root, sizes):
         send_t, recv_t = buffers.typed(dtype)
@@ -378,6 +377,17 @@ def exit_code_for(summary: RunSummary) -> int:
     }[summary.status]
 
 
+def skipped_text(plan) -> str:
+    """`uint32, f8e4m3, int8 (avg)`: whole types, or the ops skipped for a type."""
+    ops = plan.op_list()
+    parts = []
+    for d in plan.dtypes:
+        gone = [op for op in ops if (d, op) in plan.skipped]
+        if gone:
+            parts.append(d if len(gone) == len(ops) or not plan.coll.has_op else f"{d} ({', '.join(gone)})")
+    return ", ".join(parts)
+
+
 def build_run_info(plan, backend, devices) -> RunInfo:
     import torch
 
@@ -389,6 +399,8 @@ def build_run_info(plan, backend, devices) -> RunInfo:
                      "(each rank's group is in `# Using devices`); times are averaged over all ranks")
     if plan.traffic is not None:
         notes.append(plan.traffic.describe())
+    if plan.skipped:
+        notes.append(f"skipped what the {plan.backend} backend cannot run: {skipped_text(plan)}")
     if plan.coll.name in backend.in_place_only:
         notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
                      "on distinct buffers (use --backend cupy for a true out-of-place call)")

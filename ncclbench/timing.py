@@ -81,18 +81,19 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -
         total_ops = ops_per_loop * replays
         return Timing(backend.elapsed(start, end) / total_ops, (host1 - host0) / total_ops)
 
+    pool = backend.markers(settings.iters + 1 if settings.per_iter else 2)
     marks = []
     host0 = time.perf_counter()
-    marks.append(backend.mark())
+    marks.append(backend.mark(pool[0]))
     for it in range(settings.iters):
         for a in range(settings.agg):
             run_op(it * settings.agg + a)
             if settings.mode is TimingMode.BLOCKING:
                 backend.synchronize()
         if settings.per_iter:
-            marks.append(backend.mark())
+            marks.append(backend.mark(pool[it + 1]))
     if not settings.per_iter:
-        marks.append(backend.mark())
+        marks.append(backend.mark(pool[1]))
     host1 = time.perf_counter()
     backend.synchronize()
     device_s = backend.elapsed(marks[0], marks[-1]) / ops_per_loop

@@ -305,10 +305,18 @@ class TorchBackend:
         return self.dist.get_global_rank(self.group, group_rank)
 
     # ---- timing --------------------------------------------------------------------
-    def mark(self):
-        """A point in time on the stream the collectives run on."""
+    def markers(self, n: int) -> list:
+        """`n` unrecorded marks made ahead of a timed loop (creating a CUDA event inside
+        the loop would add its host cost to every iteration of -I)."""
         if self.is_gpu:
-            ev = self.torch.cuda.Event(enable_timing=True)
+            return [self.torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        return [None] * n
+
+    def mark(self, marker=None):
+        """A point in time on the stream the collectives run on (records `marker`, one
+        of markers(), when given)."""
+        if self.is_gpu:
+            ev = marker if marker is not None else self.torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
