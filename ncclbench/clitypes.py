@@ -1,10 +1,46 @@
-"""Click parameter types shared by the subcommands."""
+"""Click plumbing shared by the subcommands: parameter types, and the command class
+whose every bad input ends in one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
+import sys
+from typing import NoReturn
+
 import click
 
+from ncclbench.errors import BenchError, ExitCode
 from ncclbench.sizes import parse_size
+
+
+class BadInput(BenchError):
+    """Bad input found inside a command (exit code 2); OneLineErrorCommand prints it as one line."""
+
+    exit_code = ExitCode.USAGE
+
+
+class OneLineErrorCommand(click.Command):
+    """A command whose bad input, usage errors included, ends it with one line on stderr:
+    `ncclbench <name>: error: <message>`, exit code 2 (no usage dump; --help still shows it).
+
+    It prints and exits itself (SystemExit) instead of leaving that to Click, so the
+    result is the same standalone, under CliRunner, and inside a group run with
+    standalone_mode=False (where Click would re-raise or return the code instead)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            self._fail(f"{exc.format_message()} (see --help)")
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BadInput as exc:
+            self._fail(str(exc))
+
+    def _fail(self, message: str) -> NoReturn:
+        click.echo(f"ncclbench {self.name}: error: {' '.join(message.split())}", err=True)
+        sys.exit(ExitCode.USAGE)
 
 
 class SizeType(click.ParamType):

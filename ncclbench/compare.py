@@ -15,15 +15,15 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 import click
 import numpy as np
 import pandas as pd
 
-from ncclbench.errors import BenchError, ExitCode
+from ncclbench.errors import ExitCode
 from ncclbench.resultsio import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
-from ncclbench.clitypes import SizeType
+from ncclbench.clitypes import BadInput, OneLineErrorCommand, SizeType
 from ncclbench.sizes import format_size
 
 MATCH_KEYS = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
@@ -353,39 +353,8 @@ def print_rich(c: Comparison, console) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Click plumbing shared with `plot`: every bad input is one line on stderr, exit 2
+# Click parameter types and input reading shared with `plot`
 # ---------------------------------------------------------------------------
-
-class BadInput(BenchError):
-    """Bad input to a results command (exit code 2); OneLineErrorCommand prints it as one line."""
-
-    exit_code = ExitCode.USAGE
-
-
-class OneLineErrorCommand(click.Command):
-    """A command whose bad input, usage errors included, ends it with one line on stderr:
-    `ncclbench <name>: error: <message>`, exit code 2 (no usage dump; --help still shows it).
-
-    It prints and exits itself (SystemExit) instead of leaving that to Click, so the
-    result is the same standalone, under CliRunner, and inside a group run with
-    standalone_mode=False (where Click would re-raise or return the code instead)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            self._fail(f"{exc.format_message()} (see --help)")
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except BadInput as exc:
-            self._fail(str(exc))
-
-    def _fail(self, message: str) -> NoReturn:
-        click.echo(f"ncclbench {self.name}: error: {' '.join(message.split())}", err=True)
-        sys.exit(ExitCode.USAGE)
-
 
 class ThresholdType(click.ParamType):
     name = "threshold"

@@ -14,7 +14,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
 
-from ncclbench.compare import BadInput, OneLineErrorCommand, SizeType, read_inputs
+from ncclbench.clitypes import BadInput, OneLineErrorCommand, SizeType
+from ncclbench.compare import read_inputs
 from ncclbench.resultsio import filter_results
 from ncclbench.sizes import format_size
 

@@ -16,28 +16,9 @@ from typing import Any, NoReturn, Sequence
 import click
 
 from ncclbench import topo as topo_mod
+from ncclbench.clitypes import BadInput, OneLineErrorCommand
 
 # --------------------------------------------------------------- click plumbing
-
-
-class OneLineUsageError(click.UsageError):
-    """A usage error shown as one line ("Error: ..."), without the usage block."""
-
-    def show(self, file: Any = None) -> None:
-        message = " ".join(self.format_message().split())
-        click.echo(f"Error: {message}", err=True)
-
-
-class OneLineErrorsCommand(click.Command):
-    """A click command whose option errors print as a single line (exit 2)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as error:
-            raise OneLineUsageError(error.format_message(), ctx=error.ctx) from None
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -226,7 +207,7 @@ def _gpu_table(topo: topo_mod.Topology) -> TextTable:
     return TextTable("GPUs", headers, rows)
 
 
-@click.command("topo", cls=OneLineErrorsCommand)
+@click.command("topo", cls=OneLineErrorCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print the topology as JSON on stdout, for scripts.")
 @click.option("--no-nics", is_flag=True, help="Do not look for RDMA NICs.")
 @click.option(
@@ -338,7 +319,7 @@ def _write(path: str, text: str) -> None:
         _fail(f"cannot write {path}: {error.strerror or error}", 1)
 
 
-@click.command("p2p", cls=OneLineErrorsCommand)
+@click.command("p2p", cls=OneLineErrorCommand)
 @click.option("--size", default="256M", show_default=True, callback=_size_option,
               help="Bytes per bandwidth copy (K/M/G are binary, e.g. 64M, 1G).")
 @click.option("--reps", type=click.IntRange(1, 1000), default=5, show_default=True,
@@ -372,7 +353,7 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
     within one GPU.
     """
     if json_path == "-" and csv_path == "-":
-        raise OneLineUsageError("--json - and --csv - cannot both write to stdout")
+        raise BadInput("--json - and --csv - cannot both write to stdout")
     from ncclbench import p2p
 
     count = p2p.visible_gpu_count()
@@ -381,7 +362,7 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
     if count == 1:
         _fail("only 1 CUDA GPU visible: p2p needs at least 2 GPUs", 2)
     if devices is not None and max(devices) >= count:
-        raise OneLineUsageError(f"--devices: no CUDA GPU {max(devices)} ({count} visible)")
+        raise BadInput(f"--devices: no CUDA GPU {max(devices)} ({count} visible)")
 
     config = p2p.P2PConfig(
         size_bytes=size, reps=reps, iters=iters, warmup=warmup, latency_bytes=latency_size,

@@ -288,7 +288,7 @@ def test_p2p_command_on_this_machine_without_gpu():
 def test_p2p_command_bad_input_is_one_line_exit_2(args):
     result = CliRunner().invoke(p2p_command, args)
     assert result.exit_code == 2
-    assert one_line(result.stderr).startswith("Error: ")
+    assert one_line(result.stderr).startswith("ncclbench p2p: error: ")
     assert "Traceback" not in result.output and result.stdout == ""
 
 
@@ -335,7 +335,7 @@ def test_p2p_command_json_to_stdout_replaces_tables(four_fake_gpus):
 def test_p2p_command_device_out_of_range(four_fake_gpus):
     result = CliRunner().invoke(p2p_command, ["--devices", "0,7"])
     assert result.exit_code == 2
-    assert one_line(result.stderr) == "Error: --devices: no CUDA GPU 7 (4 visible)"
+    assert one_line(result.stderr) == "ncclbench p2p: error: --devices: no CUDA GPU 7 (4 visible)"
 
 
 def test_p2p_command_verification_failure_exits_1(monkeypatch, four_fake_gpus):

@@ -695,7 +695,7 @@ def test_topo_command_bad_input_is_one_line_exit_2(args):
     for command, argv in ((topo_command, args), (group, ["topo", *args])):
         result = CliRunner().invoke(command, argv)
         assert result.exit_code == 2
-        assert one_line(result.stderr).startswith("Error: ")
+        assert one_line(result.stderr).startswith("ncclbench topo: error: ")
         assert "Traceback" not in result.output and result.stdout == ""
 
 
