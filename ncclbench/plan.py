@@ -133,8 +133,9 @@ class Plan:
         """What can be refused before a single buffer exists: dtype/op pairs the backend
         lacks, and rank counts the collective cannot use. PlanError with one line."""
         coll = self.coll
-        if not self.dtype_ops():
-            raise PlanError(f"the {self.backend} backend can run none of the requested types and ops")
+        if not self.dtype_ops():  # `all` left nothing: say why the first pair cannot run
+            d, op = self.skipped[0]
+            raise PlanError(self.unsupported(d, op if coll.has_op else None))
         for d, op in self.dtype_ops():
             reason = self.unsupported(d, op if coll.has_op else None)
             if reason:

@@ -94,28 +94,27 @@ def scatter_p2p_copy(whole, part):
 CANDIDATES = [gather_plain, gather_a2a, gather_p2p_copy, scatter_plain, scatter_a2a, scatter_p2p_copy,
               gather_p2p_self, scatter_p2p_self]
 
-if True:
-    for fn in CANDIDATES:
-        try:
-            line = []
-            for size in SIZES:
-                whole, part = big[: size // 4], small[: size // 4 // n]
-                for _ in range(3):
-                    fn(whole, part)
-                torch.cuda.synchronize()
-                dist.barrier()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(20):
-                    fn(whole, part)
-                end.record()
-                torch.cuda.synchronize()
-                sec = start.elapsed_time(end) / 1e3 / 20
-                line.append(f"{size >> 20}M {size / sec / 1e9 * (n - 1) / n:6.1f}")
-            if rank == 0:
-                print(f"{fn.__name__:18s} " + "  ".join(line), flush=True)
-        except Exception as exc:  # noqa: BLE001 - a candidate torch refuses is a finding too
-            if rank == 0:
-                print(f"{fn.__name__:18s} failed: {str(exc).splitlines()[0][:150]}", flush=True)
-        dist.barrier()
+for fn in CANDIDATES:
+    try:
+        line = []
+        for size in SIZES:
+            whole, part = big[: size // 4], small[: size // 4 // n]
+            for _ in range(3):
+                fn(whole, part)
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                fn(whole, part)
+            end.record()
+            torch.cuda.synchronize()
+            sec = start.elapsed_time(end) / 1e3 / 20
+            line.append(f"{size >> 20}M {size / sec / 1e9 * (n - 1) / n:6.1f}")
+        if rank == 0:
+            print(f"{fn.__name__:18s} " + "  ".join(line), flush=True)
+    except Exception as exc:  # noqa: BLE001 - a candidate torch refuses is a finding too
+        if rank == 0:
+            print(f"{fn.__name__:18s} failed: {str(exc).splitlines()[0][:150]}", flush=True)
+    dist.barrier()
 dist.destroy_process_group()

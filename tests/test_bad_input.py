@@ -56,6 +56,8 @@ CASES = [
     ("negative unalign", ["allreduce", "-u", "-1"], "unalign"),
     ("bad split", ["allreduce", "--backend", "gloo", "--split", "XOR 3"], "split"),
     ("unequal split", ["allreduce", "--backend", "gloo", "-g", "4", "--split", "MOD 3"], "one size"),
+    ("all ops of a type gloo lacks", ["allreduce", "--backend", "gloo", "-d", "uint32", "-o", "all"],
+     "no datatype uint32"),
     ("alltoallv option elsewhere", ["allreduce", "--alltoallv-spread", "0.5"], "applies to alltoallv only"),
     ("alltoallv spread above one", ["alltoallv", "--backend", "gloo", "--alltoallv-spread", "1.5"], "from 0 to 1"),
     ("alltoallv spread not a number", ["alltoallv", "--backend", "gloo", "--alltoallv-spread", "wide"], "number"),
