@@ -150,36 +150,37 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
 
 
 def alltoallv_traffic(coll_name: str, o: dict):
-    """(Traffic, print summary) for alltoallv from its options or nccl-tests' variables;
+    """(Traffic, print summary) for alltoallv from its options, else nccl-tests' variables;
     (None, False) for other collectives, which refuse the options."""
     from ncclbench.traffic import Traffic, parse_fraction, parse_scale, read_matrix
 
-    given = [k for k in ("a2av_spread", "a2av_matrix", "a2av_scale", "a2av_summary") if o.get(k) is not None]
+    keys = ("a2av_spread", "a2av_matrix", "a2av_scale", "a2av_summary")
+    spread, matrix, scale, summary = (o.get(k) for k in keys)
     if lookup(coll_name).name != "alltoallv":
+        given = [k for k in keys if o.get(k) is not None]
         if given:
             raise _fail(f"--{given[0].replace('a2av_', 'alltoallv-')} applies to alltoallv only")
         return None, False
     env = os.environ
-    summary = o.get("a2av_summary")
     if summary is None:
         summary = env.get("NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY", "0").strip() not in ("", "0")
-    if o.get("a2av_matrix") is not None and o.get("a2av_spread") is not None:
+    if matrix is not None and spread is not None:
         raise _fail("--alltoallv-matrix and --alltoallv-spread exclude each other (the matrix sets every amount)")
-    matrix_file = o.get("a2av_matrix") if o.get("a2av_spread") is None else None
-    if matrix_file is None and o.get("a2av_spread") is None:
-        matrix_file = env.get("NCCL_TESTS_ALLTOALLV_MATRIX_FILE") or None
-    scale_text, scale_what = o.get("a2av_scale"), "--alltoallv-scale"
-    if scale_text is None:
-        scale_text, scale_what = env.get("NCCL_TESTS_ALLTOALLV_MATRIX_SCALE", "1"), "NCCL_TESTS_ALLTOALLV_MATRIX_SCALE"
-    if matrix_file is None:
-        if o.get("a2av_scale") is not None:
+    if matrix is None and spread is None:
+        matrix = env.get("NCCL_TESTS_ALLTOALLV_MATRIX_FILE") or None
+    if matrix is None:
+        if scale is not None:
             raise _fail("--alltoallv-scale needs a matrix (--alltoallv-matrix FILE)")
-        spread_text, spread_what = o.get("a2av_spread"), "--alltoallv-spread"
-        if spread_text is None:
-            spread_text, spread_what = env.get("NCCL_TESTS_ALLTOALLV_SPREAD", "1"), "NCCL_TESTS_ALLTOALLV_SPREAD"
-        return Traffic(spread=parse_fraction(str(spread_text), spread_what)), bool(summary)
-    scale = parse_scale(str(scale_text), scale_what)
-    return Traffic(matrix=read_matrix(matrix_file, scale), source=matrix_file, scale=scale), bool(summary)
+        if spread is None:
+            spread = parse_fraction(env.get("NCCL_TESTS_ALLTOALLV_SPREAD", "1"), "NCCL_TESTS_ALLTOALLV_SPREAD")
+        else:
+            spread = parse_fraction(str(spread), "--alltoallv-spread")
+        return Traffic(spread=spread), bool(summary)
+    if scale is None:
+        scale = parse_scale(env.get("NCCL_TESTS_ALLTOALLV_MATRIX_SCALE", "1"), "NCCL_TESTS_ALLTOALLV_MATRIX_SCALE")
+    else:
+        scale = parse_scale(str(scale), "--alltoallv-scale")
+    return Traffic(matrix=read_matrix(matrix, scale), source=matrix, scale=scale), bool(summary)
 
 
 def split_spec_text(option: str | None) -> str | None:

@@ -43,16 +43,18 @@ class OneLineErrorCommand(click.Command):
         sys.exit(ExitCode.USAGE)
 
 
-class SizeType(click.ParamType):
-    """A byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)."""
+class ParsedType(click.ParamType):
+    """A parameter read by `parse(text)`, whose ValueError becomes Click's usage error."""
 
-    name = "size"
+    def __init__(self, name: str, parse):
+        self.name = name
+        self._parse = parse
 
     def convert(self, value, param, ctx):
         try:
-            return parse_size(value)
+            return self._parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
-SIZE = SizeType()
+SIZE = ParsedType("size", parse_size)  # a byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)

@@ -23,7 +23,7 @@ import pandas as pd
 
 from ncclbench.errors import ExitCode
 from ncclbench.resultsio import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
-from ncclbench.clitypes import BadInput, OneLineErrorCommand, SizeType
+from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand, ParsedType
 from ncclbench.sizes import format_size
 
 MATCH_KEYS = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
@@ -353,18 +353,8 @@ def print_rich(c: Comparison, console) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Click parameter types and input reading shared with `plot`
+# Input reading shared with `plot`
 # ---------------------------------------------------------------------------
-
-class ThresholdType(click.ParamType):
-    name = "threshold"
-
-    def convert(self, value, param, ctx):
-        try:
-            return parse_threshold(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
 
 def read_inputs(paths: Sequence[str], labels: Sequence[str]) -> list[pd.DataFrame]:
     """One frame per path (read_results), with every failure turned into a one-line BadInput."""
@@ -391,10 +381,10 @@ def read_inputs(paths: Sequence[str], labels: Sequence[str]) -> list[pd.DataFram
 @click.argument("new", nargs=-1, required=True)
 @click.option("--metric", type=click.Choice(sorted(METRICS)), default="busbw", show_default=True,
               help="busbw: regression when NEW/BASE < 1-threshold. time: when NEW/BASE > 1+threshold.")
-@click.option("--threshold", type=ThresholdType(), default="5%", show_default=True,
+@click.option("--threshold", type=ParsedType("threshold", parse_threshold), default="5%", show_default=True,
               help="Allowed change before a row counts as a regression: 5% or 0.05 (a bare number is a fraction < 1).")
-@click.option("--min-size", type=SizeType(), default=None, help="Ignore sizes below this (e.g. 64K, 1M).")
-@click.option("--max-size", type=SizeType(), default=None, help="Ignore sizes above this (e.g. 1G).")
+@click.option("--min-size", type=SIZE, default=None, help="Ignore sizes below this (e.g. 64K, 1M).")
+@click.option("--max-size", type=SIZE, default=None, help="Ignore sizes above this (e.g. 1G).")
 @click.option("--placement", type=click.Choice(["out_of_place", "in_place", "both"]), default="both", show_default=True)
 @click.option("--label", "labels", multiple=True, help="Label per file, in order (BASE first). Default: file names.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,

@@ -111,11 +111,12 @@ class Plan:
                             f"{', '.join(str(len(g)) for g in groups)}: ncclbench needs groups of one size")
         return groups
 
-    def unsupported(self, dtype: str, op: str | None) -> str | None:
-        """Why this plan's backend cannot run `dtype` with reduction `op`, or None."""
+    def unsupported(self, dtype: str, op: str) -> str | None:
+        """Why this plan's backend cannot run `dtype` with `op` (an op-column entry, ignored
+        for collectives that reduce nothing), or None."""
         from ncclbench.backends.torch_dist import unsupported_reason
 
-        reason = unsupported_reason(self.backend, dtype, op)
+        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None)
         if reason is None and DTYPES[dtype].torch_dtype() is None:
             reason = f"this torch has no {dtype} type"
         return reason
@@ -125,8 +126,7 @@ class Plan:
         runs every type it was built with; here that is every type the backend has)."""
         from dataclasses import replace
 
-        op_of = (lambda op: op) if self.coll.has_op else (lambda op: None)
-        skipped = tuple((d, op) for d in self.dtypes for op in self.op_list() if self.unsupported(d, op_of(op)))
+        skipped = tuple((d, op) for d in self.dtypes for op in self.op_list() if self.unsupported(d, op))
         return replace(self, skipped=skipped)
 
     def check_runnable(self, ranks_per_test: int | None) -> None:
@@ -134,10 +134,9 @@ class Plan:
         lacks, and rank counts the collective cannot use. PlanError with one line."""
         coll = self.coll
         if not self.dtype_ops():  # `all` left nothing: say why the first pair cannot run
-            d, op = self.skipped[0]
-            raise PlanError(self.unsupported(d, op if coll.has_op else None))
+            raise PlanError(self.unsupported(*self.skipped[0]))
         for d, op in self.dtype_ops():
-            reason = self.unsupported(d, op if coll.has_op else None)
+            reason = self.unsupported(d, op)
             if reason:
                 raise PlanError(reason)
         if self.graph_replays and self.backend == "gloo":

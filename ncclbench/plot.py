@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
 
-from ncclbench.clitypes import BadInput, OneLineErrorCommand, SizeType
+from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand
 from ncclbench.compare import read_inputs
 from ncclbench.resultsio import filter_results
 from ncclbench.sizes import format_size
@@ -162,8 +162,8 @@ def _link_peaks(rows: pd.DataFrame) -> list[tuple[str, float]]:
               show_default=True)
 @click.option("--label", "labels", multiple=True, help="Legend label per file, in order. Default: file names.")
 @click.option("--title", default=None, help="Figure title. Default: what all series have in common.")
-@click.option("--min-size", type=SizeType(), default=None, help="Leave out sizes below this (e.g. 1K).")
-@click.option("--max-size", type=SizeType(), default=None, help="Leave out sizes above this (e.g. 1G).")
+@click.option("--min-size", type=SIZE, default=None, help="Leave out sizes below this (e.g. 1K).")
+@click.option("--max-size", type=SIZE, default=None, help="Leave out sizes above this (e.g. 1G).")
 def plot_command(files: Sequence[str], output, placement, labels, title, min_size, max_size):
     """Plot bus bandwidth and time against size for result files (text, JSON or CSV).
 

@@ -71,11 +71,12 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -
         backend.barrier()
         run_op(0)
         replays = max(settings.graph_replays, 1)
+        pool = backend.markers(2)
         host0 = time.perf_counter()
-        start = backend.mark()
+        start = backend.mark(pool[0])
         for _ in range(replays):
             replay()
-        end = backend.mark()
+        end = backend.mark(pool[1])
         host1 = time.perf_counter()
         backend.synchronize()
         total_ops = ops_per_loop * replays

@@ -312,13 +312,12 @@ class TorchBackend:
             return [self.torch.cuda.Event(enable_timing=True) for _ in range(n)]
         return [None] * n
 
-    def mark(self, marker=None):
-        """A point in time on the stream the collectives run on (records `marker`, one
-        of markers(), when given)."""
+    def mark(self, marker):
+        """A point in time on the stream the collectives run on (records `marker`, one of
+        markers())."""
         if self.is_gpu:
-            ev = marker if marker is not None else self.torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
+            marker.record()
+            return marker
         return time.perf_counter()
 
     def elapsed(self, start, end) -> float:
