@@ -27,8 +27,13 @@ class Buffers:
     """Send and receive memory allocated once for the largest size, typed per dtype."""
 
     def __init__(self, backend, send_bytes: int, recv_bytes: int, unalign: int = 0):
-        self.send_raw = backend.alloc_bytes(send_bytes)
-        self.recv_raw = backend.alloc_bytes(recv_bytes)
+        try:
+            self.send_raw = backend.alloc_bytes(send_bytes)
+            self.recv_raw = backend.alloc_bytes(recv_bytes)
+        except (RuntimeError, MemoryError) as exc:  # torch's CPU and CUDA out-of-memory errors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PlanError(f"cannot allocate the buffers ({(send_bytes + recv_bytes) / 2**30:.1f} GiB): "
+                            f"{first[:200]}; lower -e") from None
         self.unalign = unalign
 
     def typed(self, dtype: DType):

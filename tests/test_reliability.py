@@ -116,3 +116,13 @@ def test_exit_code_of_failures_prefers_the_run_verdict():
     assert exit_code_of_failure({0: F(exitcode=-15), 2: F(exitcode=4)}) == 4
     assert exit_code_of_failure({1: F(exitcode=-9), 0: F(exitcode=-15)}) == 3
     assert exit_code_of_failure({}) == 3
+
+
+def test_buffers_that_cannot_be_allocated_end_in_one_line():
+    """1 PB of host buffers (beyond any address space): every rank fails to allocate, the
+    run ends with one error line and exit 2, no traceback."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", str(10**15), "-e", str(10**15), "--no-save"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and errors[0].startswith("ncclbench: error: cannot allocate the buffers"), r.stderr
+    assert "Traceback" not in r.stderr
