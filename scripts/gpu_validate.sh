@@ -5,7 +5,8 @@
 # Other stages: hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
 # reliab (killed and stalled rank, wall times), hostcost (plain torch and CuPy loops),
 # register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
-# a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs).
+# a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
+# hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice).
 # Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
@@ -78,6 +79,19 @@ for stage in $STAGES; do
     hostcost)
       { torchrun --nproc-per-node "$NP" scripts/host_cost.py; torchrun --nproc-per-node "$NP" scripts/host_cost.py --own-stream
         torchrun --nproc-per-node "$NP" scripts/host_cost.py --cupy; } >"$LOG/hostcost.txt" 2>&1 ;;
+    hostprof)  # where a small all_reduce's host time goes (scripts/host_profile.py)
+      { torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
+        NCCL_GRAPH_MIXING_SUPPORT=0 torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
+        torchrun --nproc-per-node "$NP" scripts/host_profile.py torch; } >"$LOG/hostprof.txt" 2>&1 ;;
+    cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
+      for k in 1 2; do
+        for b in cupy nccl; do
+          timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 4K -f 8 -n 200 -N 3 --no-save \
+            >"$LOG/cycles_${b}_$k.txt" 2>&1
+        done
+        timeout 120 ncclbench allreduce -g "$NP" --backend nccl -b 8 -e 4K -f 8 -G 100 -N 3 --no-save \
+          >"$LOG/cycles_graph_$k.txt" 2>&1
+      done ;;
     a2av)
       printf "0 64M 1G\n512M 16M 0\n256M 256M 256M\n" | sed "s/1G/1073741824/; s/512M/536870912/; s/256M/268435456/g; s/64M/67108864/; s/16M/16777216/" \
         | cut -d' ' -f1-"$NP" | head -n "$NP" >"$LOG/a2av_matrix.txt"
