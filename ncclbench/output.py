@@ -1,6 +1,10 @@
 """Rank 0's report: the nccl-tests text on stdout plus JSON (nccl-tests schema v3), CSV and
-the result store. Every finished row reaches every sink before the next size starts, so
-an interrupted or crashed run leaves valid files with the rows done so far."""
+the result store. Every finished row reaches stdout and the CSV before the next size
+starts, so an interrupted or crashed run leaves valid files with the rows done so far. The
+JSON (one document, rewritten whole) follows each row too, unless rewriting it has become
+costly next to the rows (long -N 0 soaks): then it is rewritten at most about every
+20 x its own write time, so the rewrites take <= ~5 % of the run; the end of the run (done,
+failed, timed out or interrupted) always writes it in full."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,8 +211,12 @@ def append_csv(path: str, records: list[dict]) -> None:
 
 # ---- the reporter ------------------------------------------------------------------------------
 class Reporter:
-    def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None):
+    JSON_SHARE = 0.05  # at most this share of the wall time goes to rewriting the running JSON
+
+    def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None, clock=time.monotonic):
         self.info = info
+        self.clock = clock
+        self._json_next = 0.0  # clock value before which a running-JSON rewrite is deferred
         self.spec = spec
         self.stream = stream or sys.stdout
         self.rows: list[ResultRow] = []
@@ -221,7 +230,7 @@ class Reporter:
             self._print(f"# Writing JSON output to {self.json_path}")
         for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip):
             self._print(line)
-        self._write_json(RunSummary(self.rows, complete=False, status="running"))
+        self._write_running_json()
         self.progress = Progress(spec.expected_rows, info.collective) if wants_progress(spec) else None
 
     def _print(self, line: str) -> None:
@@ -234,6 +243,16 @@ class Reporter:
                 doc = doc or run_json(self.info, summary, end_time)
                 write_json_atomic(path, doc)
 
+    def _write_running_json(self) -> None:
+        if not (self.json_path or self.store_path):
+            return
+        start = self.clock()
+        if start < self._json_next:
+            return
+        self._write_json(RunSummary(self.rows, complete=False, status="running"))
+        cost = self.clock() - start
+        self._json_next = start + cost / self.JSON_SHARE
+
     def add_row(self, row: ResultRow) -> None:
         self.rows.append(row)
         if self.progress:
@@ -243,7 +262,7 @@ class Reporter:
             self._print(line)
         if self.spec.csv_path:
             append_csv(self.spec.csv_path, csv_records(self.info, row))
-        self._write_json(RunSummary(self.rows, complete=False, status="running"))
+        self._write_running_json()
 
     def finish(self, summary: RunSummary) -> None:
         if self.progress:

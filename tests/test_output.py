@@ -91,3 +91,63 @@ def test_show_reads_nccl_tests_text(capsys):
         assert exc.code in (0, None)
     out = capsys.readouterr().out
     assert "sendrecv" in out and "2147483648" in out
+
+
+def _reporter_fixture(tmp_path, clock):
+    import io
+
+    from ncclbench.output import OutputSpec, Reporter
+    from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo
+
+    config = {"nthreads": 1, "ngpus": 1, "minimum_bytes": 8, "maximum_bytes": 64, "step_factor": 2,
+              "warmup_iters": 1, "iterations": 5, "aggregated_iterations": 1, "validation": 1, "graph": 0}
+    info = RunInfo(collective="all_reduce", args=["allreduce"], backend="gloo", mode="eager", timing="host clock",
+                   nranks=1, devices=[DeviceRecord(0, 0, 1, "h", -1, "0", "cpu")], ncclbench_version="0",
+                   torch_version="0", nccl_code=0, nccl_text="gloo", config=config, env=[], start_time="now")
+    rep = Reporter(info, OutputSpec(json_path=str(tmp_path / "r.json")), stream=io.StringIO(), clock=clock)
+
+    def row(size):
+        cell = PlacementResult(1.0, 1.0, 1.0, 0)
+        return ResultRow("all_reduce", size, size // 4, "float", "sum", -1, cell, cell)
+    return rep, row
+
+
+def test_running_json_follows_every_row_while_it_is_cheap(tmp_path):
+    """A JSON rewrite that costs little next to the rows keeps up row by row; a clock that
+    never moves means each write took no time."""
+    rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0)
+    for k, size in enumerate((8, 16, 32)):
+        rep.add_row(row(size))
+        doc = json.loads((tmp_path / "r.json").read_text())
+        assert [r["size"] for r in doc["results"]] == [8, 16, 32][: k + 1]
+        assert doc["ncclbench"]["status"] == "running"
+
+
+def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_path):
+    """Each write costs 1 s on the fake clock and rows come 2 s apart: the next rewrite waits
+    20 s (5 % of the time on JSON), the rows in between reach it later, finish writes all."""
+    from ncclbench.results import RunSummary
+
+    now = [0.0]
+    rep, row = _reporter_fixture(tmp_path, clock=lambda: now[0])
+    import ncclbench.output as output
+
+    real_write = output.write_json_atomic
+
+    def slow_write(path, doc):
+        now[0] += 1.0
+        real_write(path, doc)
+    output.write_json_atomic = slow_write
+    try:
+        seen = []
+        for k in range(30):
+            now[0] += 2.0
+            rep.add_row(row(8 * (k + 1)))
+            seen.append(len(json.loads((tmp_path / "r.json").read_text())["results"]))
+        assert seen[-1] < 30
+        assert 1 < len(set(seen)) <= 30 * 2 // 20 + 2  # a rewrite about every 20 fake seconds
+        rep.finish(RunSummary(rep.rows, complete=True))
+    finally:
+        output.write_json_atomic = real_write
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert len(doc["results"]) == 30 and doc["ncclbench"]["complete"] is True
