@@ -128,6 +128,8 @@ class CupyBackend(TorchBackend):
             return functools.partial(comm.broadcast, s, r, recv.numel(), self._type(recv), root, stream)
         if name == "reduce":
             return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], root, stream)
+        if name in self.GROUPED:
+            return self._bind_group(self._group_parts(name, send, recv, root, layout), self._type(recv), stream)
         return super().bind(coll, send, recv, op, root, layout)
 
     def all_reduce(self, send, recv, op):
@@ -148,54 +150,75 @@ class CupyBackend(TorchBackend):
         self.comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
                                 NCCL_OPS[op], self._stream())
 
-    def _grouped(self, pairs_send, pairs_recv, chunk, dtype):
-        stream = self._stream()
+    # ---- collectives built from grouped send/recv, as nccl-tests builds them --------------
+    GROUPED = frozenset({"alltoall", "gather", "scatter", "sendrecv", "alltoallv"})
+
+    def _group_parts(self, name, send, recv, root, layout) -> list[tuple[bool, int, int, int]]:
+        """The (is_send, pointer, count, peer) calls of one grouped collective, in order."""
+        n, me, item = self.group_size, self.group_rank, recv.element_size()
+        s, r = send.data_ptr(), recv.data_ptr()
+        if name == "alltoall":
+            chunk = recv.numel() // n
+            return ([(True, s + p * chunk * item, chunk, p) for p in range(n)]
+                    + [(False, r + p * chunk * item, chunk, p) for p in range(n)])
+        if name == "gather":
+            chunk = send.numel()
+            gets = [(False, r + p * chunk * item, chunk, p) for p in range(n)] if me == root else []
+            return [(True, s, chunk, root)] + gets
+        if name == "scatter":
+            chunk = recv.numel()
+            puts = [(True, s + p * chunk * item, chunk, p) for p in range(n)] if me == root else []
+            return puts + [(False, r, chunk, root)]
+        if name == "sendrecv":
+            return [(True, s, recv.numel(), (me + 1) % n), (False, r, recv.numel(), (me - 1) % n)]
+        if name == "alltoallv":  # per peer in rank order: its part out, ours in; empty parts skipped
+            parts = []
+            for peer, (out, into) in enumerate(zip(layout.sends(me), layout.receives(me))):
+                if out:
+                    parts.append((True, s, out, peer))
+                    s += out * item
+                if into:
+                    parts.append((False, r, into, peer))
+                    r += into * item
+            return parts
+        raise ValueError(name)
+
+    def _issue_group(self, parts, dtype, stream) -> None:
+        send, recv = self.comm.send, self.comm.recv
         self.nccl.groupStart()
-        for peer, ptr in pairs_send:
-            self.comm.send(ptr, chunk, dtype, peer, stream)
-        for peer, ptr in pairs_recv:
-            self.comm.recv(ptr, chunk, dtype, peer, stream)
+        for is_send, ptr, count, peer in parts:
+            (send if is_send else recv)(ptr, count, dtype, peer, stream)
         self.nccl.groupEnd()
+
+    def _bind_group(self, parts, dtype, stream):
+        start, end = self.nccl.groupStart, self.nccl.groupEnd
+        calls = [functools.partial(self.comm.send if is_send else self.comm.recv, ptr, count, dtype, peer, stream)
+                 for is_send, ptr, count, peer in parts]
+
+        def grouped():
+            start()
+            for call in calls:
+                call()
+            end()
+        return grouped
+
+    def _grouped_call(self, name, send, recv, root=None, layout=None):
+        self._issue_group(self._group_parts(name, send, recv, root, layout), self._type(recv), self._stream())
 
     def alltoall(self, send, recv):
-        n = self.group_size
-        chunk = recv.numel() // n
-        item = recv.element_size()
-        s, r = send.data_ptr(), recv.data_ptr()
-        self._grouped([(p, s + p * chunk * item) for p in range(n)],
-                      [(p, r + p * chunk * item) for p in range(n)], chunk, self._type(recv))
+        self._grouped_call("alltoall", send, recv)
 
     def gather(self, send, recv, root):
-        n, chunk = self.group_size, send.numel()
-        item = send.element_size()
-        recvs = [(p, recv.data_ptr() + p * chunk * item) for p in range(n)] if self.group_rank == root else []
-        self._grouped([(root, send.data_ptr())], recvs, chunk, self._type(send))
+        self._grouped_call("gather", send, recv, root)
 
     def scatter(self, send, recv, root):
-        n, chunk = self.group_size, recv.numel()
-        item = recv.element_size()
-        sends = [(p, send.data_ptr() + p * chunk * item) for p in range(n)] if self.group_rank == root else []
-        self._grouped(sends, [(root, recv.data_ptr())], chunk, self._type(recv))
+        self._grouped_call("scatter", send, recv, root)
 
     def alltoallv(self, send, recv, layout):
-        """Per peer in rank order: send its part, receive ours, as nccl-tests; zero-byte
-        parts are skipped."""
-        me, item = self.group_rank, recv.element_size()
-        s, r, dtype, stream = send.data_ptr(), recv.data_ptr(), self._type(recv), self._stream()
-        self.nccl.groupStart()
-        for peer, (out, into) in enumerate(zip(layout.sends(me), layout.receives(me))):
-            if out:
-                self.comm.send(s, out, dtype, peer, stream)
-                s += out * item
-            if into:
-                self.comm.recv(r, into, dtype, peer, stream)
-                r += into * item
-        self.nccl.groupEnd()
+        self._grouped_call("alltoallv", send, recv, layout=layout)
 
     def sendrecv(self, send, recv):
-        n, me = self.group_size, self.group_rank
-        self._grouped([((me + 1) % n, send.data_ptr())], [((me - 1) % n, recv.data_ptr())],
-                      recv.numel(), self._type(recv))
+        self._grouped_call("sendrecv", send, recv)
 
     def hypercube(self, send, recv):
         from ncclbench.collectives import hypercube_schedule
@@ -208,7 +231,8 @@ class CupyBackend(TorchBackend):
         base, dtype = recv.data_ptr(), self._type(recv)
         for step, (peer, sent, got) in enumerate(hypercube_schedule(n, me)):
             width = (1 << step) * chunk
-            self._grouped([(peer, base + sent * chunk * item)], [(peer, base + got * chunk * item)], width, dtype)
+            self._issue_group([(True, base + sent * chunk * item, width, peer),
+                               (False, base + got * chunk * item, width, peer)], dtype, self._stream())
 
     def prepare_registration(self, mode: int) -> str | None:
         if mode:
