@@ -309,10 +309,14 @@ class TorchBackend:
         """`n` unrecorded marks made ahead of a timed loop (creating a CUDA event inside
         the loop would add its host cost to every iteration of -I)."""
         if self.is_gpu:
-            # the stream is looked up once: Event.record() with no stream builds a Python
-            # stream object per call (microseconds of host time per -I iteration)
+            # The stream is looked up once (Event.record() with no stream builds a Python
+            # stream object per call), and each event is recorded once here: torch creates
+            # the CUDA event on its first record, which would otherwise happen in the loop.
             self._mark_stream = self.torch.cuda.current_stream(self.device)
-            return [self.torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            events = [self.torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for event in events:
+                event.record(self._mark_stream)
+            return events
         return [None] * n
 
     def mark(self, marker):
