@@ -4,7 +4,8 @@ Per size and placement, as nccl-tests does: one untimed op, wait, host barrier (
 more untimed op to align the ranks' streams), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
 collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
 `graph_replays` the iters x agg loop is captured once and the graph replayed that many
-times between the marks. Per-iteration marks (-I) bracket each outer iteration."""
+times between the marks. Per-iteration marks (-I) bracket each outer iteration, or each
+graph replay with -G."""
 
 from __future__ import annotations
 
@@ -71,16 +72,23 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -
         backend.barrier()
         run_op(0)
         replays = max(settings.graph_replays, 1)
-        pool = backend.markers(2)
+        # -I with graphs: one sample per replay (each replays the iters x agg ops)
+        pool = backend.markers(replays + 1 if settings.per_iter else 2)
         host0 = time.perf_counter()
-        start = backend.mark(pool[0])
-        for _ in range(replays):
+        marks = [backend.mark(pool[0])]
+        for r in range(replays):
             replay()
-        end = backend.mark(pool[1])
+            if settings.per_iter:
+                marks.append(backend.mark(pool[r + 1]))
+        if not settings.per_iter:
+            marks.append(backend.mark(pool[1]))
         host1 = time.perf_counter()
         backend.synchronize()
         total_ops = ops_per_loop * replays
-        return Timing(backend.elapsed(start, end) / total_ops, (host1 - host0) / total_ops)
+        per_iter = []
+        if settings.per_iter:
+            per_iter = [backend.elapsed(a, b) / ops_per_loop for a, b in zip(marks, marks[1:])]
+        return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, per_iter)
 
     pool = backend.markers(settings.iters + 1 if settings.per_iter else 2)
     marks = []

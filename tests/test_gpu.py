@@ -83,3 +83,17 @@ def test_split_groups_on_gpus(backend):
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"{2 if n >= 2 else 1} groups of {n // 2} ranks" in r.stdout
     assert all(row[8] == "0" and row[-1] == "0" for row in table_rows(r.stdout))
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_per_iteration_columns_with_cuda_graphs(backend):
+    """-I with -G: one sample per replay, so the i_* columns are numbers (they were nan), in
+    order and near the row's time (i_* take the max over ranks, time the mean: not exact)."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", backend, "-b", "8", "-e", "64K", "-f", "8",
+                 "-G", "10", "-n", "5", "-I", "1", "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = table_rows(r.stdout)
+    assert len(rows) == 5
+    for row in rows:
+        time_us, i_min, i_max = float(row[5]), float(row[9]), float(row[10])
+        assert 0 < i_min <= i_max and 0.5 * time_us <= i_max and i_min <= 2 * time_us, row

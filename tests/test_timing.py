@@ -1,0 +1,60 @@
+"""The timing engine's loop structure, driven by a fake backend whose clock is the
+number of ops issued (1 us each): how many ops each mark brackets, per mode."""
+
+import pytest
+
+from ncclbench.timing import TimingMode, TimingSettings, measure
+
+
+class CountingBackend:
+    """A 'device' that advances 1 us per op; marks read that clock."""
+
+    def __init__(self):
+        self.ops = 0
+        self.made = 0
+
+    def markers(self, n):
+        self.made += n
+        return [None] * n
+
+    def mark(self, marker):
+        return self.ops
+
+    def elapsed(self, start, end):
+        return (end - start) * 1e-6
+
+    def synchronize(self):
+        pass
+
+    def barrier(self):
+        pass
+
+    def capture(self, loop):
+        return loop  # replaying the "graph" issues the captured ops again
+
+
+def run(settings):
+    b = CountingBackend()
+
+    def op(_k):
+        b.ops += 1
+    return measure(b, op, settings), b
+
+
+def test_eager_per_op_time_and_per_iteration_samples():
+    t, b = run(TimingSettings(iters=5, agg=3, per_iter=True))
+    assert t.device_s == pytest.approx(1e-6)
+    assert t.per_iter_s == [pytest.approx(1e-6)] * 5  # 3 ops per iteration, divided by agg
+    assert b.made == 6
+
+
+def test_graph_replays_give_one_per_iteration_sample_each():
+    t, b = run(TimingSettings(iters=4, agg=2, mode=TimingMode.GRAPH, graph_replays=3, per_iter=True))
+    assert t.device_s == pytest.approx(1e-6)
+    assert len(t.per_iter_s) == 3 and all(v == pytest.approx(1e-6) for v in t.per_iter_s)
+    assert b.made == 4
+
+
+def test_graph_without_per_iter_uses_two_marks():
+    t, b = run(TimingSettings(iters=4, mode=TimingMode.GRAPH, graph_replays=5))
+    assert t.device_s == pytest.approx(1e-6) and t.per_iter_s == [] and b.made == 2
