@@ -65,6 +65,14 @@ def per_call_us(call, sync, barrier=None):
     return statistics.median(host), statistics.median(device)
 
 
+def time_collective(label, call, sync):
+    """50 untimed calls, then per_call_us with the ranks lined up by a barrier; one line."""
+    for _ in range(50):
+        call()
+    h, d = per_call_us(call, sync, dist.barrier)
+    say(f"{label}: host {h:.2f} us/call, device {d:.2f} us/op (rounds {per_call_us.rounds})")
+
+
 def loaded_library(fragment):
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -117,12 +125,8 @@ def run_cupy():
 
     ptr = x.data_ptr()
 
-    def cupy_call():
-        comm.allReduce(ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, handle)
-    for _ in range(50):
-        cupy_call()
-    h, d = per_call_us(cupy_call, sync, dist.barrier)
-    say(f"NcclCommunicator.allReduce: host {h:.2f} us/call, device {d:.2f} us/op (rounds {per_call_us.rounds})")
+    time_collective("NcclCommunicator.allReduce",
+                    lambda: comm.allReduce(ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, handle), sync)
 
     raw_comm = getattr(comm, "comm", None)
     path = loaded_library("libnccl")
@@ -135,13 +139,7 @@ def run_cupy():
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p]
         args = (ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, raw_comm, handle)
-
-        def ctypes_call():
-            fn(*args)
-        for _ in range(50):
-            ctypes_call()
-        h, d = per_call_us(ctypes_call, sync, dist.barrier)
-        say(f"ctypes ncclAllReduce ({os.path.basename(path)}): host {h:.2f} us/call, device {d:.2f} us/op (rounds {per_call_us.rounds})")
+        time_collective(f"ctypes ncclAllReduce ({os.path.basename(path)})", lambda: fn(*args), sync)
     sync()
     comm.destroy()
 
@@ -155,10 +153,7 @@ def run_torch():
 
     def call():
         dist.all_reduce(x)
-    for _ in range(50):
-        call()
-    h, d = per_call_us(call, sync, dist.barrier)
-    say(f"dist.all_reduce: host {h:.2f} us/call, device {d:.2f} us/op")
+    time_collective("dist.all_reduce", call, sync)
     sync()
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
