@@ -71,45 +71,39 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -
         backend.synchronize()
         backend.barrier()
         run_op(0)
-        replays = max(settings.graph_replays, 1)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
-        pool = backend.markers(replays + 1 if settings.per_iter else 2)
-        host0 = time.perf_counter()
-        marks = [backend.mark(pool[0])]
-        for r in range(replays):
-            replay()
-            if settings.per_iter:
-                marks.append(backend.mark(pool[r + 1]))
-        if not settings.per_iter:
-            marks.append(backend.mark(pool[1]))
-        host1 = time.perf_counter()
-        backend.synchronize()
-        total_ops = ops_per_loop * replays
-        per_iter = []
-        if settings.per_iter:
-            per_iter = [backend.elapsed(a, b) / ops_per_loop for a, b in zip(marks, marks[1:])]
-        return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, per_iter)
+        return _marked_loop(backend, max(settings.graph_replays, 1), lambda _k: replay(), ops_per_loop,
+                            settings.per_iter)
 
-    pool = backend.markers(settings.iters + 1 if settings.per_iter else 2)
-    marks = []
+    agg = settings.agg
+    if agg == 1 and settings.mode is not TimingMode.BLOCKING:
+        step = run_op  # the common case without a wrapper call per op (eager host cost)
+    else:
+        def step(it):
+            for a in range(agg):
+                run_op(it * agg + a)
+                if settings.mode is TimingMode.BLOCKING:
+                    backend.synchronize()
+    return _marked_loop(backend, settings.iters, step, agg, settings.per_iter)
+
+
+def _marked_loop(backend, steps: int, step: Callable[[int], None], ops_per_step: int, per_iter: bool) -> Timing:
+    """`step(k)` for k < steps between two device marks (and one after every step with -I);
+    times per op, per-iteration samples per op of each step."""
+    pool = backend.markers(steps + 1 if per_iter else 2)
     host0 = time.perf_counter()
-    marks.append(backend.mark(pool[0]))
-    for it in range(settings.iters):
-        for a in range(settings.agg):
-            run_op(it * settings.agg + a)
-            if settings.mode is TimingMode.BLOCKING:
-                backend.synchronize()
-        if settings.per_iter:
-            marks.append(backend.mark(pool[it + 1]))
-    if not settings.per_iter:
+    marks = [backend.mark(pool[0])]
+    for k in range(steps):
+        step(k)
+        if per_iter:
+            marks.append(backend.mark(pool[k + 1]))
+    if not per_iter:
         marks.append(backend.mark(pool[1]))
     host1 = time.perf_counter()
     backend.synchronize()
-    device_s = backend.elapsed(marks[0], marks[-1]) / ops_per_loop
-    per_iter = []
-    if settings.per_iter:
-        per_iter = [backend.elapsed(a, b) / settings.agg for a, b in zip(marks, marks[1:])]
-    return Timing(device_s, (host1 - host0) / ops_per_loop, per_iter)
+    total_ops = steps * ops_per_step
+    samples = [backend.elapsed(a, b) / ops_per_step for a, b in zip(marks, marks[1:])] if per_iter else []
+    return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, samples)
 
 
 class Average(enum.IntEnum):

@@ -24,7 +24,7 @@ class CountingBackend:
         return (end - start) * 1e-6
 
     def synchronize(self):
-        pass
+        self.syncs = getattr(self, "syncs", 0) + 1
 
     def barrier(self):
         pass
@@ -58,3 +58,11 @@ def test_graph_replays_give_one_per_iteration_sample_each():
 def test_graph_without_per_iter_uses_two_marks():
     t, b = run(TimingSettings(iters=4, mode=TimingMode.GRAPH, graph_replays=5))
     assert t.device_s == pytest.approx(1e-6) and t.per_iter_s == [] and b.made == 2
+
+
+def test_blocking_waits_after_every_op_and_plain_eager_only_at_the_ends():
+    _, b = run(TimingSettings(iters=4, agg=2, mode=TimingMode.BLOCKING))
+    blocking_syncs = b.syncs
+    t, b = run(TimingSettings(iters=4, agg=1))
+    assert blocking_syncs - b.syncs == 8  # one per timed op
+    assert t.device_s == pytest.approx(1e-6) and b.ops == 2 + 4  # two untimed ops, four timed
