@@ -18,8 +18,6 @@ from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError
 from ncclbench.sizes import parse_size
 
 
-
-
 def _flag(letter, long, help_text, default=0):
     return click.option(letter, long, type=click.IntRange(0, 1), default=default, show_default=True, help=help_text)
 

@@ -46,3 +46,11 @@ class CollectiveError(BenchError):
 
 class TimeoutExpired(BenchError):
     exit_code = ExitCode.TIMEOUT
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message, cut to `limit` characters, or the
+    exception's type name when it has no message (for one-line error reports)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line[:limit] if limit else line

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import click
 
-from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError
+from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.sizes import format_size, parse_size
 
 SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
@@ -251,8 +251,7 @@ def run_rank(plan: PairsPlan, info) -> int:
         except BenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed exchange ends the run in one line
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CollectiveError(f"pair exchange failed: {text}") from exc
+            raise CollectiveError(f"pair exchange failed: {first_line(exc)}") from exc
         everyone = backend.all_gather_object(mine)
     finally:
         backend.close()

@@ -11,7 +11,7 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import CollectiveError, ExitCode, PlanError
+from ncclbench.errors import CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -31,9 +31,8 @@ class Buffers:
             self.send_raw = backend.alloc_bytes(send_bytes)
             self.recv_raw = backend.alloc_bytes(recv_bytes)
         except (RuntimeError, MemoryError) as exc:  # torch's CPU and CUDA out-of-memory errors
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PlanError(f"cannot allocate the buffers ({(send_bytes + recv_bytes) / 2**30:.1f} GiB): "
-                            f"{first[:200]}; lower -e") from None
+                            f"{first_line(exc, 200)}; lower -e") from None
         self.unalign = unalign
 
     def typed(self, dtype: DType):

@@ -175,3 +175,11 @@ def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
     assert "largest size that fits: -e 536870912" in text  # 2 x 512 MiB + 2 GiB reserve = 3 GiB
     small = Plan("all_reduce", min_bytes=8, max_bytes=64 << 20, step_factor=4.0, backend="nccl")
     RankRunner(small, backend, None).validate()  # fits: no error
+
+
+def test_first_line_of_an_error():
+    from ncclbench.errors import first_line
+
+    assert first_line(RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")) == "CUDA out of memory."
+    assert first_line(RuntimeError("x" * 300), 200) == "x" * 200
+    assert first_line(MemoryError()) == "MemoryError"

@@ -10,7 +10,7 @@ import functools
 import time
 from datetime import timedelta
 
-from ncclbench.errors import PlanError
+from ncclbench.errors import PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
@@ -154,7 +154,7 @@ class TorchBackend:
             self._nccl_pg, self._register_mode = nccl, mode
         except Exception as exc:  # noqa: BLE001 - old torch/NCCL: say so, run unregistered
             self._pool = None
-            return f"-R {mode}: this torch/NCCL has no NCCL memory pool ({_first_line(exc)}); buffers not registered"
+            return f"-R {mode}: this torch/NCCL has no NCCL memory pool ({first_line(exc, 160)}); buffers not registered"
         return None
 
     def register_buffers(self) -> str | None:
@@ -171,7 +171,7 @@ class TorchBackend:
         except TypeError:
             return "-R 2: this torch cannot register symmetric windows (register_mem_pool has no symm); not registered"
         except Exception as exc:  # noqa: BLE001
-            return f"-R {mode}: registration failed ({_first_line(exc)}); buffers not registered"
+            return f"-R {mode}: registration failed ({first_line(exc, 160)}); buffers not registered"
         return None
 
     def deregister_buffers(self) -> None:
@@ -375,7 +375,3 @@ class TorchBackend:
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
 
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:160] if text else type(exc).__name__
