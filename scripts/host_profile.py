@@ -24,7 +24,22 @@ import time
 import torch
 import torch.distributed as dist
 
-ROUNDS, CALLS = int(os.environ.get("ROUNDS", 3)), 200
+
+
+def usage_error(message):
+    print(f"host_profile.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+WHAT = next((a for a in sys.argv[1:] if not a.startswith("-")), "cupy")
+if WHAT not in ("cupy", "torch") or any(a not in ("--pin",) for a in sys.argv[1:] if a.startswith("-")):
+    usage_error(f"usage: torchrun ... host_profile.py [cupy|torch] [--pin] (got {' '.join(sys.argv[1:])})")
+ROUNDS, CALLS = os.environ.get("ROUNDS", "3").strip(), 200
+if not ROUNDS.isdigit() or int(ROUNDS) == 0:
+    usage_error(f"ROUNDS must be a whole number > 0 (got {ROUNDS!r})")
+ROUNDS = int(ROUNDS)
+if "RANK" not in os.environ:
+    usage_error("run it with torchrun (RANK, WORLD_SIZE, LOCAL_RANK unset)")
 rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
 dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -166,6 +181,5 @@ def run_torch():
 
 
 if __name__ == "__main__":
-    what = next((a for a in sys.argv[1:] if not a.startswith("-")), "cupy")
-    {"cupy": run_cupy, "torch": run_torch}[what]()
+    {"cupy": run_cupy, "torch": run_torch}[WHAT]()
     dist.destroy_process_group()
