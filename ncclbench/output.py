@@ -1,10 +1,10 @@
 """Rank 0's report: the nccl-tests text on stdout plus JSON (nccl-tests schema v3), CSV and
 the result store. Every finished row reaches stdout and the CSV before the next size
 starts, so an interrupted or crashed run leaves valid files with the rows done so far. The
-JSON (one document, rewritten whole) follows each row too, unless rewriting it has become
-costly next to the rows (long -N 0 soaks): then it is rewritten at most about every
-20 x its own write time, so the rewrites take <= ~5 % of the run; the end of the run (done,
-failed, timed out or interrupted) always writes it in full."""
+JSON (one document, rewritten whole) follows each row too up to 1000 rows; past that (long
+-N 0 soaks) it is rewritten at most about every 20 x its own write time, so the rewrites
+take <= ~5 % of the run, and finish() (done, failed, timed out or interrupted) writes it in
+full."""
 
 from __future__ import annotations
 
@@ -211,7 +211,8 @@ def append_csv(path: str, records: list[dict]) -> None:
 
 # ---- the reporter ------------------------------------------------------------------------------
 class Reporter:
-    JSON_SHARE = 0.05  # at most this share of the wall time goes to rewriting the running JSON
+    JSON_EVERY_ROW_UP_TO = 1000  # rows: up to here the running JSON is rewritten after every row;
+    JSON_SHARE = 0.05            # past it, at most this share of the wall time goes to rewriting it
 
     def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None, clock=time.monotonic):
         self.info = info
@@ -246,12 +247,14 @@ class Reporter:
     def _write_running_json(self) -> None:
         if not (self.json_path or self.store_path):
             return
+        # A rank killed by its launcher (a lost peer) never reaches finish(): the document is
+        # kept current row by row, until it is so long (a -N 0 soak) that rewriting it whole
+        # after each row would cost more than the rows; then it is rewritten less often.
         start = self.clock()
-        if start < self._json_next:
+        if len(self.rows) > self.JSON_EVERY_ROW_UP_TO and start < self._json_next:
             return
         self._write_json(RunSummary(self.rows, complete=False, status="running"))
-        cost = self.clock() - start
-        self._json_next = start + cost / self.JSON_SHARE
+        self._json_next = start + (self.clock() - start) / self.JSON_SHARE
 
     def add_row(self, row: ResultRow) -> None:
         self.rows.append(row)
