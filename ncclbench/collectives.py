@@ -235,13 +235,12 @@ register(Collective(
 # The count column is the even per-peer count (0 in matrix mode); size and algbw use the
 # busiest rank's larger total; nccl-tests does not check in-place (it is timed only).
 def _variable(count, itemsize, nranks, traffic=None):
-    from ncclbench.traffic import Traffic
+    from ncclbench.traffic import Traffic, busiest_totals
 
     traffic = traffic or Traffic()
     base = _chunk(count, itemsize, nranks) if traffic.generated else 0
     counts = traffic.counts(nranks, base * nranks * itemsize, itemsize)
-    send = max(sum(row) for row in counts)
-    recv = max(sum(col) for col in zip(*counts))
+    send, recv = busiest_totals(counts)
     return Layout(send, recv, base, 0, 0, counts=counts)
 
 

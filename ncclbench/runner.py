@@ -108,6 +108,17 @@ class RankRunner:
         self.rank = backend.group_rank
         self.nranks = backend.group_size
         self.seed_counter = 0
+        self.op_group = None
+
+    def group_ops(self) -> str | None:
+        """With -m > 1 (not -z), put each iteration's ops in one NCCL group where the backend
+        can, as nccl-tests does; returns a header note when it cannot."""
+        if self.plan.agg_iters < 2 or self.plan.mode is TimingMode.BLOCKING:
+            return None
+        self.op_group, reason = self.backend.op_group(self.coll.name)
+        if self.op_group is None:
+            return f"-m {self.plan.agg_iters}: ops issued one by one, not in one NCCL group per iteration ({reason})"
+        return None
 
     # ---- before the sweep ---------------------------------------------------------------
     def agree_on_plan(self):
@@ -184,7 +195,7 @@ class RankRunner:
                 def run_op(k, calls=calls, ncalls=ncalls):
                     calls[k % ncalls]()
 
-            timing = measure(self.backend, run_op, settings)
+            timing = measure(self.backend, run_op, settings, self.op_group)
             wrong = None
             checkable = self.plan.check and (self.coll.in_place_checked or not in_place)
             if checkable:
@@ -291,7 +302,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     runner.agree_on_plan()
     runner.validate()
     devices = backend.all_gather_object(runner.device_record())
-    notes = [n for n in [backend.prepare_registration(plan.local_register)] if n]
+    notes = [n for n in [runner.group_ops(), backend.prepare_registration(plan.local_register)] if n]
     buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
     notes += [n for n in [backend.register_buffers()] if n]
     if backend.rank == 0:

@@ -4,8 +4,10 @@ Per size and placement, as nccl-tests does: one untimed op, wait, host barrier (
 more untimed op to align the ranks' streams), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
 collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
 `graph_replays` the iters x agg loop is captured once and the graph replayed that many
-times between the marks. Per-iteration marks (-I) bracket each outer iteration, or each
-graph replay with -G."""
+times between the marks (after one untimed replay: a graph's first launch also uploads it).
+Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G.
+With `agg` > 1 each iteration's ops go in one group (`group()`, the backend's NCCL group),
+as nccl-tests wraps them in ncclGroupStart/End; -z waits after every op, so it does not."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 
 class TimingMode(str, enum.Enum):
@@ -41,20 +43,22 @@ class Timing:
     per_iter_s: list[float] = field(default_factory=list)  # per outer iteration, per op
 
 
-def measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -> Timing:
+def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
+            group: Callable[[], ContextManager] | None = None) -> Timing:
     """Time `run_op(op_index)` on `backend`, with Python's garbage collector paused (as
-    timeit does): a collection inside a host-bound loop of 10 us ops shows as a spike."""
+    timeit does): a collection inside a host-bound loop of 10 us ops shows as a spike.
+    `group()` opens a group around each iteration's `agg` ops (None: ops one by one)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _measure(backend, run_op, settings)
+        return _measure(backend, run_op, settings, group)
     finally:
         if collecting:
             gc.enable()
 
 
-def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -> Timing:
-    ops_per_loop = settings.iters * settings.agg
+def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, group) -> Timing:
+    agg = settings.agg
     run_op(0)
     backend.synchronize()
     backend.barrier()
@@ -62,28 +66,36 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings) -
     # collective lines the GPUs up, so the start mark does not time the slowest rank's lag.
     run_op(0)
 
-    if settings.mode is TimingMode.GRAPH:
-        def loop():
-            for i in range(ops_per_loop):
-                run_op(i)
-
-        replay = backend.capture(loop)
-        backend.synchronize()
-        backend.barrier()
-        run_op(0)
-        # -I with graphs: one sample per replay (each replays the iters x agg ops)
-        return _marked_loop(backend, max(settings.graph_replays, 1), lambda _k: replay(), ops_per_loop,
-                            settings.per_iter)
-
-    agg = settings.agg
-    if agg == 1 and settings.mode is not TimingMode.BLOCKING:
+    if agg == 1 and settings.mode is TimingMode.EAGER:
         step = run_op  # the common case without a wrapper call per op (eager host cost)
+    elif settings.mode is TimingMode.BLOCKING:
+        def step(it):
+            for a in range(agg):
+                run_op(it * agg + a)
+                backend.synchronize()
+    elif group is not None and agg > 1:
+        def step(it):
+            with group():
+                for a in range(agg):
+                    run_op(it * agg + a)
     else:
         def step(it):
             for a in range(agg):
                 run_op(it * agg + a)
-                if settings.mode is TimingMode.BLOCKING:
-                    backend.synchronize()
+
+    if settings.mode is TimingMode.GRAPH:
+        def loop():
+            for it in range(settings.iters):
+                step(it)
+
+        replay = backend.capture(loop)
+        replay()  # untimed: the first launch of a graph includes its upload to the device
+        backend.synchronize()
+        backend.barrier()
+        run_op(0)
+        # -I with graphs: one sample per replay (each replays the iters x agg ops)
+        return _marked_loop(backend, max(settings.graph_replays, 1), lambda _k: replay(),
+                            settings.iters * agg, settings.per_iter)
     return _marked_loop(backend, settings.iters, step, agg, settings.per_iter)
 
 

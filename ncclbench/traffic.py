@@ -54,14 +54,19 @@ class Traffic:
         """Matrix mode: the largest total any rank sends or receives (what -e must hold)."""
         if self.matrix is None:
             return 0
-        m = [row[:nranks] for row in self.matrix[:nranks]]
-        return max(max(sum(row) for row in m), max(sum(col) for col in zip(*m)))
+        return max(busiest_totals([row[:nranks] for row in self.matrix[:nranks]]))
 
     def describe(self) -> str:
         if self.matrix is None:
             return f"alltoallv traffic: generated, spread {self.spread:.3f} (0 even, 1 distance-weighted)"
         n = len(self.matrix)
         return f"alltoallv traffic: matrix {self.source} ({n}x{n} bytes, scale {self.scale:g})"
+
+
+def busiest_totals(m) -> tuple[int, int]:
+    """(largest row sum, largest column sum) of a square [src][dst] table: what the
+    busiest sender sends and the busiest receiver receives."""
+    return max(sum(row) for row in m), max(sum(col) for col in zip(*m))
 
 
 def parse_fraction(text: str, what: str) -> float:

@@ -6,7 +6,8 @@
 # reliab (killed and stalled rank, wall times), hostcost (plain torch and CuPy loops),
 # register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
-# hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice).
+# hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
+# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends).
 # Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
@@ -91,6 +92,17 @@ for stage in $STAGES; do
         done
         timeout 120 ncclbench allreduce -g "$NP" --backend nccl -b 8 -e 4K -f 8 -G 100 -N 3 --no-save \
           >"$LOG/cycles_graph_$k.txt" 2>&1
+      done ;;
+    agg)  # -m: each iteration's ops in one NCCL group, eager and in a graph, vs -m 1
+      for b in cupy nccl; do
+        for m in 1 4; do
+          timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 64K -f 8 -n 50 -m $m --no-save \
+            >"$LOG/agg_${b}_m${m}_eager.txt" 2>&1
+          timeout 120 ncclbench allreduce -g "$NP" --backend $b -b 8 -e 64K -f 8 -n 20 -m $m -G 20 --no-save \
+            >"$LOG/agg_${b}_m${m}_graph.txt" 2>&1
+        done
+        timeout 120 ncclbench alltoall -g "$NP" --backend $b -b 8 -e 64K -f 8 -n 50 -m 4 --no-save \
+          >"$LOG/agg_${b}_alltoall_m4.txt" 2>&1
       done ;;
     a2av)
       printf "0 64M 1G\n512M 16M 0\n256M 256M 256M\n" | sed "s/1G/1073741824/; s/512M/536870912/; s/256M/268435456/g; s/64M/67108864/; s/16M/16777216/" \

@@ -96,3 +96,16 @@ def test_alltoallv_per_peer_order_skips_empty_parts_and_bound_matches():
     assert 0 in lay.sends(me)  # spread 1 sends nothing to self: a skipped part is exercised
     assert plain == [("start",)] + expect + [("end",)]
     assert bound == plain * 2
+
+
+def test_agg_group_encloses_each_iterations_grouped_ops():
+    """-m: op_group() opens one NCCL group; the collectives' own groups nest inside it."""
+    b, rec = backend(0, 2)
+    factory, note = b.op_group("sendrecv")
+    assert note is None
+    bound = b.bind(lookup("sendrecv"), torch.zeros(4), torch.zeros(4), "sum", 0, None)
+    with factory():
+        bound()
+        bound()
+    kinds = [c[0] for c in rec.calls]
+    assert kinds == ["start", "start", "send", "recv", "end", "start", "send", "recv", "end", "end"]

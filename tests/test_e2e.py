@@ -91,6 +91,20 @@ def test_op_root_and_dtype_loops(tmp_path):
                                                                    ("1024", "1"), ("2048", "1")]
 
 
+def test_agg_iters_on_gloo_say_the_ops_are_not_grouped():
+    """-m > 1 groups each iteration's ops where NCCL is underneath; gloo cannot, and the
+    header says so (with -z there is nothing to group: each op is waited for)."""
+    note = "# Note: -m 3: ops issued one by one, not in one NCCL group per iteration (gloo has no NCCL groups)"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-m", "3", "-n", "2",
+                 "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert note in r.stdout and table_rows(r.stdout)[0][8] == "0"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-m", "3", "-z", "1", "-n", "2",
+                 "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NCCL group" not in r.stdout
+
+
 def test_all_types_and_ops_skip_what_gloo_lacks():
     """-d all -o all on gloo: one row per pair gloo can run, in nccl-tests' order; the
     pairs it cannot run are named in the header instead of failing the run."""

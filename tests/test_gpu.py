@@ -97,3 +97,28 @@ def test_per_iteration_columns_with_cuda_graphs(backend):
     for row in rows:
         time_us, i_min, i_max = float(row[5]), float(row[9]), float(row[10])
         assert 0 < i_min <= i_max and 0.5 * time_us <= i_max and i_min <= 2 * time_us, row
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+@pytest.mark.parametrize("graph", [0, 3])
+def test_agg_iters_grouped_for_every_collective(backend, graph, tmp_path):
+    """-m 4: each iteration's ops in one NCCL group (eagerly and captured in a graph) for
+    every collective of the quick suite plus alltoallv and hypercube; results right, and
+    the header names exactly what torch cannot group."""
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    suite = tmp_path / "s.yaml"
+    suite.write_text((ROOT / "configs" / "quick.yaml").read_text()
+                     .replace("iters: 5", f"iters: 3\n  agg_iters: 4\n  cudagraph: {graph}")
+                     + "  - alltoallv\n  - hypercube\n")
+    csv = tmp_path / "r.csv"
+    r = run_cli(["suite", str(suite), "-g", str(n), "--backend", backend, "--no-save", "--csv", str(csv)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    frame = pd.read_csv(csv)
+    assert len(set(frame.collective)) == 11
+    checked = frame.dropna(subset=["nwrong"])
+    assert len(checked) > 11 * 4 and (checked.nwrong == 0).all()
+    ungrouped = {line.split("(torch cannot nest ")[1].split("'")[0]
+                 for line in r.stdout.splitlines() if "not in one NCCL group" in line}
+    assert ungrouped == (set() if backend == "cupy" else {"gather", "sendrecv", "hypercube"})

@@ -66,3 +66,50 @@ def test_blocking_waits_after_every_op_and_plain_eager_only_at_the_ends():
     t, b = run(TimingSettings(iters=4, agg=1))
     assert blocking_syncs - b.syncs == 8  # one per timed op
     assert t.device_s == pytest.approx(1e-6) and b.ops == 2 + 4  # two untimed ops, four timed
+
+
+class RecordingGroup:
+    """A stand-in for the backend's NCCL group: logs where groups open and close."""
+
+    def __init__(self, backend, log):
+        self.backend, self.log = backend, log
+
+    def __enter__(self):
+        self.log.append(("start", self.backend.ops))
+
+    def __exit__(self, *exc):
+        self.log.append(("end", self.backend.ops))
+        return False
+
+
+def run_grouped(settings):
+    b, log = CountingBackend(), []
+
+    def op(_k):
+        b.ops += 1
+    return measure(b, op, settings, lambda: RecordingGroup(b, log)), b, log
+
+
+def test_agg_ops_of_each_iteration_are_issued_inside_one_group():
+    t, b, log = run_grouped(TimingSettings(iters=3, agg=4))
+    # two untimed ops first, then one group per iteration around exactly its 4 ops
+    assert log == [("start", 2), ("end", 6), ("start", 6), ("end", 10), ("start", 10), ("end", 14)]
+    assert t.device_s == pytest.approx(1e-6)
+
+
+def test_no_group_for_single_ops_nor_for_blocking():
+    _, _, log = run_grouped(TimingSettings(iters=3, agg=1))
+    assert log == []
+    _, b, log = run_grouped(TimingSettings(iters=3, agg=2, mode=TimingMode.BLOCKING))
+    assert log == [] and b.ops == 2 + 6
+
+
+def test_graph_captures_the_groups_and_replays_once_untimed_before_timing():
+    t, b, log = run_grouped(TimingSettings(iters=2, agg=3, mode=TimingMode.GRAPH, graph_replays=4))
+    # the fake "graph" is the loop itself (capturing issues nothing): each replay runs its
+    # 2 groups of 3 ops; one untimed warm replay, then the 4 timed ones
+    assert [k for k, _ in log].count("start") == 2 * (1 + 4)
+    assert log[:4] == [("start", 2), ("end", 5), ("start", 5), ("end", 8)]
+    # ops: 2 untimed + 6 in the warm replay + 1 aligning op + 4 x 6 timed
+    assert b.ops == 2 + 6 + 1 + 24
+    assert t.device_s == pytest.approx(1e-6)

@@ -72,6 +72,7 @@ class CupyBackend(TorchBackend):
         # The stream handle is looked up once: torch.cuda.current_stream() builds a Python
         # object per call, several microseconds of host time per op. Capture resets it.
         self._stream_handle = torch.cuda.current_stream(self.device).cuda_stream
+        self._event_record, self._event_elapsed = cupy.cuda.runtime.eventRecord, cupy.cuda.runtime.eventElapsedTime
 
     def _make_comm(self, rank: int, nranks: int):
         uid = [self.nccl.get_unique_id() if rank == 0 else None]
@@ -106,11 +107,10 @@ class CupyBackend(TorchBackend):
     def markers(self, n: int) -> list:
         import cupy
 
-        runtime, stream = cupy.cuda.runtime, self._stream()
-        self._event_record, self._event_elapsed = runtime.eventRecord, runtime.eventElapsedTime
+        stream = self._stream()
         events = [cupy.cuda.Event() for _ in range(n)]  # created now, destroyed with the objects
         for event in events:
-            runtime.eventRecord(event.ptr, stream)
+            self._event_record(event.ptr, stream)
         return events
 
     def mark(self, marker):
@@ -203,11 +203,7 @@ class CupyBackend(TorchBackend):
         raise ValueError(name)
 
     def _issue_group(self, parts, dtype, stream) -> None:
-        send, recv = self.comm.send, self.comm.recv
-        self.nccl.groupStart()
-        for is_send, ptr, count, peer in parts:
-            (send if is_send else recv)(ptr, count, dtype, peer, stream)
-        self.nccl.groupEnd()
+        self._bind_group(parts, dtype, stream)()
 
     def _bind_group(self, parts, dtype, stream):
         start, end = self.nccl.groupStart, self.nccl.groupEnd
@@ -220,6 +216,11 @@ class CupyBackend(TorchBackend):
                 call()
             end()
         return grouped
+
+    def op_group(self, coll_name: str):
+        """-m: each iteration's ops between ncclGroupStart and ncclGroupEnd, as nccl-tests
+        does (grouped collectives nest: NCCL merges nested groups into the outer one)."""
+        return functools.partial(_NcclGroup, self.nccl.groupStart, self.nccl.groupEnd), None
 
     def _grouped_call(self, name, send, recv, root=None, layout=None):
         self._issue_group(self._group_parts(name, send, recv, root, layout), self._type(recv), self._stream())
@@ -270,3 +271,20 @@ class CupyBackend(TorchBackend):
                 except Exception:  # noqa: BLE001 - best effort at exit
                     pass
         super().close()
+
+
+class _NcclGroup:
+    """`with`: ncclGroupStart on entry, ncclGroupEnd on exit (a class, not a generator:
+    it is entered once per timed iteration)."""
+
+    __slots__ = ("_start", "_end")
+
+    def __init__(self, start, end):
+        self._start, self._end = start, end
+
+    def __enter__(self):
+        self._start()
+
+    def __exit__(self, *exc):
+        self._end()
+        return False

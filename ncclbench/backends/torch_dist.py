@@ -6,6 +6,7 @@ engine runs the "out-of-place" column in place on the receive buffer (declared i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from datetime import timedelta
@@ -134,10 +135,8 @@ class TorchBackend:
     # ---- memory ------------------------------------------------------------------
     def alloc_bytes(self, nbytes: int):
         pool = getattr(self, "_pool", None)
-        if pool is not None:
-            with self.torch.cuda.use_mem_pool(pool):
-                return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
-        return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
+        with self.torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext():
+            return self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device=self.device)
 
     def prepare_registration(self, mode: int) -> str | None:
         """-R 1: NCCL user-buffer registration, -R 2: symmetric window registration, of the
@@ -293,6 +292,25 @@ class TorchBackend:
                                    group=self.group)]
             for req in self.dist.batch_isend_irecv(ops):
                 req.wait()
+
+    # What torch's coalescing manager can put in one NCCL group. gather, sendrecv and
+    # hypercube go through batch_isend_irecv, which opens a coalescing group of its own;
+    # nested in another it breaks torch's bookkeeping (the inner one pops the outer state).
+    COALESCABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                             "alltoall", "scatter", "alltoallv"})
+
+    def op_group(self, coll_name: str):
+        """(factory of a context manager that puts the ops issued inside it in one NCCL
+        group, or None; a one-line reason when None) for -m."""
+        if not self.is_gpu:
+            return None, "gloo has no NCCL groups"
+        manager = getattr(self.dist.distributed_c10d, "_coalescing_manager", None)
+        if manager is None:
+            return None, "this torch has no coalescing manager"
+        if coll_name not in self.COALESCABLE:
+            return None, f"torch cannot nest {coll_name}'s batch_isend_irecv group in another"
+        group, device = self.group, self.device
+        return (lambda: manager(group=group, device=device)), None
 
     def bind(self, coll, send, recv, op, root, layout):
         """A zero-argument callable issuing one op on these buffers. Backends with a cheaper
