@@ -248,8 +248,7 @@ class TorchBackend:
         if self.group_rank == root:
             ops += [self.dist.P2POp(self.dist.irecv, part, self._global(p), group=self.group)
                     for p, part in enumerate(recv.view(self.group_size, -1).unbind(0))]
-        for req in self.dist.batch_isend_irecv(ops):
-            req.wait()
+        self._p2p(ops)
 
     def scatter(self, send, recv, root):
         # all_to_all_single with one-sided splits: one NCCL group of the root's sends
@@ -273,8 +272,7 @@ class TorchBackend:
             self.dist.P2POp(self.dist.isend, send, self._global((me + 1) % n), group=self.group),
             self.dist.P2POp(self.dist.irecv, recv, self._global((me - 1) % n), group=self.group),
         ]
-        for req in self.dist.batch_isend_irecv(ops):
-            req.wait()
+        self._p2p(ops)
 
     def hypercube(self, send, recv):
         from ncclbench.collectives import hypercube_schedule
@@ -290,27 +288,39 @@ class TorchBackend:
                                    group=self.group),
                    self.dist.P2POp(self.dist.irecv, recv[got * chunk: got * chunk + width], self._global(peer),
                                    group=self.group)]
-            for req in self.dist.batch_isend_irecv(ops):
-                req.wait()
+            self._p2p(ops)
 
-    # What torch's coalescing manager can put in one NCCL group. gather, sendrecv and
-    # hypercube go through batch_isend_irecv, which opens a coalescing group of its own;
-    # nested in another it breaks torch's bookkeeping (the inner one pops the outer state).
-    COALESCABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-                             "alltoall", "scatter", "alltoallv"})
+    def _p2p(self, ops) -> None:
+        """Send/receive `ops` (dist.P2POp) in one NCCL group: batch_isend_irecv, or, inside
+        op_group()'s group (-m), the ops themselves: the open group already holds them, and
+        batch_isend_irecv's own coalescing group cannot nest in another."""
+        if self._grouping:
+            for p in ops:
+                p.op(p.tensor, p.peer, group=p.group)
+            return
+        for req in self.dist.batch_isend_irecv(ops):
+            req.wait()
+
+    _grouping = False  # inside op_group()'s NCCL group
 
     def op_group(self, coll_name: str):
         """(factory of a context manager that puts the ops issued inside it in one NCCL
-        group, or None; a one-line reason when None) for -m."""
+        group, or None; a one-line reason when None) for -m: torch's coalescing manager."""
         if not self.is_gpu:
             return None, "gloo has no NCCL groups"
         manager = getattr(self.dist.distributed_c10d, "_coalescing_manager", None)
         if manager is None:
             return None, "this torch has no coalescing manager"
-        if coll_name not in self.COALESCABLE:
-            return None, f"torch cannot nest {coll_name}'s batch_isend_irecv group in another"
-        group, device = self.group, self.device
-        return (lambda: manager(group=group, device=device)), None
+
+        @contextlib.contextmanager
+        def grouped():
+            self._grouping = True
+            try:
+                with manager(group=self.group, device=self.device):
+                    yield
+            finally:
+                self._grouping = False
+        return grouped, None
 
     def bind(self, coll, send, recv, op, root, layout):
         """A zero-argument callable issuing one op on these buffers. Backends with a cheaper
