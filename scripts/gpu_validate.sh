@@ -8,7 +8,7 @@
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
 # hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
 # agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends).
-# Knobs: NP (ranks, default all GPUs), MAXBYTES (default 4G), OUT (log folder),
+# Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -34,6 +34,9 @@ for stage in $STAGES; do
     full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
       b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
       sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/$name.yaml"
+      if [ -n "${MINBYTES:-}" ]; then  # e.g. MINBYTES=128M MAXBYTES=2G: the reference rows >= 64 MiB only
+        sed -i "s/minbytes: 8$/minbytes: $MINBYTES/" "$LOG/$name.yaml"
+      fi
       if [ "$name" != "$b" ]; then  # CUDA graphs: one replay of the 20 captured ops, from 32 MiB (the reference rows 32M 128M 512M 2G)
         sed -i "s/minbytes: 8/minbytes: 32M/; s/^defaults:/defaults:\n  cudagraph: 1/" "$LOG/$name.yaml"
       fi
