@@ -108,8 +108,9 @@ for stage in $STAGES; do
           >"$LOG/agg_${b}_alltoall_m4.txt" 2>&1
       done ;;
     a2av)
-      printf "0 64M 1G\n512M 16M 0\n256M 256M 256M\n" | sed "s/1G/1073741824/; s/512M/536870912/; s/256M/268435456/g; s/64M/67108864/; s/16M/16777216/" \
-        | cut -d' ' -f1-"$NP" | head -n "$NP" >"$LOG/a2av_matrix.txt"
+      # an uneven NP x NP byte matrix (zeros included), every row and column total < 2 GiB
+      $PY -c "n=$NP; print('\n'.join(' '.join(str((i * n + j) * 7 % 5 * (96 << 20) // max(n - 1, 1)) for j in range(n)) for i in range(n)))" \
+        >"$LOG/a2av_matrix.txt"
       for b in nccl cupy; do
         for s in 1 0; do
           timeout 120 ncclbench alltoallv -g "$NP" --backend $b -b 8 -e "$MAXBYTES" -f 4 --alltoallv-spread $s --no-save \
