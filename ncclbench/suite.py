@@ -29,8 +29,32 @@ class SuiteRun:
         return dict(self.env)
 
 
-def load_suite(path: str) -> list[SuiteRun]:
-    """Parse and check a suite file; every problem names the file, the entry and the key."""
+def parse_overrides(items) -> dict:
+    """`--set KEY=VALUE` items -> {key: value}, values read as YAML scalars (`1` an int,
+    `4G` a string), keys among RUN_KEYS."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PlanError(f"--set {item!r}: expected KEY=VALUE, e.g. --set cudagraph=1")
+        if key not in RUN_KEYS:
+            raise PlanError(f"--set: unknown key {key!r} (allowed: {', '.join(sorted(RUN_KEYS))})")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = None
+        if value is None or isinstance(value, (list, dict)):
+            raise PlanError(f"--set {key}: {text!r} is not a single value")
+        out[key] = value
+    return out
+
+
+def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
+    """Parse and check a suite file; every problem names the file, the entry and the key.
+    `overrides` (parse_overrides) replace those options in every entry."""
     import yaml
 
     from ncclbench.collectives import lookup
@@ -70,6 +94,7 @@ def load_suite(path: str) -> list[SuiteRun]:
             raise PlanError(f"suite {path}: {where}: env names must be strings")
         options = {k: v for k, v in defaults.items() if k != "env"}
         options.update({k: v for k, v in entry.items() if k in RUN_KEYS})
+        options.update(overrides or {})
         label = str(entry.get("label") or _default_label(coll.command, options, env))
         runs.append(SuiteRun(i, label, coll.name, options, tuple(sorted((k, str(v)) for k, v in env.items()))))
     return runs

@@ -20,13 +20,15 @@ from ncclbench.errors import ExitCode, PlanError
 @click.option("--results-dir", default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR).")
 @click.option("--no-save", is_flag=True, help="Do not keep the runs in the result store.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Set a run option in every entry, over the file's value (e.g. cudagraph=1, agg_iters=4); repeatable.")
 @click.option("--group", "group_index", type=int, default=None, hidden=True)
-def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, group_index):
+def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
     from ncclbench import cli, launch
-    from ncclbench.suite import env_groups, load_suite
+    from ncclbench.suite import env_groups, load_suite, parse_overrides
 
-    runs = load_suite(suite_file)
+    runs = load_suite(suite_file, parse_overrides(overrides))
     groups = env_groups(runs)
     info = launch.detect()
     launched = info.launcher != "none"
@@ -66,6 +68,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         argv += ["--results-dir", results_dir] if results_dir else []
         argv += ["--no-save"] if no_save else []
         argv += ["--quiet"] if quiet else []
+        argv += [word for item in overrides for word in ("--set", item)]
         saved = {name: os.environ.get(name) for name, _ in env}
         os.environ.update(dict(env))
         try:

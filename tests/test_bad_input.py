@@ -7,6 +7,7 @@ rank starts, so no process would be spawned anyway (asserted: no child processes
 import psutil
 import pytest
 
+from conftest import ROOT
 from ncclbench.cli import main
 
 BAD_SUITE = "runs:\n  - collective: allreduce\n    datatype: float7\n"
@@ -100,6 +101,17 @@ def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
     assert str(path) in err[0] and words in err[0]
+
+
+@pytest.mark.parametrize("item,words", [("sizes=3", "unknown key 'sizes'"), ("iters", "expected KEY=VALUE"),
+                                        ("iters=[1, 2]", "not a single value"), ("iters=", "not a single value"),
+                                        ("iters=abc", "iters must be a non-negative integer")])
+def test_bad_suite_override_is_one_line(item, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["suite", str(ROOT / "configs" / "quick.yaml"), "--backend", "gloo", "--no-save", "--set", item])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert words in err[0], err
 
 
 def test_csv_with_other_columns_is_refused(capsys, tmp_path):

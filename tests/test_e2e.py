@@ -105,6 +105,20 @@ def test_agg_iters_on_gloo_say_the_ops_are_not_grouped():
     assert "NCCL group" not in r.stdout
 
 
+def test_suite_set_overrides_every_entry(tmp_path):
+    """`suite --set` replaces an option in every entry (over the file's own value) and
+    reaches the spawned ranks."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text("defaults:\n  minbytes: 64\n  maxbytes: 1K\n  iters: 5\nruns:\n  - allreduce\n"
+                     "  - collective: broadcast\n    iters: 7\n")
+    r = run_cli(["suite", str(suite), "-g", "2", "--backend", "gloo", "--no-save", "--set", "iters=2",
+                 "--set", "maxbytes=64", "--set", "agg_iters=2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    headers = [ln for ln in r.stdout.splitlines() if ln.startswith("# nThread")]
+    assert len(headers) == 2 and all("maxBytes 64 " in h and "iters: 2 agg iters: 2" in h for h in headers)
+    assert len(table_rows(r.stdout)) == 2
+
+
 def test_all_types_and_ops_skip_what_gloo_lacks():
     """-d all -o all on gloo: one row per pair gloo can run, in nccl-tests' order; the
     pairs it cannot run are named in the header instead of failing the run."""
