@@ -11,6 +11,7 @@ as nccl-tests wraps them in ncclGroupStart/End; -z waits after every op, so it d
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import statistics
@@ -73,15 +74,13 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
             for a in range(agg):
                 run_op(it * agg + a)
                 backend.synchronize()
-    elif group is not None and agg > 1:
+    else:
+        open_group = group if group is not None and agg > 1 else contextlib.nullcontext
+
         def step(it):
-            with group():
+            with open_group():
                 for a in range(agg):
                     run_op(it * agg + a)
-    else:
-        def step(it):
-            for a in range(agg):
-                run_op(it * agg + a)
 
     if settings.mode is TimingMode.GRAPH:
         def loop():
