@@ -123,30 +123,32 @@ def test_running_json_follows_every_row_while_it_is_cheap(tmp_path):
         assert doc["ncclbench"]["status"] == "running"
 
 
-def test_running_json_keeps_up_with_every_row_of_an_ordinary_sweep(tmp_path):
+def _json_writes_taking(monkeypatch, now: list, seconds: float) -> None:
+    """Every JSON write advances the fake clock `now[0]` by `seconds` (then writes)."""
+    import ncclbench.output as output
+
+    real_write = output.write_json_atomic
+
+    def timed_write(path, doc):
+        now[0] += seconds
+        real_write(path, doc)
+    monkeypatch.setattr(output, "write_json_atomic", timed_write)
+
+
+def test_running_json_keeps_up_with_every_row_of_an_ordinary_sweep(tmp_path, monkeypatch):
     """Writes of 5 ms with rows 1 ms apart: still every row (a sweep, not a 1000-row soak),
     because a rank torn down by its launcher after a peer died never writes the end of the
     run (tests/test_reliability.py)."""
-    import ncclbench.output as output
-
     now = [0.0]
     rep, row = _reporter_fixture(tmp_path, clock=lambda: now[0])
-    real_write = output.write_json_atomic
-
-    def write_5ms(path, doc):
-        now[0] += 0.005
-        real_write(path, doc)
-    output.write_json_atomic = write_5ms
-    try:
-        for k in range(10):
-            now[0] += 0.001
-            rep.add_row(row(8 * (k + 1)))
-            assert len(json.loads((tmp_path / "r.json").read_text())["results"]) == k + 1
-    finally:
-        output.write_json_atomic = real_write
+    _json_writes_taking(monkeypatch, now, 0.005)
+    for k in range(10):
+        now[0] += 0.001
+        rep.add_row(row(8 * (k + 1)))
+        assert len(json.loads((tmp_path / "r.json").read_text())["results"]) == k + 1
 
 
-def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_path):
+def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_path, monkeypatch):
     """Past the every-row limit (set to 0 here, 1000 rows in use), each write costing 1 s on
     the fake clock and rows 2 s apart: the next rewrite waits 20 s (5 % of the time on JSON),
     the rows in between reach it later, finish writes all."""
@@ -155,24 +157,14 @@ def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_
     now = [0.0]
     rep, row = _reporter_fixture(tmp_path, clock=lambda: now[0])
     rep.JSON_EVERY_ROW_UP_TO = 0
-    import ncclbench.output as output
-
-    real_write = output.write_json_atomic
-
-    def slow_write(path, doc):
-        now[0] += 1.0
-        real_write(path, doc)
-    output.write_json_atomic = slow_write
-    try:
-        seen = []
-        for k in range(30):
-            now[0] += 2.0
-            rep.add_row(row(8 * (k + 1)))
-            seen.append(len(json.loads((tmp_path / "r.json").read_text())["results"]))
-        assert seen[-1] < 30
-        assert 1 < len(set(seen)) <= 30 * 2 // 20 + 2  # a rewrite about every 20 fake seconds
-        rep.finish(RunSummary(rep.rows, complete=True))
-    finally:
-        output.write_json_atomic = real_write
+    _json_writes_taking(monkeypatch, now, 1.0)
+    seen = []
+    for k in range(30):
+        now[0] += 2.0
+        rep.add_row(row(8 * (k + 1)))
+        seen.append(len(json.loads((tmp_path / "r.json").read_text())["results"]))
+    assert seen[-1] < 30
+    assert 1 < len(set(seen)) <= 30 * 2 // 20 + 2  # a rewrite about every 20 fake seconds
+    rep.finish(RunSummary(rep.rows, complete=True))
     doc = json.loads((tmp_path / "r.json").read_text())
     assert len(doc["results"]) == 30 and doc["ncclbench"]["complete"] is True
