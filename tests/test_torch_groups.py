@@ -43,6 +43,7 @@ def backend(rank=0, n=4, gpu=True):
     b.dist = FakeDist()
     b.device = SimpleNamespace(type="cuda" if gpu else "cpu")
     b.group, b.group_rank, b.group_size = None, rank, n
+    b.torch = SimpleNamespace(cuda=SimpleNamespace(is_current_stream_capturing=lambda: False))  # hypercube's own-chunk copy
     return b
 
 

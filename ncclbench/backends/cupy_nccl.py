@@ -247,7 +247,7 @@ class CupyBackend(TorchBackend):
         chunk, item = recv.numel() // n, recv.element_size()
         own = recv[me * chunk:(me + 1) * chunk]
         if own.data_ptr() != send.data_ptr():
-            own.copy_(send)
+            self._copy(own, send)
         base, dtype = recv.data_ptr(), self._type(recv)
         for step, (peer, sent, got) in enumerate(hypercube_schedule(n, me)):
             width = (1 << step) * chunk
