@@ -110,15 +110,16 @@ class RankRunner:
         self.seed_counter = 0
         self.op_group = None
 
-    def group_ops(self) -> str | None:
-        """With -m > 1 (not -z), put each iteration's ops in one NCCL group where the backend
-        can, as nccl-tests does; returns a header note when it cannot."""
+    def group_ops(self):
+        """(factory of one NCCL group around each iteration's ops, or None; a header note or
+        None). With -m > 1 (not -z) ops are grouped where the backend can, as nccl-tests
+        does; the note says when it cannot."""
         if self.plan.agg_iters < 2 or self.plan.mode is TimingMode.BLOCKING:
-            return None
-        self.op_group, reason = self.backend.op_group(self.coll.name)
-        if self.op_group is None:
-            return f"-m {self.plan.agg_iters}: ops issued one by one, not in one NCCL group per iteration ({reason})"
-        return None
+            return None, None
+        group, reason = self.backend.op_group(self.coll.name)
+        if group is None:
+            return None, f"-m {self.plan.agg_iters}: ops issued one by one, not in one NCCL group per iteration ({reason})"
+        return group, None
 
     # ---- before the sweep ---------------------------------------------------------------
     def agree_on_plan(self):
@@ -302,7 +303,8 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     runner.agree_on_plan()
     runner.validate()
     devices = backend.all_gather_object(runner.device_record())
-    notes = [n for n in [runner.group_ops(), backend.prepare_registration(plan.local_register)] if n]
+    runner.op_group, group_note = runner.group_ops()
+    notes = [n for n in [group_note, backend.prepare_registration(plan.local_register)] if n]
     buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
     notes += [n for n in [backend.register_buffers()] if n]
     if backend.rank == 0:

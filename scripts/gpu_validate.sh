@@ -33,18 +33,19 @@ for stage in $STAGES; do
       torchrun --nproc-per-node 2 scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
     full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
       b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
-      sed "s/maxbytes: 4G/maxbytes: $MAXBYTES/" configs/full.yaml >"$LOG/$name.yaml"
-      if [ -n "${MINBYTES:-}" ]; then  # e.g. MINBYTES=128M MAXBYTES=2G: the reference rows >= 64 MiB only
-        sed -i "s/minbytes: 8$/minbytes: $MINBYTES/" "$LOG/$name.yaml"
-      fi
+      cp configs/full.yaml "$LOG/$name.yaml"
+      sets=(--set "maxbytes=$MAXBYTES")
       if [ "$name" != "$b" ]; then  # CUDA graphs: one replay of the 20 captured ops, from 32 MiB (the reference rows 32M 128M 512M 2G)
-        sed -i "s/minbytes: 8/minbytes: 32M/; s/^defaults:/defaults:\n  cudagraph: 1/" "$LOG/$name.yaml"
+        sets+=(--set cudagraph=1 --set minbytes=32M)
+      fi
+      if [ -n "${MINBYTES:-}" ]; then  # e.g. MINBYTES=128M MAXBYTES=2G: the reference rows >= 64 MiB only
+        sets+=(--set "minbytes=$MINBYTES")
       fi
       if [ -n "${COLLS:-}" ]; then  # only these collectives, e.g. COLLS="gather scatter"
         { sed '/^runs:/,$d' "$LOG/$name.yaml"; echo "runs:"; for c in $COLLS; do echo "  - $c"; done; } >"$LOG/full.tmp"
         mv "$LOG/full.tmp" "$LOG/$name.yaml"
       fi
-      timeout ${FULL_TIMEOUT:-240} ncclbench suite "$LOG/$name.yaml" -g "$NP" --backend "$b" --no-save \
+      timeout ${FULL_TIMEOUT:-240} ncclbench suite "$LOG/$name.yaml" "${sets[@]}" -g "$NP" --backend "$b" --no-save \
         --csv "$LOG/full_${name}_np$NP.csv" >"$LOG/full_${name}_np$NP.txt" 2>"$LOG/full_${name}_np$NP.err"
       echo "exit $?" >>"$LOG/full_${name}_np$NP.err" ;;
     latency)

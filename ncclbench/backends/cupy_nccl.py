@@ -220,7 +220,8 @@ class CupyBackend(TorchBackend):
     def op_group(self, coll_name: str):
         """-m: each iteration's ops between ncclGroupStart and ncclGroupEnd, as nccl-tests
         does (grouped collectives nest: NCCL merges nested groups into the outer one)."""
-        return functools.partial(_NcclGroup, self.nccl.groupStart, self.nccl.groupEnd), None
+        group = _NcclGroup(self.nccl.groupStart, self.nccl.groupEnd)  # stateless: one serves every iteration
+        return (lambda: group), None
 
     def _grouped_call(self, name, send, recv, root=None, layout=None):
         self._issue_group(self._group_parts(name, send, recv, root, layout), self._type(recv), self._stream())
@@ -275,7 +276,7 @@ class CupyBackend(TorchBackend):
 
 class _NcclGroup:
     """`with`: ncclGroupStart on entry, ncclGroupEnd on exit (a class, not a generator:
-    it is entered once per timed iteration)."""
+    the same instance is entered once per timed iteration)."""
 
     __slots__ = ("_start", "_end")
 
