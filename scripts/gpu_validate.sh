@@ -98,7 +98,7 @@ for stage in $STAGES; do
           >"$LOG/cycles_graph_$k.txt" 2>&1
         # per-iteration times: is an eager first-size outlier one stall (i_max) or a slow start (i_p50)?
         timeout 120 ncclbench allreduce -g "$NP" --backend cupy -b 8 -e 4K -f 8 -n 200 -N 2 -I 1 --no-save \
-          >"$LOG/cycles_cupyI_$k.txt" 2>&1
+          -J "$LOG/cycles_cupyI_$k.json" >"$LOG/cycles_cupyI_$k.txt" 2>&1
       done ;;
     agg)  # -m: each iteration's ops in one NCCL group, eager and in a graph, vs -m 1
       for b in cupy nccl; do
