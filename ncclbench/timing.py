@@ -1,7 +1,8 @@
 """The one timing engine, shared by every collective and backend.
 
-Per size and placement, as nccl-tests does: one untimed op, wait, host barrier (plus one
-more untimed op to align the ranks' streams), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
+Per size and placement, as nccl-tests does: the device marks made, one untimed op, wait,
+host barrier (plus one more untimed op to align the ranks' streams, and nothing else before
+the start mark), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
 collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
 `graph_replays` the iters x agg loop is captured once and the graph replayed that many
 times between the marks (after one untimed replay: a graph's first launch also uploads it).
@@ -60,6 +61,11 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
 
 def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, group) -> Timing:
     agg = settings.agg
+    steps = max(settings.graph_replays, 1) if settings.mode is TimingMode.GRAPH else settings.iters
+    # The marks are made before the ranks line up: making them (creating and first-recording
+    # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning op and the start mark
+    # let the ranks drift apart again, and one rank's first timed op waited for the others.
+    pool = backend.markers(steps + 1 if settings.per_iter else 2)
     run_op(0)
     backend.synchronize()
     backend.barrier()
@@ -93,15 +99,14 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
         backend.barrier()
         run_op(0)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
-        return _marked_loop(backend, max(settings.graph_replays, 1), lambda _k: replay(),
-                            settings.iters * agg, settings.per_iter)
-    return _marked_loop(backend, settings.iters, step, agg, settings.per_iter)
+        return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, settings.per_iter)
+    return _marked_loop(backend, pool, steps, step, agg, settings.per_iter)
 
 
-def _marked_loop(backend, steps: int, step: Callable[[int], None], ops_per_step: int, per_iter: bool) -> Timing:
-    """`step(k)` for k < steps between two device marks (and one after every step with -I);
-    times per op, per-iteration samples per op of each step."""
-    pool = backend.markers(steps + 1 if per_iter else 2)
+def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,
+                 per_iter: bool) -> Timing:
+    """`step(k)` for k < steps between two device marks from `pool` (and one after every
+    step with -I); times per op, per-iteration samples per op of each step."""
     host0 = time.perf_counter()
     marks = [backend.mark(pool[0])]
     for k in range(steps):

@@ -113,3 +113,39 @@ def test_graph_captures_the_groups_and_replays_once_untimed_before_timing():
     # ops: 2 untimed + 6 in the warm replay + 1 aligning op + 4 x 6 timed
     assert b.ops == 2 + 6 + 1 + 24
     assert t.device_s == pytest.approx(1e-6)
+
+
+class OrderBackend(CountingBackend):
+    """Logs the order of what the engine does around the start mark."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def markers(self, n):
+        self.log.append("markers")
+        return super().markers(n)
+
+    def barrier(self):
+        self.log.append("barrier")
+
+    def mark(self, marker):
+        self.log.append("mark")
+        return super().mark(marker)
+
+
+@pytest.mark.parametrize("settings", [TimingSettings(iters=3, per_iter=True),
+                                      TimingSettings(iters=3, mode=TimingMode.GRAPH, graph_replays=2, per_iter=True),
+                                      TimingSettings(iters=3)])
+def test_nothing_but_the_aligning_op_between_the_last_barrier_and_the_start_mark(settings):
+    """Making the marks (up to iters + 1 events with -I, ~0.1-0.5 ms of host time) after the
+    ranks were lined up let them drift apart again: iteration 0 then read 50-200 us on 2 GPUs."""
+    b = OrderBackend()
+
+    def op(_k):
+        b.log.append("op")
+        b.ops += 1
+    measure(b, op, settings)
+    last_barrier = len(b.log) - 1 - b.log[::-1].index("barrier")
+    assert b.log[last_barrier + 1:last_barrier + 3] == ["op", "mark"]
+    assert b.log.index("markers") < last_barrier
