@@ -108,9 +108,9 @@ class RankRunner:
         self.rank = backend.group_rank
         self.nranks = backend.group_size
         self.seed_counter = 0
-        self.op_group = None
+        self.op_group, self.group_note = self._group_ops()
 
-    def group_ops(self):
+    def _group_ops(self):
         """(factory of one NCCL group around each iteration's ops, or None; a header note or
         None). With -m > 1 (not -z) ops are grouped where the backend can, as nccl-tests
         does; the note says when it cannot."""
@@ -303,8 +303,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     runner.agree_on_plan()
     runner.validate()
     devices = backend.all_gather_object(runner.device_record())
-    runner.op_group, group_note = runner.group_ops()
-    notes = [n for n in [group_note, backend.prepare_registration(plan.local_register)] if n]
+    notes = [n for n in [runner.group_note, backend.prepare_registration(plan.local_register)] if n]
     buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
     notes += [n for n in [backend.register_buffers()] if n]
     if backend.rank == 0:
