@@ -46,37 +46,58 @@ class ProgressBoard:
 
 
 class SizeWatchdog:
-    """Calls `on_expire(what)` once if a step runs past its deadline."""
+    """Calls `on_expire(what)` once if a step runs past its deadline.
+
+    The thread sleeps until the deadline instead of polling: a Python thread that wakes
+    needs the GIL, and taking it from the main thread in the middle of a timed loop (each
+    op releases the GIL while it launches) costs that loop a thread hand-off, tens to
+    hundreds of microseconds, in one iteration. Re-arming only moves the deadline later,
+    so it never has to wake the thread; the thread wakes at a deadline that has since
+    moved (at most once per `timeout_s`), when armed after a disarm, and on stop."""
 
     def __init__(self, timeout_s: float, on_expire):
         self.timeout_s = timeout_s
         self.on_expire = on_expire
+        self.wakeups = 0          # times the thread woke (tests; the fewer the better)
         self._deadline = None
         self._what = ""
+        self._idle = False        # the thread waits with no deadline: arm() must wake it
+        self._stopped = False
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ncclbench-watchdog", daemon=True)
         self._thread.start()
 
     def arm(self, what: str) -> None:
         with self._lock:
             self._deadline, self._what = time.monotonic() + self.timeout_s, what
+            if self._idle:
+                self._idle = False
+                self._wake.set()
 
     def disarm(self) -> None:
         with self._lock:
-            self._deadline = None
+            self._deadline = None  # the sleeping thread finds out at the old deadline
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stopped = True
+            self._wake.set()
 
     def _watch(self) -> None:
-        while not self._stop.wait(0.2):
+        while True:
             with self._lock:
-                expired = self._deadline is not None and time.monotonic() > self._deadline
-                what = self._what
-            if expired:
+                if self._stopped:
+                    return
+                self._wake.clear()
+                deadline, what = self._deadline, self._what
+                wait = None if deadline is None else deadline - time.monotonic()
+                self._idle = deadline is None
+            if wait is not None and wait <= 0:
                 self.on_expire(what)
                 return
+            self._wake.wait(wait)
+            self.wakeups += 1
 
 
 def default_store():
