@@ -1,9 +1,10 @@
 """The one timing engine, shared by every collective and backend.
 
 Per size and placement, as nccl-tests does: the device marks made, one untimed op, wait,
-host barrier (plus one more untimed op to align the ranks' streams, and nothing else before
-the start mark), then `iters` outer iterations of `agg` ops between two device marks (CUDA events on the
-collective's stream, or the host clock for gloo), wait, time / (iters * agg). With
+host barrier (plus ALIGN_OPS more untimed ops to line the ranks' streams up, and nothing
+else before the start mark), then `iters` outer iterations of `agg` ops between two device
+marks (CUDA events on the collective's stream, or the host clock for gloo), wait,
+time / (iters * agg). With
 `graph_replays` the iters x agg loop is captured once and the graph replayed that many
 times between the marks (after one untimed replay: a graph's first launch also uploads it).
 Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G.
@@ -19,6 +20,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
+
+
+# Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
+# barrier releases ranks up to ~300 us apart); the next one or two ops after it were seen to
+# stall ~110 us on the GPU while the hosts issued at their normal pace (2 H200s, NCCL through
+# CuPy and torch, -I: 12 of 32 rows at iteration 0 or 1 with one op, 0 of 32 with four;
+# docs/BENCHMARKS.md). The cause is not known; the extra ops keep it out of the timed loop.
+ALIGN_OPS = 4
 
 
 class TimingMode(str, enum.Enum):
@@ -63,15 +72,12 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     agg = settings.agg
     steps = max(settings.graph_replays, 1) if settings.mode is TimingMode.GRAPH else settings.iters
     # The marks are made before the ranks line up: making them (creating and first-recording
-    # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning op and the start mark
+    # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning ops and the start mark
     # let the ranks drift apart again, and one rank's first timed op waited for the others.
     pool = backend.markers(steps + 1 if settings.per_iter else 2)
     run_op(0)
     backend.synchronize()
-    backend.barrier()
-    # The host barrier (gloo, over TCP) releases ranks up to ~100 us apart; one more untimed
-    # collective lines the GPUs up, so the start mark does not time the slowest rank's lag.
-    run_op(0)
+    _line_up(backend, run_op)
 
     if agg == 1 and settings.mode is TimingMode.EAGER:
         step = run_op  # the common case without a wrapper call per op (eager host cost)
@@ -96,11 +102,19 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
         replay = backend.capture(loop)
         replay()  # untimed: the first launch of a graph includes its upload to the device
         backend.synchronize()
-        backend.barrier()
-        run_op(0)
+        _line_up(backend, run_op)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
         return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, settings.per_iter)
     return _marked_loop(backend, pool, steps, step, agg, settings.per_iter)
+
+
+def _line_up(backend, run_op) -> None:
+    """Host barrier, then ALIGN_OPS untimed ops: the start mark then follows ops that both
+    lined the GPUs up (the slowest rank's lag is not timed) and got past the stall seen
+    in the first ops after the barrier."""
+    backend.barrier()
+    for _ in range(ALIGN_OPS):
+        run_op(0)
 
 
 def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,

@@ -3,7 +3,9 @@ number of ops issued (1 us each): how many ops each mark brackets, per mode."""
 
 import pytest
 
-from ncclbench.timing import TimingMode, TimingSettings, measure
+from ncclbench.timing import ALIGN_OPS, TimingMode, TimingSettings, measure
+
+UNTIMED = 1 + ALIGN_OPS  # the op before the barrier, then the aligning ops after it
 
 
 class CountingBackend:
@@ -65,7 +67,7 @@ def test_blocking_waits_after_every_op_and_plain_eager_only_at_the_ends():
     blocking_syncs = b.syncs
     t, b = run(TimingSettings(iters=4, agg=1))
     assert blocking_syncs - b.syncs == 8  # one per timed op
-    assert t.device_s == pytest.approx(1e-6) and b.ops == 2 + 4  # two untimed ops, four timed
+    assert t.device_s == pytest.approx(1e-6) and b.ops == UNTIMED + 4  # the untimed ops, four timed
 
 
 class RecordingGroup:
@@ -92,8 +94,9 @@ def run_grouped(settings):
 
 def test_agg_ops_of_each_iteration_are_issued_inside_one_group():
     t, b, log = run_grouped(TimingSettings(iters=3, agg=4))
-    # two untimed ops first, then one group per iteration around exactly its 4 ops
-    assert log == [("start", 2), ("end", 6), ("start", 6), ("end", 10), ("start", 10), ("end", 14)]
+    # the untimed ops first, then one group per iteration around exactly its 4 ops
+    u = UNTIMED
+    assert log == [("start", u), ("end", u + 4), ("start", u + 4), ("end", u + 8), ("start", u + 8), ("end", u + 12)]
     assert t.device_s == pytest.approx(1e-6)
 
 
@@ -101,7 +104,7 @@ def test_no_group_for_single_ops_nor_for_blocking():
     _, _, log = run_grouped(TimingSettings(iters=3, agg=1))
     assert log == []
     _, b, log = run_grouped(TimingSettings(iters=3, agg=2, mode=TimingMode.BLOCKING))
-    assert log == [] and b.ops == 2 + 6
+    assert log == [] and b.ops == UNTIMED + 6
 
 
 def test_graph_captures_the_groups_and_replays_once_untimed_before_timing():
@@ -109,9 +112,11 @@ def test_graph_captures_the_groups_and_replays_once_untimed_before_timing():
     # the fake "graph" is the loop itself (capturing issues nothing): each replay runs its
     # 2 groups of 3 ops; one untimed warm replay, then the 4 timed ones
     assert [k for k, _ in log].count("start") == 2 * (1 + 4)
-    assert log[:4] == [("start", 2), ("end", 5), ("start", 5), ("end", 8)]
-    # ops: 2 untimed + 6 in the warm replay + 1 aligning op + 4 x 6 timed
-    assert b.ops == 2 + 6 + 1 + 24
+    # the first untimed op and the aligning ops before the capture; capturing issues nothing
+    u = UNTIMED
+    assert log[:4] == [("start", u), ("end", u + 3), ("start", u + 3), ("end", u + 6)]
+    # ops: untimed + 6 in the warm replay + the aligning ops again + 4 x 6 timed
+    assert b.ops == u + 6 + ALIGN_OPS + 24
     assert t.device_s == pytest.approx(1e-6)
 
 
@@ -137,9 +142,10 @@ class OrderBackend(CountingBackend):
 @pytest.mark.parametrize("settings", [TimingSettings(iters=3, per_iter=True),
                                       TimingSettings(iters=3, mode=TimingMode.GRAPH, graph_replays=2, per_iter=True),
                                       TimingSettings(iters=3)])
-def test_nothing_but_the_aligning_op_between_the_last_barrier_and_the_start_mark(settings):
+def test_nothing_but_the_aligning_ops_between_the_last_barrier_and_the_start_mark(settings):
     """Making the marks (up to iters + 1 events with -I, ~0.1-0.5 ms of host time) after the
-    ranks were lined up let them drift apart again: iteration 0 then read 50-200 us on 2 GPUs."""
+    ranks were lined up let them drift apart again: iteration 0 then read 50-200 us on 2 GPUs.
+    And with one aligning op, the first or second timed op after it often stalled ~110 us."""
     b = OrderBackend()
 
     def op(_k):
@@ -147,5 +153,6 @@ def test_nothing_but_the_aligning_op_between_the_last_barrier_and_the_start_mark
         b.ops += 1
     measure(b, op, settings)
     last_barrier = len(b.log) - 1 - b.log[::-1].index("barrier")
-    assert b.log[last_barrier + 1:last_barrier + 3] == ["op", "mark"]
+    assert ALIGN_OPS >= 3
+    assert b.log[last_barrier + 1:last_barrier + 2 + ALIGN_OPS] == ["op"] * ALIGN_OPS + ["mark"]
     assert b.log.index("markers") < last_barrier
