@@ -4,9 +4,9 @@ Per size and placement, as nccl-tests does: the device marks made, one untimed o
 host barrier (plus ALIGN_OPS more untimed ops to line the ranks' streams up, and nothing
 else before the start mark), then `iters` outer iterations of `agg` ops between two device
 marks (CUDA events on the collective's stream, or the host clock for gloo), wait,
-time / (iters * agg). With
-`graph_replays` the iters x agg loop is captured once and the graph replayed that many
-times between the marks (after one untimed replay: a graph's first launch also uploads it).
+time / (iters * agg). With `graph_replays` the iters x agg loop is captured once and the
+graph replayed that many times between the marks (after one untimed replay: a graph's
+first launch also uploads it).
 Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G.
 With `agg` > 1 each iteration's ops go in one group (`group()`, the backend's NCCL group),
 as nccl-tests wraps them in ncclGroupStart/End; -z waits after every op, so it does not."""
