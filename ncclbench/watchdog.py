@@ -49,11 +49,11 @@ class SizeWatchdog:
     """Calls `on_expire(what)` once if a step runs past its deadline.
 
     The thread sleeps until the deadline instead of polling: a Python thread that wakes
-    needs the GIL, and taking it from the main thread in the middle of a timed loop (each
-    op releases the GIL while it launches) costs that loop a thread hand-off, tens to
-    hundreds of microseconds, in one iteration. Re-arming only moves the deadline later,
-    so it never has to wake the thread; the thread wakes at a deadline that has since
-    moved (at most once per `timeout_s`), when armed after a disarm, and on stop."""
+    needs the GIL, which it may take from the main thread in the middle of a timed loop.
+    (On 2 H200s a 0.2 s poll showed no measurable effect on per-iteration times; sleeping
+    costs nothing and leaves no doubt.) Re-arming only moves the deadline later, so it
+    never has to wake the thread; the thread wakes at a deadline that has since moved (at
+    most once per `timeout_s`), when armed after a disarm, and on stop."""
 
     def __init__(self, timeout_s: float, on_expire):
         self.timeout_s = timeout_s
