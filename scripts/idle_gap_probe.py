@@ -39,17 +39,50 @@ def _busy_wait(seconds: float) -> None:
         pass
 
 
+VARIANTS = ("local", "peer_load", "peer_copy", "host_load")
+
+
+def _gaps(text: str) -> list[float]:
+    try:
+        gaps = [float(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of microseconds: {text!r}") from None
+    if any(g < 0 for g in gaps):
+        raise argparse.ArgumentTypeError(f"gaps must be >= 0: {text!r}")
+    return gaps
+
+
+def _variants(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {','.join(unknown)}; choose from {','.join(VARIANTS)}")
+    return names
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gaps", default="0,20,50,100,200,500,1000,2000,5000,20000", help="idle gaps in us")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--ops", type=int, default=4, help="ops timed after each gap")
+    ap.add_argument("--gaps", type=_gaps, default="0,20,50,100,200,500,1000,2000,5000,20000", help="idle gaps in us")
+    ap.add_argument("--reps", type=_positive, default=30)
+    ap.add_argument("--ops", type=_positive, default=4, help="ops timed after each gap")
     ap.add_argument("--gated", action="store_true", help="queue a ~50 us spin kernel before the ops")
-    ap.add_argument("--variants", default="local,peer_load,peer_copy,host_load")
+    ap.add_argument("--variants", type=_variants, default=",".join(VARIANTS))
     args = ap.parse_args()
 
-    import cupy
-
+    try:
+        import cupy
+    except ImportError:
+        raise SystemExit("idle_gap_probe: needs CuPy (pip install 'ncclbench[cuda12]' or '[cuda13]')") from None
     if cupy.cuda.runtime.getDeviceCount() < 2:
         raise SystemExit("idle_gap_probe: needs two GPUs")
     with cupy.cuda.Device(1):
@@ -79,15 +112,14 @@ def main() -> None:
     variants = {"local": op_local, "peer_load": op_peer_load, "peer_copy": op_peer_copy,
                 "host_load": op_host_load}
     events = [cupy.cuda.Event() for _ in range(args.ops + 1)]
-    gaps = [float(g) for g in args.gaps.split(",")]
     print(f"# reps {args.reps}, ops {args.ops}, gated {args.gated}; per op position: median / max us")
     print(f"# {'variant':<10} {'gap_us':>7}  " + "  ".join(f"{'op' + str(i):>13}" for i in range(args.ops)))
-    for name in args.variants.split(","):
+    for name in args.variants:
         op = variants[name]
         for _ in range(10):  # warm every path once
             op()
         stream.synchronize()
-        for gap in gaps:
+        for gap in args.gaps:
             samples = [[] for _ in range(args.ops)]
             for _ in range(args.reps):
                 stream.synchronize()
