@@ -430,8 +430,9 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         "per_iter_timing": "true" if plan.per_iter else "false", "per_iter_skip": plan.per_iter_skip,
         "parallel_init": "false", "unalign": plan.unalign, "min_bw": plan.min_bw, "min_peak_bw": plan.min_peak_bw,
     }
+    # what shapes the numbers: NCCL's and PyTorch's knobs (TORCH_FR_*: its flight recorder)
     env = sorted(f"{k}={v}" for k, v in os.environ.items()
-                 if k.startswith(("NCCL_", "TORCH_NCCL_", "CUDA_", "NCCLBENCH_")))
+                 if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "NCCLBENCH_")))
     return RunInfo(
         collective=plan.coll.name, args=list(plan.args), backend=plan.backend, mode=plan.mode.value,
         timing=backend.timing_name(), nranks=backend.group_size, devices=devices,

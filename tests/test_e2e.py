@@ -1,6 +1,7 @@
 """End-to-end: real ranks on the CPU (gloo) through the same launchers users use."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -69,10 +70,15 @@ def test_launched_by_torchrun_directly(tmp_path):
     out = tmp_path / "r.json"
     cmd = [torchrun, "--nproc-per-node", "3", "--standalone", "-m", "ncclbench", "reducescatter",
            "--backend", "gloo", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--no-save", "-J", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="0", NCCL_ALGO="Ring", NCCLBENCH_TEST_MARKER="x",
+               UNRELATED_ENV_FOR_THE_TEST="y")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     _check_nccl_tests_layout(_tests(r.stdout)["reduce_scatter"], 3, nsizes=3)
     doc = json.loads(out.read_text())
+    # the knobs that shape the numbers are recorded, other variables are not
+    assert {"TORCH_FR_BUFFER_SIZE=0", "NCCL_ALGO=Ring", "NCCLBENCH_TEST_MARKER=x"} <= set(doc["env"])
+    assert not any(e.startswith("UNRELATED_ENV_FOR_THE_TEST") for e in doc["env"])
     assert doc["version"] == 3 and doc["ncclbench"]["ranks"] == 3 and doc["ncclbench"]["complete"] is True
     assert [res["size"] for res in doc["results"]] == [1008, 4080, 16368]  # 16-byte-aligned chunks x 3
 
