@@ -7,7 +7,7 @@
 # register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
 # hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
-# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends).
+# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls).
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
@@ -88,6 +88,8 @@ for stage in $STAGES; do
       { torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
         NCCL_GRAPH_MIXING_SUPPORT=0 torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
         torchrun --nproc-per-node "$NP" scripts/host_profile.py torch; } >"$LOG/hostprof.txt" 2>&1 ;;
+    tstall)  # torch eager's long host stalls: period and what their length follows (scripts/torch_stall_probe.py)
+      for k in 1 2; do timeout 120 torchrun --nproc-per-node "$NP" scripts/torch_stall_probe.py; done >"$LOG/tstall.txt" 2>&1 ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
         for b in cupy nccl; do
