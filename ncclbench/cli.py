@@ -214,7 +214,7 @@ def announce_backend(requested: str | None, chosen: str, rank: int) -> None:
 
 
 def output_spec(plan, o: dict):
-    from ncclbench.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir
+    from ncclbench.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
 
     if o["output_file"]:
         check_writable(o["output_file"], "JSON file")
@@ -229,6 +229,7 @@ def output_spec(plan, o: dict):
             raise _fail(f"cannot use result store {results_dir}: {exc.strerror}") from None
         if not os.access(results_dir, os.W_OK):
             raise _fail(f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
+        probe_directory(results_dir, f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
     return OutputSpec(json_path=o["output_file"], csv_path=o["csv_path"], results_dir=results_dir,
                       timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip,
                       progress=not o.get("quiet"))

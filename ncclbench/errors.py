@@ -15,6 +15,7 @@ class ExitCode(enum.IntEnum):
     NCCL_ERROR = 3      # a collective call failed (NCCL / gloo error, lost peer)
     TIMEOUT = 4         # a size did not finish within -T seconds
     BAD_GPU_COUNT = 5   # asked for more GPUs than visible
+    OUTPUT_ERROR = 6    # a result file (JSON, CSV, store) could not be written; stdout has every row
     INTERRUPTED = 130   # Ctrl-C: rows finished so far are kept
     WRONG_RESULTS = 7   # #wrong > 0, or bandwidth below NCCL_TESTS_MIN_BW
 

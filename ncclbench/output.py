@@ -4,14 +4,17 @@ starts, so an interrupted or crashed run leaves valid files with the rows done s
 JSON (one document, rewritten whole) follows each row too up to 1000 rows; past that (long
 -N 0 soaks) it is rewritten at most about every 20 x its own write time, so the rewrites
 take <= ~5 % of the run, and finish() (done, failed, timed out or interrupted) writes it in
-full."""
+full. A file that cannot be written any more (full disk, folder gone) is dropped with one
+warning and the sweep goes on; the run then ends as an output error (exit 6)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +84,23 @@ def check_writable(path: str, what: str) -> None:
         raise PlanError(f"cannot write {what} {path}: directory {parent} is not writable")
     if Path(path).is_dir():
         raise PlanError(f"cannot write {what} {path}: it is a directory")
+    probe_directory(parent, f"cannot write {what} {path}")
+    if Path(path).exists():
+        try:
+            open(path, "a").close()  # opened for appending, nothing written
+        except OSError as exc:
+            raise PlanError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+
+
+def probe_directory(directory, prefix: str) -> None:
+    """Create and remove a file there: os.access trusts permission bits, which say yes to
+    root on a read-only or pseudo file system (/proc) where creating a file still fails."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ncclbench-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PlanError(f"{prefix}: {exc.strerror or exc}") from None
 
 
 def check_csv_appendable(path: str) -> None:
@@ -170,12 +190,17 @@ def _okay(flag: bool | None) -> str:
 
 def write_json_atomic(path: str, doc: dict) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a disk that filled up mid-write keeps no half document
+        raise
 
 
 # ---- CSV -------------------------------------------------------------------------------------
@@ -222,11 +247,16 @@ class Reporter:
         self.stream = stream or sys.stdout
         self.rows: list[ResultRow] = []
         self.peak_line_for = peak_line_for
+        self.output_errors: list[str] = []  # result files that failed; the run goes on without them
+        self.csv_path = spec.csv_path
         self.json_path = exclusive_json_path(spec.json_path) if spec.json_path else None
         self.store_path = None
         if spec.results_dir:
-            os.makedirs(spec.results_dir, exist_ok=True)
-            self.store_path = store_path(spec.results_dir, info)
+            try:
+                os.makedirs(spec.results_dir, exist_ok=True)
+                self.store_path = store_path(spec.results_dir, info)
+            except OSError as exc:
+                self._lost("result store", spec.results_dir, exc)
         if self.json_path:
             self._print(f"# Writing JSON output to {self.json_path}")
         for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip):
@@ -237,12 +267,26 @@ class Reporter:
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
+    def _lost(self, what: str, path: str, exc: OSError) -> None:
+        """A result file could not be written (disk full, removed directory, ...): say so once,
+        stop writing it, and keep measuring: the table on stdout and the other files still
+        get every row, and finish() lists it and makes the exit code non-zero."""
+        message = f"cannot write {what} {path}: {exc.strerror or exc}"
+        self.output_errors.append(message)
+        print(f"ncclbench: warning: {message}; the run goes on without it (stdout keeps every row)",
+              file=sys.stderr, flush=True)
+
     def _write_json(self, summary: RunSummary, end_time: str | None = None) -> None:
         doc = None
-        for path in (self.json_path, self.store_path):
+        for attr, what in (("json_path", "JSON file"), ("store_path", "result store file")):
+            path = getattr(self, attr)
             if path:
                 doc = doc or run_json(self.info, summary, end_time)
-                write_json_atomic(path, doc)
+                try:
+                    write_json_atomic(path, doc)
+                except OSError as exc:
+                    setattr(self, attr, None)
+                    self._lost(what, path, exc)
 
     def _write_running_json(self) -> None:
         if not (self.json_path or self.store_path):
@@ -263,8 +307,12 @@ class Reporter:
         self._print(report.row_line(row, self.spec.per_iter, self.spec.timestamps))
         for line in row.notes:
             self._print(line)
-        if self.spec.csv_path:
-            append_csv(self.spec.csv_path, csv_records(self.info, row))
+        if self.csv_path:
+            try:
+                append_csv(self.csv_path, csv_records(self.info, row))
+            except OSError as exc:
+                path, self.csv_path = self.csv_path, None
+                self._lost("CSV file", path, exc)
         self._write_running_json()
 
     def finish(self, summary: RunSummary) -> None:
@@ -272,9 +320,15 @@ class Reporter:
             self.progress.stop()
             self.progress = None
         peak_line = self.peak_line_for(summary) if self.peak_line_for else None
+        end_time = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        self._write_json(summary, end_time=end_time)  # first: a failure here is reported below
+        if self.output_errors:
+            summary.errors.extend(e for e in self.output_errors if e not in summary.errors)
+            if summary.status == "ok":
+                summary.status = "output_error"
+            self._write_json(summary, end_time=end_time)  # the files that still work say so too
         for line in report.trailer_lines(self.info, summary, peak_line):
             self._print(line)
-        self._write_json(summary, end_time=_dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S"))
         self.summary = summary
         if self.store_path:
             print(f"ncclbench: results saved to {self.store_path}", file=sys.stderr)

@@ -90,7 +90,7 @@ class RunInfo:
 class RunSummary:
     rows: list[ResultRow]
     complete: bool
-    status: str = "ok"      # ok | wrong_results | bandwidth_low | timeout | interrupted | error
+    status: str = "ok"      # ok | wrong_results | bandwidth_low | output_error | timeout | interrupted | error
     errors: list[str] = field(default_factory=list)
     memory: dict | None = None  # -M: MiB by what holds it
 

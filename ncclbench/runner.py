@@ -291,7 +291,8 @@ def run_rank(plans, launch, make_report) -> int:
 
 def _severity(code: int) -> int:
     # a lost peer or timeout outranks wrong numbers, which outrank success
-    order = [ExitCode.OK, ExitCode.WRONG_RESULTS, ExitCode.INTERRUPTED, ExitCode.TIMEOUT, ExitCode.NCCL_ERROR]
+    order = [ExitCode.OK, ExitCode.OUTPUT_ERROR, ExitCode.WRONG_RESULTS, ExitCode.INTERRUPTED, ExitCode.TIMEOUT,
+             ExitCode.NCCL_ERROR]
     return order.index(code) if code in order else len(order)
 
 
@@ -387,6 +388,7 @@ def exit_code_for(summary: RunSummary) -> int:
         "ok": ExitCode.OK,
         "wrong_results": ExitCode.WRONG_RESULTS,
         "bandwidth_low": ExitCode.WRONG_RESULTS,
+        "output_error": ExitCode.OUTPUT_ERROR,
         "interrupted": ExitCode.INTERRUPTED,
         "timeout": ExitCode.TIMEOUT,
         "error": ExitCode.NCCL_ERROR,

@@ -47,6 +47,11 @@ CASES = [
     ("json dir missing", ["allreduce", "--backend", "gloo", "-J", "/nonexistent/dir/r.json"], "does not exist"),
     ("csv dir missing", ["allreduce", "--backend", "gloo", "--csv", "/nonexistent/dir/r.csv"], "does not exist"),
     ("results dir unusable", ["allreduce", "--backend", "gloo", "--results-dir", "/proc/ncclbench"], "result store"),
+    # /proc passes permission checks for root, yet no file can be created there
+    ("json where no file can be made", ["allreduce", "--backend", "gloo", "-J", "/proc/ncclbench-r.json"],
+     "cannot write JSON file /proc/ncclbench-r.json"),
+    ("csv where no file can be made", ["allreduce", "--backend", "gloo", "--csv", "/proc/ncclbench-r.csv"],
+     "cannot write CSV file /proc/ncclbench-r.csv"),
     ("nodes without master", ["allreduce", "--backend", "gloo", "-g", "2", "--nnodes", "2"], "--master-addr"),
     ("node rank beyond nodes", ["allreduce", "--backend", "gloo", "--nnodes", "2", "--node-rank", "2",
                                 "--master-addr", "h"], "--node-rank 2"),

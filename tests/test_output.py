@@ -93,7 +93,7 @@ def test_show_reads_nccl_tests_text(capsys):
     assert "sendrecv" in out and "2147483648" in out
 
 
-def _reporter_fixture(tmp_path, clock):
+def _reporter_fixture(tmp_path, clock, spec=None):
     import io
 
     from ncclbench.output import OutputSpec, Reporter
@@ -104,7 +104,8 @@ def _reporter_fixture(tmp_path, clock):
     info = RunInfo(collective="all_reduce", args=["allreduce"], backend="gloo", mode="eager", timing="host clock",
                    nranks=1, devices=[DeviceRecord(0, 0, 1, "h", -1, "0", "cpu")], ncclbench_version="0",
                    torch_version="0", nccl_code=0, nccl_text="gloo", config=config, env=[], start_time="now")
-    rep = Reporter(info, OutputSpec(json_path=str(tmp_path / "r.json")), stream=io.StringIO(), clock=clock)
+    spec = spec or OutputSpec(json_path=str(tmp_path / "r.json"))
+    rep = Reporter(info, spec, stream=io.StringIO(), clock=clock)
 
     def row(size):
         cell = PlacementResult(1.0, 1.0, 1.0, 0)
@@ -168,3 +169,63 @@ def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_
     rep.finish(RunSummary(rep.rows, complete=True))
     doc = json.loads((tmp_path / "r.json").read_text())
     assert len(doc["results"]) == 30 and doc["ncclbench"]["complete"] is True
+
+
+def test_a_result_file_that_stops_working_mid_run_loses_no_rows(tmp_path, capsys):
+    """Its directory removed after the first row (a disk that fills up or goes away): one
+    warning, that file is dropped, every row still reaches stdout and the other files, and
+    the run ends as an output error (exit 6) naming the file."""
+    import shutil
+
+    import pandas as pd
+
+    from ncclbench.output import OutputSpec
+    from ncclbench.results import RunSummary
+    from ncclbench.runner import exit_code_for
+
+    (tmp_path / "j").mkdir()
+    (tmp_path / "c").mkdir()
+    spec = OutputSpec(json_path=str(tmp_path / "j" / "r.json"), csv_path=str(tmp_path / "c" / "r.csv"))
+    rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0, spec=spec)
+    rep.add_row(row(8))
+    shutil.rmtree(tmp_path / "j")
+    for size in (16, 32, 64):
+        rep.add_row(row(size))
+    summary = RunSummary(list(rep.rows), complete=True)
+    rep.finish(summary)
+    err = capsys.readouterr().err
+    lost = f"cannot write JSON file {tmp_path / 'j' / 'r.json'}: No such file or directory"
+    assert err.count("ncclbench: warning: " + lost) == 1
+    assert summary.status == "output_error" and summary.errors == [lost]
+    assert exit_code_for(summary) == 6
+    text = rep.stream.getvalue()
+    assert len(table_rows(text)) == 4 and f"# Error: {lost}" in text
+    assert list(pd.read_csv(tmp_path / "c" / "r.csv").size_bytes) == [8, 8, 16, 16, 32, 32, 64, 64]
+    assert not (tmp_path / "j").exists()  # nothing recreated it
+
+
+def test_a_lost_csv_is_named_in_the_json_and_the_json_keeps_every_row(tmp_path, capsys):
+    import shutil
+
+    from ncclbench.output import OutputSpec
+    from ncclbench.results import RunSummary
+
+    (tmp_path / "c").mkdir()
+    spec = OutputSpec(json_path=str(tmp_path / "r.json"), csv_path=str(tmp_path / "c" / "r.csv"))
+    rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0, spec=spec)
+    rep.add_row(row(8))
+    shutil.rmtree(tmp_path / "c")
+    rep.add_row(row(16))
+    rep.finish(RunSummary(list(rep.rows), complete=True))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [r["size"] for r in doc["results"]] == [8, 16]
+    assert doc["ncclbench"]["status"] == "output_error"
+    assert any("cannot write CSV file" in e for e in doc["errors"])
+    assert "ncclbench: warning: cannot write CSV file" in capsys.readouterr().err
+
+
+def test_an_output_error_ranks_below_every_measured_failure():
+    from ncclbench.errors import ExitCode
+    from ncclbench.runner import _severity
+
+    assert _severity(ExitCode.OK) < _severity(ExitCode.OUTPUT_ERROR) < _severity(ExitCode.WRONG_RESULTS)

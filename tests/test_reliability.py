@@ -105,6 +105,33 @@ def test_ctrl_c_during_endless_cycles(tmp_path):
     assert not _wait_gone(str(tmp_path))
 
 
+def test_json_folder_removed_mid_run(tmp_path):
+    """The -J file's folder disappears after the first row: the run measures every size,
+    the table and the CSV keep every row, and it ends with exit 6 naming the JSON file."""
+    import shutil
+
+    (tmp_path / "j").mkdir()
+    cmd = [*cli_command(), "allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4M", "-f", "2",
+           "-n", "5", "--no-save", "-J", str(tmp_path / "j" / "r.json"), "--csv", str(tmp_path / "r.csv")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    out = []
+    for line in proc.stdout:  # the first data row: the JSON has been written once
+        out.append(line)
+        if table_rows(line):
+            shutil.rmtree(tmp_path / "j")
+            break
+    rest, err = proc.communicate(timeout=240)
+    out = "".join(out) + rest
+    assert proc.returncode == 6, err
+    assert len(table_rows(out)) == 13  # 1K .. 4M
+    assert f"# Error: cannot write JSON file {tmp_path / 'j' / 'r.json'}" in out
+    assert "Traceback" not in err
+    assert err.count("ncclbench: warning: cannot write JSON file") == 1
+    assert err.strip().splitlines()[-1].startswith("ncclbench: error: cannot write JSON file")
+    assert len(pd.read_csv(tmp_path / "r.csv")) == 2 * 13
+
+
 def test_exit_code_of_failures_prefers_the_run_verdict():
     """Rank 0's own code wins; a rank-0 SIGTERM by the launcher does not hide another
     rank's code; only signals alone mean a lost peer."""
