@@ -7,7 +7,8 @@
 # register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
 # hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
-# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls).
+# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls),
+# pin (ranks pinned to their own CPUs or not: small all_reduce, both backends).
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
@@ -90,6 +91,19 @@ for stage in $STAGES; do
         torchrun --nproc-per-node "$NP" scripts/host_profile.py torch; } >"$LOG/hostprof.txt" 2>&1 ;;
     tstall)  # torch eager's long host stalls: period and what their length follows (scripts/torch_stall_probe.py)
       for k in 1 2; do timeout 120 torchrun --nproc-per-node "$NP" scripts/torch_stall_probe.py; done >"$LOG/tstall.txt" 2>&1 ;;
+    pin)  # does pinning each rank to its own CPUs change small-message times? (scripts/pinned_rank.py)
+      for k in 1 2 3 4; do
+        for pin in none 4 1; do
+          PIN=$pin timeout 60 torchrun --standalone --nproc-per-node "$NP" scripts/pinned_rank.py allreduce --backend cupy \
+            -b 8 -e 4K -f 8 -n 200 -N 2 -I 1 --no-save >"$LOG/pin_cupy_${pin}_$k.txt" 2>&1
+        done
+      done
+      for k in 1 2; do
+        for pin in none 4; do
+          PIN=$pin timeout 60 torchrun --standalone --nproc-per-node "$NP" scripts/pinned_rank.py allreduce --backend nccl \
+            -b 8 -e 4K -f 8 -n 200 -N 2 -C 1 --no-save >"$LOG/pin_nccl_${pin}_$k.txt" 2>&1
+        done
+      done ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
         for b in cupy nccl; do
