@@ -14,6 +14,16 @@ REFERENCE = FIXTURES / "nccl-tests"
 ROW_RE = re.compile(r"^\s+\d+\s+\d+\s")
 
 
+def load_script(name: str):
+    """scripts/<name>.py imported as a module (the scripts are not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def reference_files(pattern="*/*.txt"):
     return sorted(REFERENCE.glob(pattern))
 

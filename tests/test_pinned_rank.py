@@ -1,27 +1,19 @@
 """scripts/pinned_rank.py: which CPUs each local rank gets, and a real run under torchrun
 (gloo) where each rank is pinned to one CPU of its own."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "pinned_rank.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("pinned_rank", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_ranks_get_disjoint_cpus_after_the_first_two():
-    pin = _module()
+    pin = load_script("pinned_rank")
     allowed = [5, 1, 0, 3, 2, 4, 7, 6, 9, 8]  # order as a set may give it
     assert pin.pinned_cpus(allowed, 0, 4) == [2, 3, 4, 5]
     assert pin.pinned_cpus(allowed, 1, 4) == [6, 7, 8, 9]
@@ -29,7 +21,7 @@ def test_ranks_get_disjoint_cpus_after_the_first_two():
 
 
 def test_too_few_cpus_or_a_bad_count_is_refused():
-    pin = _module()
+    pin = load_script("pinned_rank")
     with pytest.raises(ValueError, match="local rank 2 needs CPUs 10..13"):
         pin.pinned_cpus(list(range(12)), 2, 4)
     with pytest.raises(ValueError, match="positive"):

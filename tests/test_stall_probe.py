@@ -1,28 +1,20 @@
 """scripts/torch_stall_probe.py: its stall analysis and its argument checks (the probe itself
 needs NCCL GPUs; its results are in docs/BENCHMARKS.md)."""
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "torch_stall_probe.py"
-
-
-def _probe():
-    spec = importlib.util.spec_from_file_location("torch_stall_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_stalls_whose_length_follows_the_calls_since_the_last_one():
     """Synthetic calls of 30 us; every 1000 calls a stall of 7 us per call issued since the
     previous stall (what a per-call list walked at a fixed period would give)."""
-    probe = _probe()
+    probe = load_script("torch_stall_probe")
     durations, last = [], 0
     for i in range(5000):
         if i and i % 1000 == 0:
@@ -40,7 +32,7 @@ def test_stalls_whose_length_follows_the_calls_since_the_last_one():
 
 
 def test_a_pad_raises_the_stall_threshold():
-    probe = _probe()
+    probe = load_script("torch_stall_probe")
     durations = [100.0] * 300 + [1050.0] + [100.0] * 300
     assert probe.summarize(durations, pad_us=0.0, threshold_us=1000.0)["stalls"] == 1
     assert probe.summarize(durations, pad_us=90.0, threshold_us=1000.0)["stalls"] == 0
