@@ -22,13 +22,16 @@ from ncclbench.clitypes import BadInput, OneLineErrorCommand
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    """One line on stderr, then exit with `code`.
+    """One line on stderr (`ncclbench <command>: error: ...`, as OneLineErrorCommand
+    writes bad input), then exit with `code`.
 
     SystemExit rather than click's Exit: click returns (not raises) Exit codes when
     run with standalone_mode=False, so a wrapper could lose them; SystemExit passes
     through click untouched and never prints a traceback.
     """
-    click.echo(message, err=True)
+    ctx = click.get_current_context(silent=True)
+    name = f"ncclbench {ctx.info_name}" if ctx is not None and ctx.info_name else "ncclbench"
+    click.echo(f"{name}: error: {message}", err=True)
     raise SystemExit(code)
 
 
@@ -371,10 +374,10 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
     try:
         result = p2p.run_p2p(config, progress=lambda message: click.echo(message, err=True))
     except p2p.P2PError as error:
-        _fail(f"p2p: {error}", 2)
+        _fail(str(error), 2)
     except Exception as error:  # CUDA errors: out of memory, peer access failures ...
         first_line = (str(error).strip().splitlines() or [""])[0]
-        _fail(f"p2p failed: {type(error).__name__}: {first_line}", 1)
+        _fail(f"{type(error).__name__}: {first_line}", 1)
 
     topo = topo_mod.probe(include_nics=False)
     summary, peak = topo_mod.summary_line(topo), topo_mod.link_peak_gbps(topo)

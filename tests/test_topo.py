@@ -680,6 +680,24 @@ def test_topo_command_json_without_gpu(no_gpu_probe):
     assert data["schema"] == "ncclbench.topo/1"
 
 
+def test_topo_command_compare_smi_disagreement_is_one_error_line_exit_1(monkeypatch):
+    """--compare-smi on a (fake) 4x H200 host whose nvidia-smi reports a narrower link: the
+    report still prints, then one error line naming the link, exit 1."""
+    topo = nvml_only(FakeNvml(h200_vm_gpus(4)))
+    texts = {
+        tuple(topo_mod.SMI_TOPO): fixture_text(H200_4, "nvidia-smi_topo_-m.txt").replace(
+            "GPU1\tNV18\t X \tNV18", "GPU1\tNV12\t X \tNV18"),
+        tuple(topo_mod.SMI_NVLINK_STATUS): fixture_text(H200_4, "nvidia-smi_nvlink_--status.txt"),
+    }
+    monkeypatch.setattr(topo_mod, "probe", lambda include_nics=True: topo)
+    monkeypatch.setattr(topo_mod, "_run_nvidia_smi", lambda args: texts[tuple(args)])
+    result = CliRunner().invoke(topo_command, ["--compare-smi", "--no-nics"])
+    assert result.exit_code == 1
+    assert "Link matrix" in result.stdout
+    assert one_line(result.stderr) == (
+        "ncclbench topo: error: nvidia-smi check failed: link nvml1-nvml0: ncclbench NV18, nvidia-smi NV12")
+
+
 @pytest.mark.skipif(gpu_visible(), reason="this machine has a GPU")
 def test_topo_command_on_this_machine_without_gpu():
     result = CliRunner().invoke(topo_command, ["--json"])
