@@ -18,6 +18,11 @@ class BadInput(BenchError):
     exit_code = ExitCode.USAGE
 
 
+def error_line(command: str | None, message: str) -> str:
+    """The one line a failing subcommand ends with: `ncclbench <command>: error: <message>`."""
+    return f"ncclbench {command}: error: {message}" if command else f"ncclbench: error: {message}"
+
+
 class OneLineErrorCommand(click.Command):
     """A command whose bad input, usage errors included, ends it with one line on stderr:
     `ncclbench <name>: error: <message>`, exit code 2 (no usage dump; --help still shows it).
@@ -39,7 +44,7 @@ class OneLineErrorCommand(click.Command):
             self._fail(str(exc))
 
     def _fail(self, message: str) -> NoReturn:
-        click.echo(f"ncclbench {self.name}: error: {' '.join(message.split())}", err=True)
+        click.echo(error_line(self.name, " ".join(message.split())), err=True)
         sys.exit(ExitCode.USAGE)
 
 

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Sequence
 import click
 
 from ncclbench import topo as topo_mod
-from ncclbench.clitypes import BadInput, OneLineErrorCommand
+from ncclbench.clitypes import BadInput, OneLineErrorCommand, error_line
 
 # --------------------------------------------------------------- click plumbing
 
@@ -30,8 +30,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     through click untouched and never prints a traceback.
     """
     ctx = click.get_current_context(silent=True)
-    name = f"ncclbench {ctx.info_name}" if ctx is not None and ctx.info_name else "ncclbench"
-    click.echo(f"{name}: error: {message}", err=True)
+    click.echo(error_line(ctx.info_name if ctx is not None else None, message), err=True)
     raise SystemExit(code)
 
 
