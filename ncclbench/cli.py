@@ -14,7 +14,7 @@ from ncclbench import __version__
 from ncclbench.clitypes import SIZE
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
-from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError
+from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError, error_line
 from ncclbench.sizes import parse_size
 
 
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `ncclbench`: the help, not an error
             print(exc.format_message())
             sys.exit(ExitCode.OK)
-        print(f"ncclbench: error: {exc.format_message()}", file=sys.stderr)
+        print(error_line(None, exc.format_message()), file=sys.stderr)
         sys.exit(ExitCode.USAGE)
     except click.exceptions.Abort:
         print("ncclbench: interrupted", file=sys.stderr)
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         # identical plan errors on every rank: rank 0 speaks for all
         if os.environ.get("RANK", "0") == "0" or not isinstance(exc, PlanError) or isinstance(exc, LaunchError):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
-            print(f"ncclbench: error: {prefix}{exc}", file=sys.stderr)
+            print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         print("ncclbench: interrupted", file=sys.stderr)

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import click
 
-from ncclbench.errors import BenchError, ExitCode
+from ncclbench.errors import BenchError, ExitCode, error_line
 from ncclbench.sizes import parse_size
 
 
@@ -16,11 +16,6 @@ class BadInput(BenchError):
     """Bad input found inside a command (exit code 2); OneLineErrorCommand prints it as one line."""
 
     exit_code = ExitCode.USAGE
-
-
-def error_line(command: str | None, message: str) -> str:
-    """The one line a failing subcommand ends with: `ncclbench <command>: error: <message>`."""
-    return f"ncclbench {command}: error: {message}" if command else f"ncclbench: error: {message}"
 
 
 class OneLineErrorCommand(click.Command):

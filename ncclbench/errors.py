@@ -49,6 +49,12 @@ class TimeoutExpired(BenchError):
     exit_code = ExitCode.TIMEOUT
 
 
+def error_line(command: str | None, message: str) -> str:
+    """The one line a failing run ends with: `ncclbench <command>: error: <message>`
+    (`ncclbench: error: <message>` where no subcommand is known)."""
+    return f"ncclbench {command}: error: {message}" if command else f"ncclbench: error: {message}"
+
+
 def first_line(exc: BaseException, limit: int | None = None) -> str:
     """The first line of an exception's message, cut to `limit` characters, or the
     exception's type name when it has no message (for one-line error reports)."""

@@ -11,7 +11,7 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import CollectiveError, ExitCode, PlanError, first_line
+from ncclbench.errors import CollectiveError, ExitCode, PlanError, error_line, first_line
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -324,7 +324,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
             try:
                 report.finish(summary)
             finally:
-                print(f"ncclbench: error: {message}", file=sys.stderr, flush=True)
+                print(error_line(None, message), file=sys.stderr, flush=True)
         hard_exit(ExitCode.TIMEOUT)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
@@ -379,7 +379,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     if report is not None:
         report.finish(summary)
         for err in summary.errors:
-            print(f"ncclbench: error: {err}", file=sys.stderr, flush=True)
+            print(error_line(None, err), file=sys.stderr, flush=True)
     return summary
 
 

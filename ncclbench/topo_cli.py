@@ -16,7 +16,8 @@ from typing import Any, NoReturn, Sequence
 import click
 
 from ncclbench import topo as topo_mod
-from ncclbench.clitypes import BadInput, OneLineErrorCommand, error_line
+from ncclbench.clitypes import BadInput, OneLineErrorCommand
+from ncclbench.errors import error_line
 
 # --------------------------------------------------------------- click plumbing
 
