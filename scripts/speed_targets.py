@@ -9,7 +9,7 @@ and the nccl-tests reference files, and prints one markdown line per target:
 
 - busbw at >= 64 MiB, out-of-place, every collective the reference has, each backend/mode:
   ncclbench / nccl-tests >= 0.98;
-- all_reduce time at 8 B - 4 KiB: CuPy eager / all_reduce_npN_small_n200.txt <= 1.15, and -G on either
+- all_reduce time at 8 B - 4 KiB, out-of-place: CuPy eager / all_reduce_npN_small_n200.txt <= 1.15, and -G on either
   backend / all_reduce_npN_small_graph.txt <= 1.15;
 - torch eager at 8 B - 4 KiB: ratio and host cost per call, reported only (no target).
 
