@@ -8,7 +8,8 @@
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
 # hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
 # agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls),
-# pin (ranks pinned to their own CPUs or not: small all_reduce, both backends).
+# pin (ranks pinned to their own CPUs or not: small all_reduce, both backends),
+# targets (scripts/speed_targets.py on this folder: the Speed issue's verdicts, printed; put it last).
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
 set -u
@@ -151,6 +152,9 @@ for stage in $STAGES; do
       done ;;
     pytest)
       timeout 300 $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
+    targets)  # the Speed issue's verdicts from this folder's full_* and latency logs, also on stdout
+      $PY scripts/speed_targets.py "$LOG" --reference-dir "tests/fixtures/nccl-tests/h200-${NP}gpu-nvswitch" \
+        --np "$NP" --tag "${TAG:-}" 2>&1 | tee "$LOG/targets${TAG:-}.md" ;;
     *)
       # any other word runs as a shell command line from the EXTRA_<word> variable
       var="EXTRA_$stage"; eval "${!var:-true}" >"$LOG/extra_$stage.txt" 2>&1 ;;
