@@ -157,7 +157,8 @@ def combine(per_rank_seconds: list[float], how: Average) -> float:
 
 def per_iter_summary(per_rank_iters: list[list[float]], skip: int) -> dict | None:
     """nccl-tests' -I statistics: per iteration the max over ranks, then the summary over
-    iterations after the first `skip`. Times in microseconds; p99 by nearest rank."""
+    iterations after the first `skip`. Times in microseconds; p95/p99 by nearest rank, p50
+    the upper middle element (nccl-tests takes sorted[n / 2])."""
     if not per_rank_iters or not per_rank_iters[0]:
         return None
     times_us = [max(vals) * 1e6 for vals in zip(*per_rank_iters)]
@@ -175,7 +176,7 @@ def per_iter_summary(per_rank_iters: list[list[float]], skip: int) -> dict | Non
         "min_us": ordered[0],
         "max_us": ordered[-1],
         "avg_us": mean,
-        "p50_us": nearest_rank(50),
+        "p50_us": ordered[len(ordered) // 2],
         "p95_us": nearest_rank(95),
         "p99_us": nearest_rank(99),
         "stdev_us": stdev,

@@ -156,3 +156,26 @@ def test_nothing_but_the_aligning_ops_between_the_last_barrier_and_the_start_mar
     assert ALIGN_OPS >= 3
     assert b.log[last_barrier + 1:last_barrier + 2 + ALIGN_OPS] == ["op"] * ALIGN_OPS + ["mark"]
     assert b.log.index("markers") < last_barrier
+
+
+def test_per_iteration_statistics_reproduce_the_reference_json():
+    """Fed the per-process iteration times of a real nccl-tests -I -K 2 run, the summary
+    gives that run's own min/max/avg/p50/p95/p99/stdev/cv for every cell (p50 is
+    sorted[n / 2] there, not a nearest-rank median: the two differ on 48 samples)."""
+    import json
+
+    from conftest import REFERENCE
+    from ncclbench.timing import per_iter_summary
+
+    doc = json.loads((REFERENCE / "h200-2gpu-nvswitch" / "all_reduce_np2_periter.json").read_text())
+    checked = 0
+    for result in doc["results"]:
+        for key in ("out_of_place_per_iter", "in_place_per_iter"):
+            ref = result[key]
+            per_rank = [[t / 1e6 for t in times] for times in ref["per_process_max_times_us"]]
+            ours = per_iter_summary(per_rank, ref["skipped_iterations"])
+            for stat in ("min_us", "max_us", "avg_us", "p50_us", "p95_us", "p99_us", "stdev_us", "cv_pct"):
+                assert ours[stat] == pytest.approx(ref[stat], abs=2e-6), (result["size"], key, stat)
+            assert ours["times_us"] == pytest.approx(ref["times_us"], abs=2e-6)
+            checked += 1
+    assert checked == 2 * len(doc["results"]) >= 8
