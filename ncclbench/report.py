@@ -22,13 +22,20 @@ def test_name(collective: str) -> str:
     return f"{collective}_perf"
 
 
-def format_time(us: float) -> str:
-    """Seven characters with as many decimals as fit, like nccl-tests (8.36, 2316.50, 17786.6)."""
-    for decimals in (2, 1, 0):
-        text = f"{us:7.{decimals}f}"
-        if len(text) <= 7:
-            return text
-    return f"{us:7.0f}"
+def fixed_width(value: float, width: int) -> str:
+    """A number in exactly `width` characters the way nccl-tests fills its columns: two
+    decimals while they fit, then one, then none, then exponent form (time is 7 wide, so
+    8.36, 2316.50, 17786.6, 123456, 1.2e+07; bandwidth is 6 wide: 359.54, 1160.8)."""
+    digits = 0  # digits before the decimal point (0 below 1, as for 0.05)
+    while digits < 40 and value >= 10.0 ** digits:
+        digits += 1
+    if digits < width - 2:
+        return f"{value:{width}.2f}"
+    if digits < width - 1:
+        return f"{value:{width}.1f}"
+    if digits < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}" if width >= 7 else f"{value:{width}.0e}"
 
 
 def format_step(info: RunInfo) -> str:
@@ -70,12 +77,12 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[s
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:
-    wrong = f"  {p.nwrong:6d}" if p.nwrong is not None else f"  {'N/A':>5s}"
-    text = f"  {format_time(p.time_us)}  {p.algbw:6.2f}  {p.busbw:6.2f}{wrong}"
+    wrong = f"  {float(p.nwrong):6g}" if p.nwrong is not None else f"  {'N/A':>5s}"
+    text = f"  {fixed_width(p.time_us, 7)}  {fixed_width(p.algbw, 6)}  {fixed_width(p.busbw, 6)}{wrong}"
     if per_iter:
         s = p.per_iter or {}
         for key in ("min_us", "max_us", "p99_us", "cv_pct"):
-            text += f"  {s.get(key, float('nan')):7.2f}"
+            text += f"  {fixed_width(s.get(key, float('nan')), 7)}"
     return text
 
 
