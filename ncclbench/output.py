@@ -135,16 +135,17 @@ def store_path(results_dir: str, info: RunInfo) -> str:
 
 
 # ---- JSON ------------------------------------------------------------------------------------
-def _placement_json(p) -> dict:
-    return {"time": p.time_us, "alg_bw": p.algbw, "bus_bw": p.busbw,
-            "nwrong": float(p.nwrong) if p.nwrong is not None else "nan"}
+def _placement_json(p, cputime: bool) -> dict:
+    # as nccl-tests: -C names the time `cpu_time`; an unchecked cell's nwrong is null
+    return {"cpu_time" if cputime else "time": p.time_us, "alg_bw": p.algbw, "bus_bw": p.busbw,
+            "nwrong": float(p.nwrong) if p.nwrong is not None else None}
 
 
-def row_json(row: ResultRow, iterations: int) -> dict:
+def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
     out = {"size": row.size, "count": row.count, "type": row.dtype, "redop": row.op,
            "root": f"{row.root:6d}"}
     for name, p in row.placements():
-        out[name] = _placement_json(p)
+        out[name] = _placement_json(p, cputime)
         if p.per_iter is not None:
             out[f"{name}_per_iter"] = p.per_iter
     out["actual_iterations"] = iterations
@@ -162,7 +163,7 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "env": info.env,
         "nccl_version": info.nccl_code,
         "config": dict(info.config, devices=[vars(d) for d in info.devices]),
-        "results": [row_json(r, info.config["iterations"]) for r in summary.rows],
+        "results": [row_json(r, info.config["iterations"], info.report_cputime) for r in summary.rows],
         "out_of_bounds": {"count": sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0),
                           "okay": "true" if summary.wrong == 0 else "false"},
         "average_bus_bandwidth": {"bandwidth": json_number(summary.average_busbw),
@@ -259,7 +260,7 @@ class Reporter:
                 self._lost("result store", spec.results_dir, exc)
         if self.json_path:
             self._print(f"# Writing JSON output to {self.json_path}")
-        for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip):
+        for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip, spec.timestamps):
             self._print(line)
         self._write_running_json()
         self.progress = Progress(spec.expected_rows, info.collective) if wants_progress(spec) else None

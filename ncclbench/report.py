@@ -46,7 +46,19 @@ def format_step(info: RunInfo) -> str:
     return f"{c['step_bytes']}(bytes)"
 
 
-def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[str]:
+def _table_head(per_iter: bool, cputime: bool, timestamps: bool) -> list[str]:
+    """The three column-title lines; -C names the time columns `cputime`, -S adds a
+    right-aligned `timestamp` title (and its format under it), as nccl-tests does."""
+    group, head, units = (_GROUP_ITER, _HEAD_ITER, _UNITS_ITER) if per_iter else (_GROUP_PLAIN, _HEAD_PLAIN, _UNITS_PLAIN)
+    if cputime:
+        head = head.replace("     time", "  cputime")
+    if timestamps:
+        head += f"{'timestamp':>19s}"
+        units += "  %Y-%m-%d %H:%M:%S"
+    return [group, head, units]
+
+
+def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamps: bool = False) -> list[str]:
     c = info.config
     lines = [
         f"# ncclbench version {info.ncclbench_version} torch={info.torch_version} nccl-library={info.nccl_code}",
@@ -55,9 +67,11 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[s
         f"step: {format_step(info)} warmup iters: {c['warmup_iters']} iters: {c['iterations']} "
         f"agg iters: {c['aggregated_iterations']} validation: {c['validation']} graph: {c['graph']} unalign: {c.get('unalign', 0)}",
     ]
+    if c.get("blocking_collectives") == "true":
+        lines.append("# Blocking Enabled: wait after each inner iteration (-m), no barrier ")
     if per_iter:
-        lines.append(f"# Per-Iteration Report: {info.timing} timing; i_* uses max over process rows; "
-                     f"summary skips first {skip} iterations ")
+        lines.append(f"# Per-Iteration Report: {info.timing} timing; i_* uses max over process rows"
+                     + (f"; summary skips first {skip} iterations" if skip else "") + " ")
     nodes = len(info.hosts)
     lines.append(f"# Backend: {info.backend} ({info.nccl_text}), timing: {info.mode} ({info.timing}), "
                  f"{info.nranks} ranks on {nodes} node{'s' if nodes != 1 else ''} ({', '.join(info.hosts)})")
@@ -69,11 +83,7 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0) -> list[s
         lines.append(f"#  Rank {d.rank:2d} Group {d.group:2d} Pid {d.pid:6d} on {d.hostname:>10s} "
                      f"device {d.device:2d} [{d.device_hex}] {d.device_info}")
     lines.append("#")
-    if per_iter:
-        lines += [_GROUP_ITER, _HEAD_ITER, _UNITS_ITER]
-    else:
-        lines += [_GROUP_PLAIN, _HEAD_PLAIN, _UNITS_PLAIN]
-    return lines
+    return lines + _table_head(per_iter, info.report_cputime, timestamps)
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:
@@ -98,7 +108,7 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
     wrong_cells = sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0)
     lines = [
         f"# Out of bounds values : {wrong_cells} {'OK' if wrong_cells == 0 else 'FAILED'}",
-        f"# Avg bus bandwidth    : {summary.average_busbw:g} ",
+        f"# Avg bus bandwidth    : {summary.average_busbw:g} {_average_verdict(info, summary)}",
         f"# Peak bus bandwidth   : {summary.peak_busbw:g} (largest size: {summary.largest_size_busbw:g})",
     ]
     if peak_line:
@@ -123,13 +133,20 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
     return lines
 
 
+def _average_verdict(info: RunInfo, summary: RunSummary) -> str:
+    """nccl-tests ends the Avg line with OK / FAILED when NCCL_TESTS_MIN_BW is set, nothing otherwise."""
+    floor = info.config.get("min_bw", 0.0)
+    if not floor:
+        return ""
+    return "OK" if summary.average_busbw >= 0.9 * floor else "FAILED"
+
+
 def bandwidth_gate_lines(info: RunInfo, summary: RunSummary) -> list[str]:
     lines = []
     avg_floor = info.config.get("min_bw", 0.0)
     if avg_floor:
-        ok = summary.average_busbw >= 0.9 * avg_floor
         lines.append(f"# Bandwidth check: average busbw {summary.average_busbw:g} GB/s vs 0.9 x {avg_floor:g} "
-                     f"(NCCL_TESTS_MIN_BW / --min-bw): {'OK' if ok else 'FAILED'}")
+                     f"(NCCL_TESTS_MIN_BW / --min-bw): {_average_verdict(info, summary)}")
     peak_floor = info.config.get("min_peak_bw", 0.0)
     if peak_floor:
         ok = summary.peak_busbw >= peak_floor

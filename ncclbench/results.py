@@ -71,6 +71,7 @@ class RunInfo:
     topology: str | None = None
     link_peak_gbps: float | None = None
     notes: list[str] = field(default_factory=list)
+    report_cputime: bool = False   # -C: the time columns hold host time per op
 
     @property
     def hosts(self) -> list[str]:

@@ -406,6 +406,11 @@ def skipped_text(plan) -> str:
     return ", ".join(parts)
 
 
+def _integral(value: float) -> float | int:
+    """8.0 -> 8 (nccl-tests writes the step factor as an integer); 1.5 stays 1.5."""
+    return int(value) if float(value).is_integer() else value
+
+
 def build_run_info(plan, backend, devices) -> RunInfo:
     import torch
 
@@ -425,7 +430,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
     config = {
         "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
         "step_bytes" if plan.step_factor == 1 else "step_factor":
-            plan.step_bytes if plan.step_factor == 1 else plan.step_factor,
+            plan.step_bytes if plan.step_factor == 1 else _integral(plan.step_factor),
         "warmup_iters": plan.warmup_iters, "iterations": plan.iters,
         "aggregated_iterations": plan.agg_iters, "validation": plan.check, "graph": plan.graph_replays,
         "blocking_collectives": "true" if plan.blocking else "false",
@@ -439,5 +444,5 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         collective=plan.coll.name, args=list(plan.args), backend=plan.backend, mode=plan.mode.value,
         timing=backend.timing_name(), nranks=backend.group_size, devices=devices,
         ncclbench_version=__version__, torch_version=torch.__version__, nccl_code=code, nccl_text=text,
-        config=config, env=env, start_time=now(), notes=notes,
+        config=config, env=env, start_time=now(), notes=notes, report_cputime=plan.report_cputime,
     )

@@ -168,12 +168,14 @@ def _replay_lines(doc: dict) -> list[str]:
         torch_version=nb.get("torch_version", "?"), nccl_code=doc.get("nccl_version", 0),
         nccl_text=nb.get("nccl", ""), config=cfg, env=doc.get("env", []), start_time=doc.get("start_time", ""),
         topology=nb.get("topology"), link_peak_gbps=nb.get("link_peak_gbps"), notes=nb.get("notes", []),
+        report_cputime=any("cpu_time" in (r.get("out_of_place") or {}) for r in doc.get("results", [])),
     )
 
     def cell(d):
         w = d.get("nwrong")
         nwrong = None if w in (None, "nan") else int(w)
-        return PlacementResult(float(d["time"]), float(d["alg_bw"]), float(d["bus_bw"]), nwrong)
+        time_us = d["cpu_time"] if info.report_cputime else d["time"]
+        return PlacementResult(float(time_us), float(d["alg_bw"]), float(d["bus_bw"]), nwrong)
 
     rows = [ResultRow(info.collective, r["size"], r["count"], r["type"], r["redop"], int(str(r["root"]).strip()),
                       cell(r["out_of_place"]), cell(r["in_place"]), r.get("timestamp", ""))

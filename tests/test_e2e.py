@@ -166,6 +166,35 @@ def test_per_iteration_columns_and_json(tmp_path):
     assert per["min_us"] <= per["p50_us"] <= per["p99_us"] <= per["max_us"]
 
 
+def test_cputime_timestamps_blocking_and_unchecked_cells_read_like_nccl_tests(tmp_path):
+    """-C titles the time columns `cputime` (JSON key cpu_time), -S adds a `timestamp`
+    column title, -z says `# Blocking Enabled`, -I without -K skips nothing and says
+    nothing of skipping, a met NCCL_TESTS_MIN_BW ends the Avg line with OK, the step
+    factor is an integer in JSON, and an unchecked cell's nwrong is null; `show` replays it."""
+    out = tmp_path / "r.json"
+    env = dict(os.environ, NCCL_TESTS_MIN_BW="0.0000001")
+    r = run_cli(["sendrecv", "-g", "2", "--backend", "gloo", "-b", "64", "-e", "512", "-f", "8", "-n", "3",
+                 "-C", "1", "-S", "1", "-z", "1", "-I", "1", "--results-dir", str(tmp_path / "store"), "-J", str(out)],
+                env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    head = next(ln for ln in lines if ln.startswith("#       size"))
+    assert head.split()[6] == "cputime" and head.split().count("cputime") == 2 and "time" not in head.split()
+    assert head.endswith("  timestamp") and lines[lines.index(head) + 1].endswith("  %Y-%m-%d %H:%M:%S")
+    assert "# Blocking Enabled: wait after each inner iteration (-m), no barrier " in lines
+    per_iter = next(ln for ln in lines if ln.startswith("# Per-Iteration Report"))
+    assert per_iter.endswith("i_* uses max over process rows ") and "skips" not in per_iter
+    assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ OK$", r.stdout, re.M)
+    doc = json.loads(out.read_text())
+    assert doc["config"]["step_factor"] == 8 and isinstance(doc["config"]["step_factor"], int)
+    cell = doc["results"][0]
+    assert set(cell["out_of_place"]) == {"cpu_time", "alg_bw", "bus_bw", "nwrong"}
+    assert cell["out_of_place"]["nwrong"] == 0.0 and cell["in_place"]["nwrong"] is None  # sendrecv in place: N/A
+    stored = next((tmp_path / "store").glob("*.json"))
+    shown = run_cli(["show", str(stored)])
+    assert shown.returncode == 0 and "cputime" in shown.stdout, shown.stderr
+
+
 def test_hypercube_unalign_memory_and_bandwidth_gate(tmp_path):
     """hypercube on 4 ranks with misaligned buffers is correct; an unreachable --min-bw
     fails the run with nccl-tests' code 7 and says so, JSON included."""
@@ -178,6 +207,7 @@ def test_hypercube_unalign_memory_and_bandwidth_gate(tmp_path):
     assert all(len(row) == 12 and row[7] == "0" and row[11] == "0" for row in rows)  # empty redop column
     assert "unalign: 3" in r.stdout
     assert "# Bandwidth check: average busbw" in r.stdout and "FAILED" in r.stdout
+    assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$", r.stdout, re.M)  # nccl-tests' own verdict
     assert "# Memory usage (rank 0, MiB):" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["average_bus_bandwidth"]["okay"] == "false" and doc["ncclbench"]["status"] == "bandwidth_low"
