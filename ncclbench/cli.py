@@ -43,7 +43,7 @@ def collective_options(f):
         click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results (0: off)."),
         _flag("-z", "--blocking", "Wait for each op before launching the next."),
         click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
-        click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Seconds a collective may take before the run is aborted."),
+        click.option("-T", "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),
         _flag("-S", "--report_timestamps", "Append a timestamp to each row."),
         click.option("-G", "--cudagraph", type=click.IntRange(min=0), default=0, show_default=True, help="Capture iterations in a CUDA graph and replay it N times."),
         _flag("-C", "--report_cputime", "Report host time per op instead of device time."),
@@ -53,7 +53,7 @@ def collective_options(f):
         click.option("-R", "--local_register", type=click.IntRange(0, 2), default=0, show_default=True, help="Register buffers with NCCL: 1 user buffers, 2 symmetric windows."),
         click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
         click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),
-        click.option("-M", "--memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
+        click.option("-M", "--memory_report", "--memory", "memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
         click.option("--min-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the average busbw is below 0.9 x this GB/s (default $NCCL_TESTS_MIN_BW)."),
         click.option("--min-peak-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
         click.option("-J", "--output_file", type=str, default=None, help="Write results as nccl-tests JSON (version 3)."),
@@ -282,7 +282,7 @@ def run_collective(coll_name: str, o: dict) -> int:
     if backend in ("nccl", "cupy"):
         visible = launch.visible_gpu_count()
         if ngpus > visible:
-            raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.USAGE)
+            raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
     validate_for_backend(plan, nranks)
     output_spec(plan, o)  # refuse unwritable outputs before spawning anything
     spawn = multinode_args(o, ngpus)

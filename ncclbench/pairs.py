@@ -424,7 +424,8 @@ def run_pairs(o: dict) -> int:
     if ngpus * o["nnodes"] < 2:
         raise PlanError("pairs needs at least 2 ranks: use -g 2 or more, or start it under torchrun/srun/mpirun")
     if backend == "nccl" and ngpus > launch.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {launch.visible_gpu_count()} visible")
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {launch.visible_gpu_count()} visible",
+                        ExitCode.BAD_GPU_COUNT)
     spawn = multinode_args(o, ngpus)
     child_argv = list(argv) + ([] if o["backend"] else ["--backend", backend])
     return launch.spawn_local(ngpus, child_argv, **spawn)

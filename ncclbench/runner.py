@@ -271,7 +271,7 @@ def run_rank(plans, launch, make_report) -> int:
     `make_report(plan, run_info)`. Returns the most serious exit code."""
     from ncclbench.backends import create_backend
 
-    backend = create_backend(plans[0].backend, launch, max(p.timeout_s for p in plans), plans[0].stream_null)
+    backend = create_backend(plans[0].backend, launch, (0 if any(p.timeout_s <= 0 for p in plans) else max(p.timeout_s for p in plans)), plans[0].stream_null)
     try:
         backend.use_groups(plans[0].groups(backend.nranks))
     except Exception:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes for a size such as `8`, `64K`, `8M`, `1G` (K/M/G are powers of 1024, like nccl-tests).
+    """Bytes for a size such as `8`, `64K`, `8M`, `1G`, `0.5K` (K/M/G are powers of 1024; a
+    fraction is allowed and the bytes are rounded down, both as nccl-tests reads sizes).
 
     Raises ValueError with a message fit for the user."""
     if isinstance(text, int):
@@ -19,7 +20,9 @@ def parse_size(text: str | int) -> int:
     m = _SIZE_RE.match(str(text))
     if not m:
         raise ValueError(f"cannot parse size {text!r} (use a number of bytes with an optional K, M or G suffix, e.g. 8, 64K, 1G)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    from fractions import Fraction
+
+    return int(Fraction(m.group(1)) * _SUFFIX[m.group(2).upper()])  # exact, then rounded down
 
 
 def format_size(nbytes: int) -> str:

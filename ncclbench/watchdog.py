@@ -69,6 +69,8 @@ class SizeWatchdog:
         self._thread.start()
 
     def arm(self, what: str) -> None:
+        if self.timeout_s <= 0:  # -T 0: no timeout, as in nccl-tests
+            return
         with self._lock:
             self._deadline, self._what = time.monotonic() + self.timeout_s, what
             if self._idle:

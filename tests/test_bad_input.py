@@ -35,11 +35,10 @@ CASES = [
     ("root beyond ranks", ["broadcast", "--backend", "gloo", "-g", "2", "-r", "5"], "root 5 does not exist"),
     ("bad root", ["broadcast", "-r", "first"], "root must be"),
     ("zero gpus", ["allreduce", "--backend", "gloo", "-g", "0"], "-g must be at least 1"),
-    ("more gpus than visible", ["allreduce", "--backend", "nccl", "-g", "64"], "more GPUs than"),
     ("zero iterations", ["allreduce", "-n", "0"], "iters"),
     ("zero agg", ["allreduce", "-m", "0"], "agg_iters"),
     ("bad average", ["allreduce", "-a", "4"], "average"),
-    ("zero timeout", ["allreduce", "-T", "0"], "timeout"),
+    ("negative timeout", ["allreduce", "-T", "-1"], "timeout"),
     ("threads", ["allreduce", "-t", "2"], "nthreads"),
     ("graph on gloo", ["allreduce", "--backend", "gloo", "-G", "5"], "gloo"),
     ("graph and blocking", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "1"], "cannot be combined"),
@@ -93,6 +92,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path, monkeyp
     assert lines[0].startswith("ncclbench: error:"), err
     assert words.lower() in lines[0].lower(), err
     assert "Traceback" not in err
+    assert not _no_children()
+
+
+@pytest.mark.parametrize("argv", [["allreduce", "--backend", "nccl", "-g", "64"],
+                                  ["allreduce", "--backend", "cupy", "-g", "64"],
+                                  ["pairs", "--backend", "nccl", "-g", "64"]])
+def test_more_gpus_than_visible_is_nccl_tests_exit_5(argv, capsys, tmp_path, monkeypatch):
+    """nccl-tests exits 5 ('Invalid number of GPUs'); nothing is launched."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 5 and len(lines) == 1, lines
+    assert "-g 64 asks for more GPUs than the" in lines[0] and lines[0].startswith("ncclbench")
     assert not _no_children()
 
 

@@ -170,11 +170,13 @@ def test_cputime_timestamps_blocking_and_unchecked_cells_read_like_nccl_tests(tm
     """-C titles the time columns `cputime` (JSON key cpu_time), -S adds a `timestamp`
     column title, -z says `# Blocking Enabled`, -I without -K skips nothing and says
     nothing of skipping, a met NCCL_TESTS_MIN_BW ends the Avg line with OK, the step
-    factor is an integer in JSON, and an unchecked cell's nwrong is null; `show` replays it."""
+    factor is an integer in JSON, and an unchecked cell's nwrong is null; `show` replays it.
+    Also -b given as a fraction (0.0625K = 64 B), as nccl-tests reads sizes."""
     out = tmp_path / "r.json"
     env = dict(os.environ, NCCL_TESTS_MIN_BW="0.0000001")
-    r = run_cli(["sendrecv", "-g", "2", "--backend", "gloo", "-b", "64", "-e", "512", "-f", "8", "-n", "3",
-                 "-C", "1", "-S", "1", "-z", "1", "-I", "1", "--results-dir", str(tmp_path / "store"), "-J", str(out)],
+    r = run_cli(["sendrecv", "-g", "2", "--backend", "gloo", "-b", "0.0625K", "-e", "512", "-f", "8", "-n", "3",
+                 "-C", "1", "-S", "1", "-z", "1", "-I", "1", "--memory", "1", "--results-dir", str(tmp_path / "store"),
+                 "-J", str(out)],
                 env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
@@ -185,8 +187,10 @@ def test_cputime_timestamps_blocking_and_unchecked_cells_read_like_nccl_tests(tm
     per_iter = next(ln for ln in lines if ln.startswith("# Per-Iteration Report"))
     assert per_iter.endswith("i_* uses max over process rows ") and "skips" not in per_iter
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ OK$", r.stdout, re.M)
+    assert "# Memory usage (rank 0, MiB):" in r.stdout  # --memory: nccl-tests' long name of -M
     doc = json.loads(out.read_text())
     assert doc["config"]["step_factor"] == 8 and isinstance(doc["config"]["step_factor"], int)
+    assert doc["config"]["minimum_bytes"] == 64 and [r["size"] for r in doc["results"]] == [64, 512]
     cell = doc["results"][0]
     assert set(cell["out_of_place"]) == {"cpu_time", "alg_bw", "bus_bw", "nwrong"}
     assert cell["out_of_place"]["nwrong"] == 0.0 and cell["in_place"]["nwrong"] is None  # sendrecv in place: N/A

@@ -12,12 +12,14 @@ from ncclbench.sizes import format_size, parse_size, size_sweep
 
 @pytest.mark.parametrize("text,expected", [
     ("8", 8), ("64K", 65536), ("8M", 8 << 20), ("1G", 1 << 30), ("4g", 4 << 30), ("1KB", 1024), (" 2M ", 2 << 20),
+    # nccl-tests reads the number with %lf and truncates the bytes
+    ("0.5K", 512), ("1.5M", 3 << 19), (".5G", 1 << 29), ("1.3K", 1331), ("1e3", 1000), ("2.5e1K", 25600),
 ])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "-8", "1.5M", "abc", "8X", "M"])
+@pytest.mark.parametrize("bad", ["", "-8", "-0.5K", "abc", "8X", "M", "1e", "1.2.3K", "nan", "inf"])
 def test_parse_size_rejects(bad):
     with pytest.raises(ValueError):
         parse_size(bad)

@@ -85,3 +85,19 @@ def test_stop_ends_the_thread():
     dog._thread.join(2)
     assert not dog._thread.is_alive()
     assert fired == []
+
+
+def test_timeout_zero_never_fires_and_the_process_group_waits_a_day():
+    """-T 0 is nccl-tests' 'no timeout': the watchdog never arms, and the process group's
+    own timeout (otherwise 30 s after -T) becomes one day instead of 30 s."""
+    from datetime import timedelta
+
+    from ncclbench.backends import process_group_timeout
+
+    dog, fired, done = make(0)
+    dog.arm("1|x")
+    assert not done.wait(0.5)
+    assert fired == [] and dog.wakeups == 0
+    dog.stop()
+    assert process_group_timeout(0) == timedelta(days=1)
+    assert process_group_timeout(10) == timedelta(seconds=40)

@@ -11,6 +11,14 @@ from ncclbench.errors import PlanError
 BACKENDS = ("nccl", "gloo", "cupy")
 
 
+def process_group_timeout(timeout_s: float):
+    """The process group's own timeout: 30 s after ncclbench's per-size watchdog (-T), which
+    names the size and the late rank; with -T 0 (no timeout, as in nccl-tests) one day."""
+    from datetime import timedelta
+
+    return timedelta(seconds=timeout_s + 30) if timeout_s > 0 else timedelta(days=1)
+
+
 def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False):
     """Start the backend for this rank; `launch` is a LaunchInfo, already consistent.
     `stream_null`: run on the legacy default stream instead of a stream of our own (-y)."""

@@ -9,7 +9,7 @@ way nccl-tests builds them."""
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
+from ncclbench.backends import process_group_timeout
 
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
 from ncclbench.errors import PlanError
@@ -61,7 +61,7 @@ class CupyBackend(TorchBackend):
 
         cupy.cuda.Device(self.device.index).use()
         dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks,
-                                timeout=timedelta(seconds=timeout_s + 30))
+                                timeout=process_group_timeout(timeout_s))
         self.control = None
         self.group = None
         self.group_rank, self.group_size, self.group_index = self.rank, self.nranks, 0

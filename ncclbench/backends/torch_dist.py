@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from datetime import timedelta
+from ncclbench.backends import process_group_timeout
 
 from ncclbench.errors import PlanError, first_line
 
@@ -83,8 +83,7 @@ class TorchBackend:
         self.rank = launch.rank
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
-        # later than ncclbench's own per-size watchdog (-T), which names the size and rank
-        timeout = timedelta(seconds=timeout_s + 30)
+        timeout = process_group_timeout(timeout_s)
         if name == "nccl":
             self.device = setup_gpu(torch, launch, name, stream_null)
             self._mem_start = torch.cuda.mem_get_info(self.device)
