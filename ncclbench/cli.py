@@ -40,7 +40,7 @@ def collective_options(f):
         click.option("-m", "--agg_iters", "agg_iters", type=click.IntRange(min=1), default=1, show_default=True, help="Operations per iteration."),
         click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=0), default=1, show_default=True, help="Repeat the sweep N times (0: until Ctrl-C)."),
         click.option("-p", "--parallel_init", "parallel_init", type=click.IntRange(0, 1), default=0, help="Accepted for nccl-tests compatibility (one process per GPU)."),
-        click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results (0: off)."),
+        click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results N times, fresh inputs each time (0: off)."),
         _flag("-z", "--blocking", "Wait for each op before launching the next."),
         click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
         click.option("-T", "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),

@@ -199,8 +199,8 @@ class RankRunner:
             timing = measure(self.backend, run_op, settings, self.op_group)
             wrong = None
             checkable = self.plan.check and (self.coll.in_place_checked or not in_place)
-            if checkable:
-                wrong = self.check(slots, layout, dtype, op, root, in_place)
+            if checkable:  # -c N: N checks, each with fresh inputs; their wrong counts add up
+                wrong = sum(self.check(slots, layout, dtype, op, root, in_place) for _ in range(self.plan.check))
             out.append((timing.device_s, timing.host_s, timing.per_iter_s, wrong))
         return layout, out
 

@@ -152,6 +152,16 @@ def test_planted_wrong_element_fails_loudly(tmp_path):
     assert list(pd.read_csv(out).nwrong) == [1, 1, 1, 1]
 
 
+def test_check_count_repeats_the_check(tmp_path):
+    """-c 3 checks three times with fresh inputs (nccl-tests loops its check -c times):
+    a planted wrong element is counted once per check."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "1", "-c", "3",
+                 "--no-save"], env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
+    assert r.returncode == 7, r.stderr
+    assert "validation: 3" in r.stdout
+    assert [(row[8], row[12]) for row in table_rows(r.stdout)] == [("3", "3")]
+
+
 def test_per_iteration_columns_and_json(tmp_path):
     out = tmp_path / "r.json"
     r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "64", "-e", "64", "-n", "6", "-I", "1",
