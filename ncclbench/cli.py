@@ -5,13 +5,14 @@ made this process, or spawns local ranks through torchrun that re-enter here."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
 import click
 
 from ncclbench import __version__
-from ncclbench.clitypes import SIZE
+from ncclbench.clitypes import SIZE, FiniteFloat
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError, error_line
@@ -22,6 +23,9 @@ def _flag(letter, long, help_text, default=0):
     return click.option(letter, long, type=click.IntRange(0, 1), default=default, show_default=True, help=help_text)
 
 
+MAX_TIMEOUT_S = 1e6  # -T: about 11.6 days; longer deadlines overflow the watchdog's clock
+
+
 def collective_options(f):
     """nccl-tests 2.19.6's options with the same letters, names and defaults."""
     decorators = [
@@ -30,7 +34,7 @@ def collective_options(f):
         click.option("-b", "--minbytes", type=SIZE, default="32M", show_default=True, help="Minimum size (8, 64K, 8M, 1G)."),
         click.option("-e", "--maxbytes", type=SIZE, default="32M", show_default=True, help="Maximum size."),
         click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment when no factor is given."),
-        click.option("-f", "--stepfactor", type=float, default=None, help="Size multiplication factor (> 1)."),
+        click.option("-f", "--stepfactor", type=FiniteFloat(), default=None, help="Size multiplication factor (> 1)."),
         click.option("-o", "--op", default="sum", show_default=True, help="sum, prod, min, max, avg or all."),
         click.option("-d", "--datatype", default="float", show_default=True,
                      help="int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2, or all."),
@@ -43,7 +47,7 @@ def collective_options(f):
         click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results N times, fresh inputs each time (0: off)."),
         _flag("-z", "--blocking", "Wait for each op before launching the next."),
         click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
-        click.option("-T", "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),
+        click.option("-T", "--timeout", type=FiniteFloat(min=0, max=MAX_TIMEOUT_S), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),
         _flag("-S", "--report_timestamps", "Append a timestamp to each row."),
         click.option("-G", "--cudagraph", type=click.IntRange(min=0), default=0, show_default=True, help="Capture iterations in a CUDA graph and replay it N times."),
         _flag("-C", "--report_cputime", "Report host time per op instead of device time."),
@@ -54,8 +58,8 @@ def collective_options(f):
         click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
         click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),
         click.option("-M", "--memory_report", "--memory", "memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
-        click.option("--min-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the average busbw is below 0.9 x this GB/s (default $NCCL_TESTS_MIN_BW)."),
-        click.option("--min-peak-bw", type=click.FloatRange(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
+        click.option("--min-bw", type=FiniteFloat(min=0), default=None, help="Fail (exit 7) when the average busbw is below 0.9 x this GB/s (default $NCCL_TESTS_MIN_BW)."),
+        click.option("--min-peak-bw", type=FiniteFloat(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
         click.option("-J", "--output_file", type=str, default=None, help="Write results as nccl-tests JSON (version 3)."),
         click.option("--csv", "csv_path", type=str, default=None, help="Append one row per size and placement to this CSV."),
         click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
@@ -118,6 +122,8 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
     if min_bw is None and os.environ.get("NCCL_TESTS_MIN_BW"):
         try:
             min_bw = float(os.environ["NCCL_TESTS_MIN_BW"])
+            if not (math.isfinite(min_bw) and min_bw >= 0):
+                raise ValueError
         except ValueError:
             raise _fail(f"NCCL_TESTS_MIN_BW must be a number of GB/s (got {os.environ['NCCL_TESTS_MIN_BW']!r})") from None
     split = split_spec_text(o.get("split"))
@@ -243,18 +249,18 @@ def options_for(values: dict) -> dict:
         if key not in opts:
             raise PlanError(f"unknown option {key!r}")
         opts[key] = value
-    for key in ("minbytes", "maxbytes", "stepbytes"):
-        try:
-            opts[key] = parse_size(opts[key])
-        except ValueError as exc:
-            raise PlanError(f"{key}: {exc}") from None
-    for key in ("iters", "warmup_iters", "agg_iters", "run_cycles", "check", "blocking", "average",
-                "report_timestamps", "cudagraph", "report_cputime", "per_iter_timing", "per_iter_skip"):
-        if not isinstance(opts[key], int) or opts[key] < 0:
-            raise PlanError(f"{key} must be a non-negative integer (got {opts[key]!r})")
-    for key in ("stepfactor", "timeout"):
-        if opts[key] is not None and not isinstance(opts[key], (int, float)):
-            raise PlanError(f"{key} must be a number (got {opts[key]!r})")
+    # every value through its command-line option's own type: the same ranges and messages
+    ctx = click.Context(cmd)
+    for param in cmd.params:
+        if param.name in values and opts[param.name] is not None:
+            if isinstance(opts[param.name], (dict, list)):
+                raise PlanError(f"{param.name} must be a single value (got {opts[param.name]!r})")
+            try:
+                opts[param.name] = param.type_cast_value(ctx, opts[param.name])
+            except click.BadParameter as exc:
+                raise PlanError(f"{param.name}: {exc.format_message()}") from None
+    for key in ("minbytes", "maxbytes", "stepbytes"):  # the defaults are size strings too
+        opts[key] = parse_size(opts[key])
     opts["datatype"], opts["op"], opts["root"] = str(opts["datatype"]), str(opts["op"]), str(opts["root"])
     return opts
 

@@ -3,6 +3,7 @@ whose every bad input ends in one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import NoReturn
 
@@ -58,3 +59,13 @@ class ParsedType(click.ParamType):
 
 
 SIZE = ParsedType("size", parse_size)  # a byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses nan and inf (click.FloatRange lets both through)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+MAX_SIZE = 1 << 50   # 1 PiB: far past any GPU's memory, far below what overflows a C size_t
+MAX_SWEEP_SIZES = 100_000  # more would only fill the host's memory before the first size runs
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
@@ -22,6 +25,8 @@ def parse_size(text: str | int) -> int:
         raise ValueError(f"cannot parse size {text!r} (use a number of bytes with an optional K, M or G suffix, e.g. 8, 64K, 1G)")
     from fractions import Fraction
 
+    if float(m.group(1)) * _SUFFIX[m.group(2).upper()] > MAX_SIZE:  # checked as a float first: 1e999999 is instant
+        raise ValueError(f"size {text!r} is larger than the largest size ncclbench takes ({MAX_SIZE >> 50} PiB)")
     return int(Fraction(m.group(1)) * _SUFFIX[m.group(2).upper()])  # exact, then rounded down
 
 
@@ -42,6 +47,10 @@ def size_sweep(min_bytes: int, max_bytes: int, step_bytes: int = 0, step_factor:
         raise ValueError("sizes must not be negative")
     if min_bytes > max_bytes:
         raise ValueError(f"minimum size {min_bytes} is larger than maximum size {max_bytes}")
+    if max_bytes > MAX_SIZE:
+        raise ValueError(f"maximum size {max_bytes} is larger than the largest size ncclbench takes ({MAX_SIZE >> 50} PiB)")
+    if step_factor is not None and not math.isfinite(step_factor):
+        raise ValueError(f"step factor must be a finite number (got {step_factor})")
     use_factor = step_factor is not None and step_factor != 1.0
     if use_factor:
         if step_factor <= 1.0:
@@ -55,6 +64,9 @@ def size_sweep(min_bytes: int, max_bytes: int, step_bytes: int = 0, step_factor:
     sizes = []
     size = min_bytes
     while size <= max_bytes:
+        if len(sizes) == MAX_SWEEP_SIZES:
+            raise ValueError(f"the sweep from {min_bytes} to {max_bytes} B would have more than {MAX_SWEEP_SIZES} sizes; "
+                             "use a larger step (-i) or a step factor (-f)")
         sizes.append(size)
         nxt = int(size * step_factor) if use_factor else size + step_bytes
         if nxt <= size:  # a factor like 1.01 on a tiny size would stall

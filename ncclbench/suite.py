@@ -60,10 +60,12 @@ def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
     from ncclbench.collectives import lookup
 
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except OSError as exc:
         raise PlanError(f"cannot read suite {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"suite {path}: not a text file (cannot decode as UTF-8)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -88,6 +90,9 @@ def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
             coll = lookup(str(entry["collective"]))
         except KeyError:
             raise PlanError(f"suite {path}: {where}: unknown collective {entry['collective']!r}") from None
+        for scope in (defaults, entry):
+            if not isinstance(scope.get("env") or {}, dict):
+                raise PlanError(f"suite {path}: {where}: env must be a mapping of NAME: value")
         env = dict(defaults.get("env") or {})
         env.update(entry.get("env") or {})
         if not all(isinstance(k, str) for k in env):

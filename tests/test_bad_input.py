@@ -39,6 +39,15 @@ CASES = [
     ("zero agg", ["allreduce", "-m", "0"], "agg_iters"),
     ("bad average", ["allreduce", "-a", "4"], "average"),
     ("negative timeout", ["allreduce", "-T", "-1"], "timeout"),
+    ("infinite timeout", ["allreduce", "-T", "inf"], "timeout"),
+    ("nan timeout", ["allreduce", "-T", "nan"], "not a finite number"),
+    ("timeout past the watchdog's clock", ["allreduce", "-T", "1e12"], "timeout"),
+    ("nan bandwidth floor", ["allreduce", "--min-bw", "nan"], "not a finite number"),
+    ("infinite factor", ["allreduce", "-f", "inf"], "not a finite number"),
+    ("size past 1 PiB", ["allreduce", "-e", "1e400"], "largest size"),
+    ("size with a huge exponent", ["allreduce", "-e", "1e999999999"], "largest size"),
+    ("sweep of a trillion sizes", ["allreduce", "--backend", "gloo", "-b", "8", "-e", "1T", "-i", "1"],
+     "more than 100000 sizes"),
     ("threads", ["allreduce", "-t", "2"], "nthreads"),
     ("graph on gloo", ["allreduce", "--backend", "gloo", "-G", "5"], "gloo"),
     ("graph and blocking", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "1"], "cannot be combined"),
@@ -109,11 +118,21 @@ def test_more_gpus_than_visible_is_nccl_tests_exit_5(argv, capsys, tmp_path, mon
     assert not _no_children()
 
 
-@pytest.mark.parametrize("content,words", [(BAD_SUITE, "runs[0]"), (UNKNOWN_KEY_SUITE, "unknown key 'sizes'"),
-                                           (UNKNOWN_COLL_SUITE, "unknown collective"), (NOT_YAML, "not valid YAML")])
+@pytest.mark.parametrize("content,words", [
+    (BAD_SUITE, "runs[0]"), (UNKNOWN_KEY_SUITE, "unknown key 'sizes'"),
+    (UNKNOWN_COLL_SUITE, "unknown collective"), (NOT_YAML, "not valid YAML"),
+    # the same ranges as the command line's options (these used to launch and fail in the ranks)
+    ("runs:\n  - collective: allreduce\n    iters: 0\n", "'--iters': 0 is not in the range x>=1"),
+    ("runs:\n  - collective: allreduce\n    agg_iters: 0\n", "'--agg_iters': 0 is not in the range"),
+    ("runs:\n  - collective: allreduce\n    average: 7\n", "'--average': 7 is not in the range"),
+    ("runs:\n  - collective: allreduce\n    timeout: -5\n", "'--timeout': -5.0 is not in the range"),
+    ("defaults:\n  stepfactor: .inf\nruns:\n  - allreduce\n", "not a finite number"),
+    ("defaults:\n  env: [a, b]\nruns:\n  - allreduce\n", "env must be a mapping"),
+    (b"runs:\n  - \xff\xfe\n", "not a text file"),
+])
 def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(SystemExit) as exc:
         main(["suite", str(path), "--backend", "gloo", "--no-save"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -123,7 +142,8 @@ def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
 
 @pytest.mark.parametrize("item,words", [("sizes=3", "unknown key 'sizes'"), ("iters", "expected KEY=VALUE"),
                                         ("iters=[1, 2]", "not a single value"), ("iters=", "not a single value"),
-                                        ("iters=abc", "iters must be a non-negative integer")])
+                                        ("iters=abc", "'abc' is not a valid integer"), ("iters=0", "x>=1"),
+                                        ("timeout=nan", "not a finite number")])
 def test_bad_suite_override_is_one_line(item, words, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["suite", str(ROOT / "configs" / "quick.yaml"), "--backend", "gloo", "--no-save", "--set", item])
