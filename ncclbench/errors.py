@@ -49,6 +49,15 @@ class TimeoutExpired(BenchError):
     exit_code = ExitCode.TIMEOUT
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a batch scheduler, `timeout`, a closed terminal) turned into the
+    same orderly stop as Ctrl-C: rows so far kept and summarized."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 def error_line(command: str | None, message: str) -> str:
     """The one line a failing run ends with: `ncclbench <command>: error: <message>`
     (`ncclbench: error: <message>` where no subcommand is known)."""

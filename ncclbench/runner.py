@@ -11,7 +11,7 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import CollectiveError, ExitCode, PlanError, error_line, first_line
+from ncclbench.errors import CollectiveError, ExitCode, PlanError, Terminated, error_line, first_line
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -271,6 +271,7 @@ def run_rank(plans, launch, make_report) -> int:
     `make_report(plan, run_info)`. Returns the most serious exit code."""
     from ncclbench.backends import create_backend
 
+    stop_on_termination_signals()
     backend = create_backend(plans[0].backend, launch, (0 if any(p.timeout_s <= 0 for p in plans) else max(p.timeout_s for p in plans)), plans[0].stream_null)
     try:
         backend.use_groups(plans[0].groups(backend.nranks))
@@ -287,6 +288,19 @@ def run_rank(plans, launch, make_report) -> int:
     finally:
         backend.close()
     return max(codes, key=_severity) if codes else ExitCode.OK
+
+
+def stop_on_termination_signals() -> None:
+    """SIGTERM and SIGHUP end the sweep like Ctrl-C (rank 0 writes the summary and its
+    files) instead of killing the rank mid-table. torchrun's agent forwards SIGTERM to the
+    ranks when it is itself terminated; srun/scancel and `timeout` send it directly."""
+    import signal
+
+    def stop(signum, _frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
 
 
 def _severity(code: int) -> int:
@@ -352,8 +366,9 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
                         row = runner.to_row(everyone, layout, dtype, op, root)
                         rows.append(row)
                         report.add_row(row)
-    except KeyboardInterrupt:
-        status, errors = "interrupted", ["interrupted by the user (Ctrl-C)"]
+    except KeyboardInterrupt as exc:
+        status = "interrupted"
+        errors = [f"terminated by {exc.signal_name}" if isinstance(exc, Terminated) else "interrupted by the user (Ctrl-C)"]
     except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
         status = "error"
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -10,6 +10,7 @@ import time
 
 import pandas as pd
 import psutil
+import pytest
 
 from conftest import cli_command, run_cli, table_rows
 
@@ -102,6 +103,37 @@ def test_ctrl_c_during_endless_cycles(tmp_path):
     assert "Traceback" not in err
     frame = pd.read_csv(tmp_path / "r.csv")
     assert len(frame) >= 8 and (frame.nwrong == 0).all()
+    assert not _wait_gone(str(tmp_path))
+
+
+@pytest.mark.parametrize("whom,sig", [("launcher", signal.SIGTERM), ("group", signal.SIGTERM),
+                                      ("launcher", signal.SIGHUP)])
+def test_termination_signals_stop_like_ctrl_c(tmp_path, whom, sig):
+    """SIGTERM (scancel, `timeout`, CI cancelling a job) or SIGHUP, to the launcher alone
+    (torchrun's agent forwards it to the ranks) or to the whole group: the rows so far are
+    kept, summarized and written to JSON, with one error line and exit 130."""
+    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
+            break
+        time.sleep(0.5)
+    if whom == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=90)
+    name = signal.Signals(sig).name
+    assert proc.returncode == 130, err
+    assert f"# Error: terminated by {name}" in out and "# Collective test concluded: all_reduce_perf" in out
+    assert [ln for ln in err.splitlines() if ln.strip()] == [f"ncclbench: error: terminated by {name}"]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "interrupted" and doc["errors"] == [f"terminated by {name}"]
+    assert len(doc["results"]) >= 4  # the CSV had more than 8 lines: two per row
+    assert not list(tmp_path.glob("r.json.tmp-*"))
     assert not _wait_gone(str(tmp_path))
 
 
