@@ -11,7 +11,7 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import CollectiveError, ExitCode, PlanError, Terminated, error_line, first_line
+from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, Terminated, error_line, first_line
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -272,7 +272,15 @@ def run_rank(plans, launch, make_report) -> int:
     from ncclbench.backends import create_backend
 
     stop_on_termination_signals()
-    backend = create_backend(plans[0].backend, launch, (0 if any(p.timeout_s <= 0 for p in plans) else max(p.timeout_s for p in plans)), plans[0].stream_null)
+    timeout_s = 0 if any(p.timeout_s <= 0 for p in plans) else max(p.timeout_s for p in plans)
+    try:
+        backend = create_backend(plans[0].backend, launch, timeout_s, plans[0].stream_null)
+    except (BenchError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - rendezvous timeouts, busy ports, unknown hosts: one line
+        where = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}" if "MASTER_ADDR" in os.environ else ""
+        raise CollectiveError(f"rank {launch.rank} could not join the other {launch.world_size - 1} rank(s){where}: "
+                              f"{type(exc).__name__}: {first_line(exc)}") from exc
     try:
         backend.use_groups(plans[0].groups(backend.nranks))
     except Exception:

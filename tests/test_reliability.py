@@ -185,3 +185,21 @@ def test_buffers_that_cannot_be_allocated_end_in_one_line():
     errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and errors[0].startswith("ncclbench: error: cannot allocate the buffers"), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_launched_rank_that_cannot_rendezvous_is_one_line_and_exit_3(tmp_path):
+    """Under an outside launcher (RANK/WORLD_SIZE set), a rendezvous port taken by another
+    program ends in one line naming the rank and the address, exit 3, no torch traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_cli(["allreduce", "--backend", "gloo", "-b", "8", "-e", "8", "-T", "5", "--no-save"],
+                    env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, timeout=120, cwd=tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].startswith(f"ncclbench: error: rank 0 could not join the other 1 rank(s) at 127.0.0.1:{port}: ")
