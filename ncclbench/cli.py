@@ -113,6 +113,9 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         raise _fail(f"step factor must be > 1 (got {factor:g})")
     if o["cudagraph"] and o["blocking"]:
         raise _fail("-G (CUDA graphs) and -z (blocking) cannot be combined")
+    samples, which = (o["cudagraph"], "-G replays") if o["cudagraph"] else (o["iters"], "-n iterations")
+    if o["per_iter_timing"] and o["per_iter_skip"] >= samples:
+        raise _fail(f"-K {o['per_iter_skip']} would skip every one of the {samples} {which} the -I summary is made of")
     if o.get("cta_policy") is not None:
         raise _fail(f"-x/--cta_policy is not supported on the {backend} backend: neither torch.distributed "
                     "nor CuPy exposes NCCL's CTA policy")
@@ -222,6 +225,8 @@ def announce_backend(requested: str | None, chosen: str, rank: int) -> None:
 def output_spec(plan, o: dict):
     from ncclbench.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
 
+    if o["output_file"] and o["csv_path"] and os.path.realpath(o["output_file"]) == os.path.realpath(o["csv_path"]):
+        raise _fail(f"-J and --csv name the same file {o['csv_path']}: the JSON rewrites would erase the CSV rows")
     if o["output_file"]:
         check_writable(o["output_file"], "JSON file")
     if o["csv_path"]:
@@ -287,6 +292,9 @@ def run_collective(coll_name: str, o: dict) -> int:
     nranks = ngpus * o.get("nnodes", 1)
     if backend in ("nccl", "cupy"):
         visible = launch.visible_gpu_count()
+        if ngpus > visible and o["ngpus"] is None:
+            raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
+                            ExitCode.BAD_GPU_COUNT)
         if ngpus > visible:
             raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
     validate_for_backend(plan, nranks)

@@ -77,6 +77,13 @@ def default_results_dir() -> str:
 
 # ---- checks made before launching ----------------------------------------------------------
 def check_writable(path: str, what: str) -> None:
+    try:
+        _check_writable(path, what)
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (resolve raises RuntimeError)
+        raise PlanError(f"cannot write {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _check_writable(path: str, what: str) -> None:
     parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir():
         raise PlanError(f"cannot write {what} {path}: directory {parent} does not exist")

@@ -11,7 +11,8 @@ from ncclbench.errors import PlanError
 RUN_KEYS = {
     "minbytes", "maxbytes", "stepbytes", "stepfactor", "op", "datatype", "root", "iters", "warmup_iters",
     "agg_iters", "run_cycles", "check", "blocking", "average", "timeout", "report_timestamps", "cudagraph",
-    "report_cputime", "per_iter_timing", "per_iter_skip",
+    "report_cputime", "per_iter_timing", "per_iter_skip", "min_bw", "min_peak_bw", "unalign", "memory_report",
+    "local_register", "stream_null",
 }
 ENTRY_KEYS = RUN_KEYS | {"collective", "label", "env"}
 

@@ -39,6 +39,12 @@ CASES = [
     ("zero agg", ["allreduce", "-m", "0"], "agg_iters"),
     ("bad average", ["allreduce", "-a", "4"], "average"),
     ("negative timeout", ["allreduce", "-T", "-1"], "timeout"),
+    ("-K skipping every iteration", ["allreduce", "--backend", "gloo", "-n", "5", "-I", "1", "-K", "5"],
+     "would skip every one of the 5 -n iterations"),
+    ("-J and --csv on one file", ["allreduce", "--backend", "gloo", "-J", "r.out", "--csv", "./r.out"], "same file"),
+    ("json name too long", ["allreduce", "--backend", "gloo", "-J", "j" * 300 + ".json"], "File name too long"),
+    ("alltoallv matrix without end", ["alltoallv", "--backend", "gloo", "-b", "1K", "-e", "1K",
+                                      "--alltoallv-matrix", "/dev/zero"], "larger than 16 MiB"),
     ("infinite timeout", ["allreduce", "-T", "inf"], "timeout"),
     ("nan timeout", ["allreduce", "-T", "nan"], "not a finite number"),
     ("timeout past the watchdog's clock", ["allreduce", "-T", "1e12"], "timeout"),
@@ -116,6 +122,17 @@ def test_more_gpus_than_visible_is_nccl_tests_exit_5(argv, capsys, tmp_path, mon
     assert exc.value.code == 5 and len(lines) == 1, lines
     assert "-g 64 asks for more GPUs than the" in lines[0] and lines[0].startswith("ncclbench")
     assert not _no_children()
+
+
+def test_a_gpu_backend_without_a_gpu_says_so_when_no_g_was_given(capsys, monkeypatch):
+    from ncclbench import launch
+
+    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 0)
+    with pytest.raises(SystemExit) as exc:
+        main(["allreduce", "--backend", "cupy"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 5 and lines == [
+        "ncclbench: error: the cupy backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)"]
 
 
 @pytest.mark.parametrize("content,words", [

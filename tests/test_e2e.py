@@ -273,3 +273,14 @@ def test_split_runs_parallel_groups_and_checks_each(tmp_path):
     assert [(row[0], row[1]) for row in rows] == [("1024", "128"), ("4096", "512")]  # 2-rank chunks
     assert all(row[8] == "1" and row[12] == "1" for row in rows)
     assert "split MOD 2: 2 groups of 2 ranks" in r.stdout
+
+
+def test_suite_entries_carry_the_bandwidth_gate_and_buffer_options(tmp_path):
+    """min_bw, unalign and memory_report are suite keys too (a CI gate file can hold its floor)."""
+    suite = tmp_path / "gate.yaml"
+    suite.write_text("defaults:\n  minbytes: 1K\n  maxbytes: 1K\n  iters: 2\n  unalign: 1\n  memory_report: 1\n"
+                     "runs:\n  - collective: allreduce\n    min_bw: 1000000\n")
+    r = run_cli(["suite", str(suite), "-g", "2", "--backend", "gloo", "--no-save"])
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert "unalign: 1" in r.stdout and "# Memory usage (rank 0, MiB):" in r.stdout
+    assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$", r.stdout, re.M)
