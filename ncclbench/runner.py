@@ -403,7 +403,26 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         report.finish(summary)
         for err in summary.errors:
             print(error_line(None, err), file=sys.stderr, flush=True)
+        verdict = failed_verdict(summary, plan)
+        if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
+            print(error_line(None, verdict), file=sys.stderr, flush=True)
     return summary
+
+
+def failed_verdict(summary: RunSummary, plan) -> str | None:
+    """One line for a run that measured everything but failed its checks (exit 7)."""
+    if summary.status == "wrong_results":
+        cells = sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0)
+        sizes = ", ".join(map(str, summary.failing_sizes()))
+        return f"wrong results in {cells} cell(s) ({summary.wrong} wrong element(s)) at sizes {sizes} B"
+    if summary.status == "bandwidth_low":
+        parts = []
+        if plan.min_bw and summary.average_busbw < 0.9 * plan.min_bw:
+            parts.append(f"average busbw {summary.average_busbw:g} GB/s < 0.9 x {plan.min_bw:g}")
+        if plan.min_peak_bw and summary.peak_busbw < plan.min_peak_bw:
+            parts.append(f"peak busbw {summary.peak_busbw:g} GB/s < {plan.min_peak_bw:g}")
+        return "bandwidth below the floor: " + "; ".join(parts)
+    return None
 
 
 def exit_code_for(summary: RunSummary) -> int:

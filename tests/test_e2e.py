@@ -150,6 +150,8 @@ def test_planted_wrong_element_fails_loudly(tmp_path):
     rows = table_rows(r.stdout)
     assert [row[8] for row in rows] == ["1", "1"] and [row[12] for row in rows] == ["1", "1"]
     assert list(pd.read_csv(out).nwrong) == [1, 1, 1, 1]
+    assert r.stderr.strip().splitlines()[-1] == \
+        "ncclbench: error: wrong results in 4 cell(s) (4 wrong element(s)) at sizes 1024, 4096 B"
 
 
 def test_check_count_repeats_the_check(tmp_path):
@@ -222,6 +224,8 @@ def test_hypercube_unalign_memory_and_bandwidth_gate(tmp_path):
     assert "unalign: 3" in r.stdout
     assert "# Bandwidth check: average busbw" in r.stdout and "FAILED" in r.stdout
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$", r.stdout, re.M)  # nccl-tests' own verdict
+    assert re.search(r"^ncclbench: error: bandwidth below the floor: average busbw [0-9.e+-]+ GB/s < 0\.9 x 1000$",
+                     r.stderr, re.M)
     assert "# Memory usage (rank 0, MiB):" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["average_bus_bandwidth"]["okay"] == "false" and doc["ncclbench"]["status"] == "bandwidth_low"
