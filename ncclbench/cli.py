@@ -314,6 +314,9 @@ def multinode_args(o: dict, ngpus: int) -> dict:
     if nnodes == 1:
         if node_rank:
             raise _fail(f"--node-rank {node_rank} needs --nnodes > {node_rank}")
+        if endpoint or o.get("master_addr"):
+            given = "--rdzv-endpoint" if endpoint else "--master-addr"
+            raise _fail(f"{given} applies to --nnodes > 1 (a single node's ranks meet on a free local port)")
         return {}
     if node_rank >= nnodes:
         raise _fail(f"--node-rank {node_rank} does not exist with --nnodes {nnodes} (use 0..{nnodes - 1})")
@@ -322,8 +325,8 @@ def multinode_args(o: dict, ngpus: int) -> dict:
             raise _fail("--nnodes > 1 needs --master-addr (node 0's address) or --rdzv-endpoint HOST:PORT")
         endpoint = f"{o['master_addr']}:{o['master_port']}"
     host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit():
-        raise _fail(f"--rdzv-endpoint must be HOST:PORT (got {endpoint!r})")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _fail(f"--rdzv-endpoint must be HOST:PORT with a port from 1 to 65535 (got {endpoint!r})")
     return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint}
 
 
