@@ -105,7 +105,7 @@ def row_line(row: ResultRow, per_iter: bool = False, timestamp: bool = False) ->
 
 
 def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = None) -> list[str]:
-    wrong_cells = sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0)
+    wrong_cells = summary.wrong_cells
     lines = [
         f"# Out of bounds values : {wrong_cells} {'OK' if wrong_cells == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {summary.average_busbw:g} {_average_verdict(info, summary)}",
@@ -133,12 +133,13 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
     return lines
 
 
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("OK" if ok else "FAILED")
+
+
 def _average_verdict(info: RunInfo, summary: RunSummary) -> str:
     """nccl-tests ends the Avg line with OK / FAILED when NCCL_TESTS_MIN_BW is set, nothing otherwise."""
-    floor = info.config.get("min_bw", 0.0)
-    if not floor:
-        return ""
-    return "OK" if summary.average_busbw >= 0.9 * floor else "FAILED"
+    return _verdict(summary.average_ok(info.config.get("min_bw", 0.0)))
 
 
 def bandwidth_gate_lines(info: RunInfo, summary: RunSummary) -> list[str]:
@@ -149,9 +150,8 @@ def bandwidth_gate_lines(info: RunInfo, summary: RunSummary) -> list[str]:
                      f"(NCCL_TESTS_MIN_BW / --min-bw): {_average_verdict(info, summary)}")
     peak_floor = info.config.get("min_peak_bw", 0.0)
     if peak_floor:
-        ok = summary.peak_busbw >= peak_floor
         lines.append(f"# Bandwidth check: peak busbw {summary.peak_busbw:g} GB/s vs {peak_floor:g} "
-                     f"(--min-peak-bw): {'OK' if ok else 'FAILED'}")
+                     f"(--min-peak-bw): {_verdict(summary.peak_ok(peak_floor))}")
     return lines
 
 

@@ -121,12 +121,22 @@ class RunSummary:
     def wrong(self) -> int:
         return sum(r.wrong_total() for r in self.rows)
 
+    @property
+    def wrong_cells(self) -> int:
+        """Printed cells with #wrong > 0 (nccl-tests' "Out of bounds values")."""
+        return sum(1 for _, p in self.printed_cells() if (p.nwrong or 0) > 0)
+
+    def average_ok(self, min_bw: float) -> bool | None:
+        """nccl-tests' NCCL_TESTS_MIN_BW rule (average busbw >= 0.9 x the floor); None without a floor."""
+        return None if not min_bw else self.average_busbw >= 0.9 * min_bw
+
+    def peak_ok(self, min_peak_bw: float) -> bool | None:
+        return None if not min_peak_bw else self.peak_busbw >= min_peak_bw
+
     def bandwidth_ok(self, min_bw: float, min_peak_bw: float) -> bool | None:
         """None when no floor was set (nccl-tests' "unchecked")."""
-        if not min_bw and not min_peak_bw:
-            return None
-        return (not min_bw or self.average_busbw >= 0.9 * min_bw) and \
-            (not min_peak_bw or self.peak_busbw >= min_peak_bw)
+        checks = [ok for ok in (self.average_ok(min_bw), self.peak_ok(min_peak_bw)) if ok is not None]
+        return all(checks) if checks else None
 
     def failing_sizes(self) -> list[int]:
         return sorted({r.size for r in self.rows if r.wrong_total() > 0})

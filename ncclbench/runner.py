@@ -412,14 +412,13 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
 def failed_verdict(summary: RunSummary, plan) -> str | None:
     """One line for a run that measured everything but failed its checks (exit 7)."""
     if summary.status == "wrong_results":
-        cells = sum(1 for _, p in summary.printed_cells() if (p.nwrong or 0) > 0)
         sizes = ", ".join(map(str, summary.failing_sizes()))
-        return f"wrong results in {cells} cell(s) ({summary.wrong} wrong element(s)) at sizes {sizes} B"
+        return f"wrong results in {summary.wrong_cells} cell(s) ({summary.wrong} wrong element(s)) at sizes {sizes} B"
     if summary.status == "bandwidth_low":
         parts = []
-        if plan.min_bw and summary.average_busbw < 0.9 * plan.min_bw:
+        if summary.average_ok(plan.min_bw) is False:
             parts.append(f"average busbw {summary.average_busbw:g} GB/s < 0.9 x {plan.min_bw:g}")
-        if plan.min_peak_bw and summary.peak_busbw < plan.min_peak_bw:
+        if summary.peak_ok(plan.min_peak_bw) is False:
             parts.append(f"peak busbw {summary.peak_busbw:g} GB/s < {plan.min_peak_bw:g}")
         return "bandwidth below the floor: " + "; ".join(parts)
     return None

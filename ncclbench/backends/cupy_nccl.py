@@ -9,8 +9,8 @@ way nccl-tests builds them."""
 from __future__ import annotations
 
 import functools
-from ncclbench.backends import process_group_timeout
 
+from ncclbench.backends import process_group_timeout
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
 from ncclbench.errors import PlanError
 

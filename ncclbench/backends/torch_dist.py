@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from ncclbench.backends import process_group_timeout
 
+from ncclbench.backends import process_group_timeout
 from ncclbench.errors import PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
