@@ -16,6 +16,13 @@ from ncclbench.dtypes import DType
 _MAX_RANGE = 97  # a prime, so that patterns do not line up with power-of-two sizes
 
 
+def premul_scalar(rank: int) -> int:
+    """-o mulsum: the factor rank `rank` (in its communicator) multiplies its input by.
+    1 or 2, exact in every type, and different between neighbours so that a backend that
+    ignored the factor, or used one rank's for all, gives wrong sums."""
+    return 1 + rank % 2
+
+
 @dataclass(frozen=True)
 class InputPattern:
     dtype: DType
@@ -25,8 +32,13 @@ class InputPattern:
 
     @property
     def value_range(self) -> int:
-        """Values lie in [0, value_range): n * (value_range - 1) must stay exact."""
-        return min(_MAX_RANGE, self.dtype.exact_limit // max(self.nranks, 1) + 1)
+        """Values lie in [0, value_range): n * (value_range - 1) must stay exact (2n for
+        mulsum, whose factors are at most 2)."""
+        return min(_MAX_RANGE, self.dtype.exact_limit // (max(self.nranks, 1) * self._factor) + 1)
+
+    @property
+    def _factor(self) -> int:
+        return 2 if self.op == "mulsum" else 1
 
     @property
     def sparse(self) -> bool:
@@ -42,7 +54,7 @@ class InputPattern:
             owner = (idx + self.seed) % (self.nranks + 1)
             return 1 + (owner == src_rank).long()
         if self.sparse:
-            limit = self.dtype.exact_limit + 1
+            limit = self.dtype.exact_limit // self._factor + 1
             base = (idx * 7 + self.seed) % limit
             return base * ((idx % self.nranks) == src_rank).long()
         return (idx * 7 + src_rank * 13 + self.seed) % self.value_range
@@ -54,6 +66,10 @@ class InputPattern:
         acc = None
         for r in ranks:
             v = self.values(r, idx)
+            if self.op == "mulsum":
+                v = v * premul_scalar(r)
+                acc = v if acc is None else acc + v
+                continue
             if acc is None:
                 acc = v.clone()
             elif self.op in ("sum", "avg"):

@@ -35,7 +35,7 @@ def collective_options(f):
         click.option("-e", "--maxbytes", type=SIZE, default="32M", show_default=True, help="Maximum size."),
         click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment when no factor is given."),
         click.option("-f", "--stepfactor", type=FiniteFloat(), default=None, help="Size multiplication factor (> 1)."),
-        click.option("-o", "--op", default="sum", show_default=True, help="sum, prod, min, max, avg or all."),
+        click.option("-o", "--op", default="sum", show_default=True, help="sum, prod, min, max, avg, mulsum (premul-sum, GPU backends) or all."),
         click.option("-d", "--datatype", default="float", show_default=True,
                      help="int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2, or all."),
         click.option("-r", "--root", default="0", show_default=True, help="Root rank, or all / -1 for every root."),
@@ -90,7 +90,7 @@ def _fail(message: str) -> PlanError:
     return PlanError(message)
 
 
-def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
+def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: int | None = None):
     from ncclbench.plan import Plan
 
     try:
@@ -146,7 +146,13 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str]):
         backend=backend, traffic=traffic, traffic_summary=summary, args=tuple(argv),
     )
     if "all" in (str(o["datatype"]).strip().lower(), str(o["op"]).strip().lower()):
-        plan = plan.without_unsupported()
+        group = None  # ranks per communicator, where known (a bad --split is refused later)
+        if nranks and nranks > 0:
+            try:
+                group = len(plan.groups(nranks)[0])
+            except PlanError:
+                pass
+        plan = plan.without_unsupported(group)
     try:
         sizes = plan.sizes()
     except ValueError as exc:
@@ -277,7 +283,8 @@ def run_collective(coll_name: str, o: dict) -> int:
     info = launch.detect()
     launched = info.launcher != "none"
     backend = choose_backend(o["backend"], launched)
-    plan = build_plan(coll_name, o, backend, argv)
+    nranks = info.world_size if launched else (1 if o["ngpus"] is None else o["ngpus"]) * o.get("nnodes", 1)
+    plan = build_plan(coll_name, o, backend, argv, nranks)
     if launched:
         if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise _fail(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "

@@ -49,8 +49,9 @@ DTYPE_ALIASES = {
     "fp8_e5m2": "f8e5m2", "float8_e5m2": "f8e5m2", "e5m2": "f8e5m2",
 }
 
-# nccl-tests' order, used by `-o all`
-OPS = ("sum", "prod", "max", "min", "avg")
+# nccl-tests' order, used by `-o all`. mulsum is NCCL's premul-sum (ncclRedOpCreatePreMulSum):
+# each rank's input is multiplied by that rank's scalar (checkdata.premul_scalar), then summed.
+OPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 
 
 def resolve_dtypes(text: str) -> list[DType]:

@@ -45,10 +45,10 @@ def before_size(rank: int, size: int) -> None:
         time.sleep(f.seconds)
 
 
-def corrupt_output(rank: int, view) -> None:
-    """Plant one wrong element in this rank's checked output."""
+def corrupt_output(rank: int, view, size: int) -> None:
+    """Plant one wrong element in this rank's checked output (at sizes >= size= only)."""
     f = active()
-    if f is not None and f.kind == "corrupt" and f.applies(rank) and view.numel():
+    if f is not None and f.kind == "corrupt" and f.applies(rank, size) and view.numel():
         flat = view.view(-1)
         flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
 

@@ -111,22 +111,23 @@ class Plan:
                             f"{', '.join(str(len(g)) for g in groups)}: ncclbench needs groups of one size")
         return groups
 
-    def unsupported(self, dtype: str, op: str) -> str | None:
+    def unsupported(self, dtype: str, op: str, nranks: int | None = None) -> str | None:
         """Why this plan's backend cannot run `dtype` with `op` (an op-column entry, ignored
-        for collectives that reduce nothing), or None."""
+        for collectives that reduce nothing) on groups of `nranks` ranks, or None."""
         from ncclbench.backends.torch_dist import unsupported_reason
 
-        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None)
+        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None, nranks)
         if reason is None and DTYPES[dtype].torch_dtype() is None:
             reason = f"this torch has no {dtype} type"
         return reason
 
-    def without_unsupported(self) -> "Plan":
-        """`-d all` / `-o all`: the same plan minus the pairs the backend cannot run (nccl-tests
-        runs every type it was built with; here that is every type the backend has)."""
+    def without_unsupported(self, nranks: int | None = None) -> "Plan":
+        """`-d all` / `-o all`: the same plan minus the pairs the backend cannot run on groups
+        of `nranks` (nccl-tests runs every type it was built with; here that is every type
+        the backend has)."""
         from dataclasses import replace
 
-        skipped = tuple((d, op) for d in self.dtypes for op in self.op_list() if self.unsupported(d, op))
+        skipped = tuple((d, op) for d in self.dtypes for op in self.op_list() if self.unsupported(d, op, nranks))
         return replace(self, skipped=skipped)
 
     def check_runnable(self, ranks_per_test: int | None) -> None:
@@ -134,9 +135,9 @@ class Plan:
         lacks, and rank counts the collective cannot use. PlanError with one line."""
         coll = self.coll
         if not self.dtype_ops():  # `all` left nothing: say why the first pair cannot run
-            raise PlanError(self.unsupported(*self.skipped[0]))
+            raise PlanError(self.unsupported(*self.skipped[0], ranks_per_test))
         for d, op in self.dtype_ops():
-            reason = self.unsupported(d, op)
+            reason = self.unsupported(d, op, ranks_per_test)
             if reason:
                 raise PlanError(reason)
         if self.graph_replays and self.backend == "gloo":

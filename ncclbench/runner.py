@@ -200,11 +200,11 @@ class RankRunner:
             wrong = None
             checkable = self.plan.check and (self.coll.in_place_checked or not in_place)
             if checkable:  # -c N: N checks, each with fresh inputs; their wrong counts add up
-                wrong = sum(self.check(slots, layout, dtype, op, root, in_place) for _ in range(self.plan.check))
+                wrong = sum(self.check(slots, layout, dtype, op, root, in_place, size) for _ in range(self.plan.check))
             out.append((timing.device_s, timing.host_s, timing.per_iter_s, wrong))
         return layout, out
 
-    def check(self, slots, layout, dtype, op, root, in_place) -> int:
+    def check(self, slots, layout, dtype, op, root, in_place, size) -> int:
         """Fresh inputs, one op, count wrong elements in this rank's output (untimed)."""
         self.seed_counter += 1
         pattern = InputPattern(dtype, op, self.nranks, seed=self.seed_counter)
@@ -218,7 +218,7 @@ class RankRunner:
         if not self.coll.checked_on(self.rank, root):
             return 0
         recv = recv[:layout.recv_span(self.rank)]
-        faults.corrupt_output(self.backend.rank, recv)
+        faults.corrupt_output(self.backend.rank, recv, size)
         ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count, layout.counts)
         return count_wrong(recv, self.coll, ctx, dtype, op, device)
 

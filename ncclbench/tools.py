@@ -42,7 +42,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         plans = []
         for run in members:
             try:
-                plan = cli.build_plan(run.collective, cli.options_for(run.options), chosen, sys.argv[1:])
+                plan = cli.build_plan(run.collective, cli.options_for(run.options), chosen, sys.argv[1:], nranks)
                 cli.validate_for_backend(plan, nranks)
             except PlanError as exc:
                 raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}): {exc}") from None

@@ -8,6 +8,7 @@
 # a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
 # hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
 # agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls),
+# single (the options on one GPU, both backends),
 # pin (ranks pinned to their own CPUs or not: small all_reduce, both backends),
 # targets (scripts/speed_targets.py on this folder: the Speed issue's verdicts, printed; put it last).
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
@@ -31,8 +32,9 @@ for stage in $STAGES; do
     env)
       { nvidia-smi; nvidia-smi topo -m; $PY -c 'import torch,cupy; print(torch.__version__, torch.cuda.nccl.version(), cupy.__version__)'; } >"$LOG/env.txt" 2>&1 ;;
     probe)
-      torchrun --nproc-per-node 2 scripts/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
-      torchrun --nproc-per-node 2 scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
+      pnp=$(( NP < 2 ? NP : 2 ))
+      torchrun --nproc-per-node $pnp scripts/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
+      torchrun --nproc-per-node $pnp scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
     full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
       b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
       cp configs/full.yaml "$LOG/$name.yaml"
@@ -152,6 +154,21 @@ for stage in $STAGES; do
       done ;;
     pytest)
       timeout 300 $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
+    single)  # the CLI's options on one GPU, both backends (for a machine with one GPU); exit codes in single.txt
+      for b in nccl cupy; do
+        run1() { local name=$1; shift; timeout 120 ncclbench "$@" --backend $b --no-save >"$LOG/single_${b}_$name.txt" 2>&1
+                 echo "$b $name exit $?" >>"$LOG/single.txt"; }
+        run1 suite suite configs/quick.yaml -g 1
+        run1 opall allreduce -g 1 -b 8 -e 64M -f 8 -o all -d all -c 3 -C 1 -S 1 -z 1
+        run1 graph allreduce -g 1 -b 8 -e 64M -f 8 -G 10 -I 1 -K 2 -J "$LOG/single_${b}_graph.json"
+        run1 t0 reducescatter -g 1 -b 8 -e 1M -f 8 -T 0
+        run1 a2av alltoallv -g 1 -b 8 -e 1M -f 8
+        s0=$(date +%s); timeout -s TERM 12 ncclbench allreduce -g 1 --backend $b -b 1K -e 1G -f 2 -n 4000 --no-save \
+          -J "$LOG/single_${b}_term.json" >"$LOG/single_${b}_term.txt" 2>&1
+        echo "$b sigterm exit $? after $(( $(date +%s) - s0 )) s" >>"$LOG/single.txt"
+      done
+      NCCLBENCH_FAULT="corrupt:rank=0,size=1024" timeout 60 ncclbench allreduce -g 1 -b 8 -e 4K -f 2 --no-save \
+        >"$LOG/single_fault.txt" 2>&1; echo "fault exit $?" >>"$LOG/single.txt" ;;
     targets)  # the Speed issue's verdicts from this folder's full_* and latency logs, also on stdout
       $PY scripts/speed_targets.py "$LOG" --reference-dir "tests/fixtures/nccl-tests/h200-${NP}gpu-nvswitch" \
         --np "$NP" --tag "${TAG:-}" 2>&1 | tee "$LOG/targets${TAG:-}.md" ;;

@@ -1,7 +1,7 @@
-"""Which dtype x op pairs each backend really runs (torchrun, 2 ranks). Prints one line
+"""Which dtype x op pairs each backend really runs (torchrun, 1 or more ranks). Prints one line
 per pair; used to keep `unsupported_reason` honest on a new torch/NCCL/CuPy.
 
-    torchrun --nproc-per-node 2 scripts/probe_dtypes.py [torch|cupy]
+    torchrun --nproc-per-node N scripts/probe_dtypes.py [torch|cupy]
 """
 
 import os
@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ncclbench.checkdata import InputPattern, count_mismatches, to_dtype
+from ncclbench.checkdata import InputPattern, count_mismatches, premul_scalar, to_dtype
 from ncclbench.dtypes import DTYPES, OPS
 
 backend_name = sys.argv[1] if len(sys.argv) > 1 else "torch"
@@ -19,18 +19,29 @@ torch.cuda.set_device(rank)
 dev = torch.device("cuda", rank)
 if backend_name == "torch":
     dist.init_process_group("nccl", device_id=dev)
-    run = lambda t, op: dist.all_reduce(t, op=getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper())))  # noqa: E731
+
+    def run(t, op):
+        if op == "mulsum":
+            red = dist._make_nccl_premul_sum(float(premul_scalar(rank)))
+        else:
+            red = getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper()))
+        dist.all_reduce(t, op=red)
 else:
     from cupy.cuda import nccl
 
-    from ncclbench.backends.cupy_nccl import NCCL_OPS, NCCL_TYPES, _TORCH_TO_NAME  # noqa: F401
+    from ncclbench.backends.cupy_nccl import NCCL_OPS, NCCL_TYPES, _TORCH_TO_NAME, factor_bytes, premul_sum_op
 
     dist.init_process_group("gloo")
     uid = [nccl.get_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(uid, src=0)
     comm = nccl.NcclCommunicator(world, uid[0], rank)
-    run = lambda t, op: comm.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), NCCL_TYPES[_TORCH_TO_NAME[str(t.dtype)]],  # noqa: E731
-                                       NCCL_OPS[op], torch.cuda.current_stream().cuda_stream)
+
+    def run(t, op):
+        kind = NCCL_TYPES[_TORCH_TO_NAME[str(t.dtype)]]
+        red = NCCL_OPS.get(op)
+        if op == "mulsum":
+            red = premul_sum_op(comm, kind, factor_bytes(torch, t.dtype, premul_scalar(rank)))
+        comm.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), kind, red, torch.cuda.current_stream().cuda_stream)
 for d in DTYPES.values():
     for op in OPS:
         try:
@@ -44,5 +55,5 @@ for d in DTYPES.values():
         except Exception as exc:  # noqa: BLE001
             result = "FAIL " + (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         if rank == 0:
-            print(f"{backend_name:6s} {d.name:9s} {op:5s} {result}", flush=True)
+            print(f"{backend_name:6s} {d.name:9s} {op:6s} {result}", flush=True)
 dist.destroy_process_group()

@@ -4,7 +4,7 @@ collective, exactness for every dtype/op, and a planted error that must be count
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
+from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, premul_scalar, to_dtype
 from ncclbench.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
 from ncclbench.traffic import Traffic
@@ -14,7 +14,9 @@ def simulate(coll, inputs, root, op, lay=None):
     """Each rank's output computed the slow, obvious way from all ranks' inputs (int64 / float64)."""
     n = len(inputs)
 
-    def red(vals):
+    def red(vals):  # vals in rank order
+        if op == "mulsum":  # premul-sum: rank r's input times its factor, summed
+            return sum(v * premul_scalar(r) for r, v in enumerate(vals))
         acc = vals[0].clone()
         for v in vals[1:]:
             acc = {"sum": acc + v, "avg": acc + v, "prod": acc * v,
@@ -59,7 +61,7 @@ def simulate(coll, inputs, root, op, lay=None):
 def test_expected_matches_simulation(name, nranks):
     coll = REGISTRY[name]
     dtype = DTYPES["float"]
-    ops = ["sum", "prod", "min", "max"] if coll.has_op else ["sum"]
+    ops = ["sum", "prod", "min", "max", "mulsum"] if coll.has_op else ["sum"]
     root = nranks - 1 if coll.has_root else -1
     traffics = [None]
     if name == "alltoallv":
@@ -105,7 +107,9 @@ def test_reduction_is_exact_in_every_order(dname, op, nranks):
                 v = v.double()
             elif dtype.name in ("uint32", "uint64"):
                 v = bit_view(v, dtype)  # torch cannot add uint32; same bits as the signed twin
-            acc = v if acc is None else _combine(acc, v, op, dtype)
+            if op == "mulsum":  # the factor is applied in the type, as NCCL does, and must be exact
+                v = _combine(v, v * (premul_scalar(r) - 1), "sum", dtype)
+            acc = v if acc is None else _combine(acc, v, "sum" if op == "mulsum" else op, dtype)
         if dtype.is_float:
             result = to_dtype(acc.double(), dtype)
         elif dtype.name in ("uint32", "uint64"):
@@ -176,3 +180,60 @@ def test_avg_tolerance_accepts_rounding_but_not_errors():
     assert count_mismatches(got, exp, dtype, "avg", 3) == 0
     got[3] += 1.0
     assert count_mismatches(got, exp, dtype, "avg", 3) == 1
+
+
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+@pytest.mark.parametrize("nranks", [1, 2, 3, 64])
+def test_mulsum_check_catches_a_missing_or_shared_factor(dname, nranks):
+    """-o mulsum: a backend that summed without the per-rank factors, or applied rank 0's
+    factor everywhere, gives wrong elements; the exact premul-sum gives none."""
+    dtype = DTYPES[dname]
+    if dtype.torch_dtype() is None:
+        pytest.skip("torch lacks this type")
+    pattern = InputPattern(dtype, "mulsum", nranks, seed=4)
+    idx = torch.arange(4096)
+    expected = pattern.reduce(idx, range(nranks))
+    plain = sum(pattern.values(r, idx) for r in range(nranks))
+    shared = plain * premul_scalar(0)
+    assert count_mismatches(to_dtype(expected, dtype), expected, dtype, "mulsum", nranks) == 0
+    if nranks > 1:  # rank 1's factor is 2, rank 0's is 1
+        assert count_mismatches(to_dtype(plain, dtype), expected, dtype, "mulsum", nranks) > 0
+        assert count_mismatches(to_dtype(shared, dtype), expected, dtype, "mulsum", nranks) > 0
+    assert int(expected.max()) <= dtype.exact_limit
+
+
+def test_which_backend_runs_mulsum():
+    """mulsum (premul-sum): refused on gloo, on the torch NCCL group for types other than
+    half/float/double (ProcessGroupNCCL throws for them, and its bfloat16 one summed
+    wrong when probed), allowed on CuPy."""
+    from ncclbench.backends.torch_dist import unsupported_reason
+
+    assert "gloo has no mulsum" in unsupported_reason("gloo", "float", "mulsum")
+    for d in ("half", "float", "double"):
+        assert unsupported_reason("nccl", d, "mulsum") is None
+    assert "wrong sums" in unsupported_reason("nccl", "bfloat16", "mulsum")
+    for d in ("int8", "int32", "int64", "f8e4m3", "f8e5m2"):
+        assert "only for half, float, double and bfloat16" in unsupported_reason("nccl", d, "mulsum")
+    assert all(unsupported_reason("cupy", d, "mulsum") is None for d in DTYPES)
+    assert unsupported_reason("nccl", "int8", "sum") is None
+
+
+def test_all_pairs_depend_on_ranks_per_communicator():
+    """-d all -o all: NCCL refuses fp8 avg/mulsum in a one-rank communicator (measured,
+    NCCL 2.28.9), so those pairs are skipped on 1 rank (or --split groups of 1) and run on 2;
+    an explicit fp8 avg on 1 rank is refused with one line."""
+    from ncclbench import cli
+    from ncclbench.errors import PlanError
+
+    def skipped(nranks, **extra):
+        o = cli.options_for({"datatype": "all", "op": "all", **extra})
+        return set(cli.build_plan("allreduce", o, "cupy", [], nranks).skipped)
+
+    fp8_pairs = {(d, op) for d in ("f8e4m3", "f8e5m2") for op in ("avg", "mulsum")}
+    assert skipped(1) == fp8_pairs
+    assert skipped(2) == set() and skipped(None) == set()
+    assert skipped(4, split="MOD 4") == fp8_pairs  # four groups of one rank
+    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "f8e5m2", "op": "avg"}), "cupy", [], 1)
+    with pytest.raises(PlanError, match="one-rank communicator"):
+        plan.check_runnable(1)
+    plan.check_runnable(2)

@@ -131,8 +131,9 @@ def test_all_types_and_ops_skip_what_gloo_lacks():
     r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-d", "all", "-o", "all",
                  "-n", "1", "--no-save"])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert ("# Note: skipped what the gloo backend cannot run: int8 (avg), uint8 (avg), int32 (avg), uint32, "
-            "int64 (avg), uint64, f8e4m3, f8e5m2") in r.stdout
+    assert ("# Note: skipped what the gloo backend cannot run: int8 (avg, mulsum), uint8 (avg, mulsum), "
+            "int32 (avg, mulsum), uint32, int64 (avg, mulsum), uint64, half (mulsum), float (mulsum), "
+            "double (mulsum), bfloat16 (mulsum), f8e4m3, f8e5m2") in r.stdout
     pairs = [(row[2], row[3]) for row in table_rows(r.stdout)]
     ints = [(d, op) for d in ("int8", "uint8", "int32", "int64") for op in ("sum", "prod", "max", "min")]
     floats = [(d, op) for d in ("half", "float", "double", "bfloat16") for op in ("sum", "prod", "max", "min", "avg")]
@@ -142,14 +143,14 @@ def test_all_types_and_ops_skip_what_gloo_lacks():
 
 def test_planted_wrong_element_fails_loudly(tmp_path):
     out = tmp_path / "r.csv"
-    r = run_cli(["allgather", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2",
-                 "--no-save", "--csv", str(out)], env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
+    r = run_cli(["allgather", "-g", "2", "--backend", "gloo", "-b", "256", "-e", "4K", "-f", "4", "-n", "2",
+                 "--no-save", "--csv", str(out)], env={"NCCLBENCH_FAULT": "corrupt:rank=1,size=1024"})
     assert r.returncode == 7, r.stderr
     assert "# Out of bounds values : 4 FAILED" in r.stdout
-    assert "# Wrong results at sizes: 1024, 4096" in r.stdout
+    assert "# Wrong results at sizes: 1024, 4096" in r.stdout  # size=1024: the 256 B row stays right
     rows = table_rows(r.stdout)
-    assert [row[8] for row in rows] == ["1", "1"] and [row[12] for row in rows] == ["1", "1"]
-    assert list(pd.read_csv(out).nwrong) == [1, 1, 1, 1]
+    assert [row[8] for row in rows] == ["0", "1", "1"] and [row[12] for row in rows] == ["0", "1", "1"]
+    assert list(pd.read_csv(out).nwrong) == [0, 0, 1, 1, 1, 1]
     assert r.stderr.strip().splitlines()[-1] == \
         "ncclbench: error: wrong results in 4 cell(s) (4 wrong element(s)) at sizes 1024, 4096 B"
 

@@ -45,8 +45,9 @@ def test_cuda_graph_replay(backend):
 
 
 def test_planted_wrong_element_fails_the_run():
-    r = run_cli(["allreduce", "-g", "2", "-b", "1M", "-e", "1M", "--no-save"],
-                env={"NCCLBENCH_FAULT": "corrupt:rank=1"})
+    n = min(_gpus(), 2)
+    r = run_cli(["allreduce", "-g", str(n), "-b", "1M", "-e", "1M", "--no-save"],
+                env={"NCCLBENCH_FAULT": f"corrupt:rank={n - 1}"})
     assert r.returncode == 7, r.stderr[-2000:]
     assert "FAILED" in r.stdout
 
@@ -89,7 +90,7 @@ def test_split_groups_on_gpus(backend):
 def test_per_iteration_columns_with_cuda_graphs(backend):
     """-I with -G: one sample per replay, so the i_* columns are numbers (they were nan), in
     order and near the row's time (i_* take the max over ranks, time the mean: not exact)."""
-    r = run_cli(["allreduce", "-g", "2", "--backend", backend, "-b", "8", "-e", "64K", "-f", "8",
+    r = run_cli(["allreduce", "-g", str(min(_gpus(), 2)), "--backend", backend, "-b", "8", "-e", "64K", "-f", "8",
                  "-G", "10", "-n", "5", "-I", "1", "--no-save"])
     assert r.returncode == 0, r.stderr[-2000:]
     rows = table_rows(r.stdout)
@@ -121,3 +122,26 @@ def test_agg_iters_grouped_for_every_collective(backend, graph, tmp_path):
     checked = frame.dropna(subset=["nwrong"])
     assert len(checked) > 11 * 4 and (checked.nwrong == 0).all()
     assert "not in one NCCL group" not in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_every_type_and_op_including_mulsum(backend):
+    """-d all -o all as nccl-tests runs it (mulsum is NCCL's premul-sum, each rank with its
+    own factor): every pair the backend can run is right, eagerly and captured in a graph;
+    the torch NCCL group runs premul-sum for half, float and double only."""
+    n = min(_gpus(), 2)
+    floats = {"half", "float", "double"}
+    for extra in ([], ["-G", "2"]):
+        r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "64K", "-e", "64K", "-d", "all",
+                     "-o", "all", "-n", "2", "--no-save"] + extra)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = table_rows(r.stdout)
+        assert all(row[8] == "0" and row[12] == "0" for row in rows)
+        mulsum = {row[2] for row in rows if row[3] == "mulsum"}
+        one_rank_gaps = {"f8e4m3", "f8e5m2"} if n == 1 else set()  # NCCL refuses fp8 premul-sum there
+        assert mulsum == (floats if backend == "nccl" else {row[2] for row in rows} - one_rank_gaps)
+    for coll in ("reduce", "reducescatter"):
+        r = run_cli([coll, "-g", str(n), "--backend", backend, "-b", "8", "-e", "1M", "-f", "32", "-o", "mulsum",
+                     "-d", "half", "--no-save"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert all(row[3] == "mulsum" and row[8] == "0" for row in table_rows(r.stdout))

@@ -318,3 +318,14 @@ def test_filter_results():
     assert set(kept["placement"]) == {"in_place"}
     assert sorted(kept["size_bytes"]) == [2097152, 8388608, 33554432, 134217728, 536870912]
     assert len(filter_results(frame, placement="both")) == 30
+
+
+def test_all_ops_and_types_in_nccl_tests_order():
+    """`-d all -o all` walks the same (type, op) sequence as the reference nccl-tests run,
+    mulsum included (it was missing before)."""
+    from ncclbench.dtypes import resolve_dtypes, resolve_ops
+
+    frame = read_results(H200_2 / "all_reduce_np2_dall_oall.txt")
+    reference = list(dict.fromkeys(zip(frame["dtype"], frame["op"])))
+    ours = [(d.name, op) for d in resolve_dtypes("all") for op in resolve_ops("all")]
+    assert ours == reference

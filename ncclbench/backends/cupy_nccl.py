@@ -12,13 +12,15 @@ import functools
 
 from ncclbench.backends import process_group_timeout
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
+from ncclbench.checkdata import premul_scalar
 from ncclbench.errors import PlanError
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); passed as ints so that types newer
 # than CuPy's constants (bfloat16, fp8) still work with a new enough libnccl.
 NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
               "half": 6, "float": 7, "double": 8, "bfloat16": 9, "f8e4m3": 10, "f8e5m2": 11}
-NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # mulsum: made per type, see premul_sum_op
+_SCALAR_HOST_IMMEDIATE = 1  # ncclScalarResidence_t: the factor is read from host memory at creation
 _TORCH_TO_NAME = {"torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32",
                   "torch.uint32": "uint32", "torch.int64": "int64", "torch.uint64": "uint64",
                   "torch.float16": "half", "torch.float32": "float", "torch.float64": "double",
@@ -33,6 +35,53 @@ def _nccl_type_table(torch) -> dict:
         if dt is not None:
             table[dt] = NCCL_TYPES[name]
     return table
+
+
+def _loaded_libnccl():
+    """The libnccl.so.2 already in this process (the one CuPy's calls go to; RTLD_NOLOAD
+    never loads a second copy). CuPy has no binding for ncclRedOpCreatePreMulSum."""
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise PlanError(f"-o mulsum on backend cupy needs libnccl.so.2 loaded by CuPy ({exc})") from None
+    lib.ncclRedOpCreatePreMulSum.restype = lib.ncclRedOpDestroy.restype = ctypes.c_int
+    lib.ncclRedOpCreatePreMulSum.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int,
+                                             ctypes.c_int, ctypes.c_void_p]
+    lib.ncclRedOpDestroy.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.ncclGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+def premul_sum_op(comm, nccl_type: int, factor: bytes) -> int:
+    """ncclRedOpCreatePreMulSum on CuPy communicator `comm` for one datatype: the
+    ncclRedOp_t value to pass to its reducing calls. `factor` is the scalar's bytes in
+    that datatype. Destroy with destroy_op before the communicator."""
+    import ctypes
+
+    lib, op = _loaded_libnccl(), ctypes.c_int(-1)
+    rc = lib.ncclRedOpCreatePreMulSum(ctypes.byref(op), ctypes.create_string_buffer(factor, len(factor)),
+                                      nccl_type, _SCALAR_HOST_IMMEDIATE, ctypes.c_void_p(comm.comm))
+    if rc:
+        raise RuntimeError(f"ncclRedOpCreatePreMulSum: {lib.ncclGetErrorString(rc).decode()}")
+    return op.value
+
+
+def destroy_op(comm, op: int) -> None:
+    import ctypes
+
+    _loaded_libnccl().ncclRedOpDestroy(op, ctypes.c_void_p(comm.comm))
+
+
+def factor_bytes(torch, dtype, factor: int) -> bytes:
+    """`factor` as one element of torch dtype `dtype`, in bytes."""
+    from ncclbench.checkdata import to_dtype
+    from ncclbench.dtypes import DTYPES
+
+    value = to_dtype(torch.tensor([factor]), DTYPES[_TORCH_TO_NAME[str(dtype)]])
+    return bytes(value.view(torch.uint8).tolist())
 
 
 def import_nccl():
@@ -123,6 +172,18 @@ class CupyBackend(TorchBackend):
     def _type(self, t) -> int:
         return self._types[t.dtype]
 
+    def _redop(self, op: str, t) -> int:
+        """ncclRedOp_t for `op` on tensors like `t`; mulsum's premul-sum op is made once
+        per datatype and communicator, with this rank's factor."""
+        if op != "mulsum":
+            return NCCL_OPS[op]
+        made = self.__dict__.setdefault("_premul", {})
+        key = (id(self.comm), t.dtype)
+        if key not in made:
+            factor = factor_bytes(self.torch, t.dtype, premul_scalar(self.group_rank))
+            made[key] = (premul_sum_op(self.comm, self._type(t), factor), self.comm)
+        return made[key][0]
+
     def capture(self, issue_ops):
         # during capture the ops must go to the capture stream, whatever it is
         saved, self._stream_handle = self._stream_handle, None
@@ -138,28 +199,30 @@ class CupyBackend(TorchBackend):
         name, s, r = coll.name, send.data_ptr(), recv.data_ptr()
         stream, comm = self._stream(), self.comm
         if name == "all_reduce":
-            return functools.partial(comm.allReduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], stream)
+            return functools.partial(comm.allReduce, s, r, recv.numel(), self._type(recv), self._redop(op, recv), stream)
         if name == "all_gather":
             return functools.partial(comm.allGather, s, r, send.numel(), self._type(send), stream)
         if name == "reduce_scatter":
-            return functools.partial(comm.reduceScatter, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], stream)
+            return functools.partial(comm.reduceScatter, s, r, recv.numel(), self._type(recv), self._redop(op, recv),
+                                     stream)
         if name == "broadcast":
             return functools.partial(comm.broadcast, s, r, recv.numel(), self._type(recv), root, stream)
         if name == "reduce":
-            return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), NCCL_OPS[op], root, stream)
+            return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), self._redop(op, recv), root,
+                                     stream)
         if name in self.GROUPED:
             return self._bind_group(self._group_parts(name, send, recv, root, layout), self._type(recv), stream)
         return super().bind(coll, send, recv, op, root, layout)
 
     def all_reduce(self, send, recv, op):
         self.comm.allReduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
-                            NCCL_OPS[op], self._stream())
+                            self._redop(op, recv), self._stream())
 
     def broadcast(self, send, recv, root):
         self.comm.broadcast(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), root, self._stream())
 
     def reduce(self, send, recv, op, root):
-        self.comm.reduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), NCCL_OPS[op],
+        self.comm.reduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), self._redop(op, recv),
                          root, self._stream())
 
     def all_gather(self, send, recv):
@@ -167,7 +230,7 @@ class CupyBackend(TorchBackend):
 
     def reduce_scatter(self, send, recv, op):
         self.comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
-                                NCCL_OPS[op], self._stream())
+                                self._redop(op, recv), self._stream())
 
     # ---- collectives built from grouped send/recv, as nccl-tests builds them --------------
     GROUPED = frozenset({"alltoall", "gather", "scatter", "sendrecv", "alltoallv"})
@@ -262,6 +325,12 @@ class CupyBackend(TorchBackend):
 
     def close(self):
         self.release_graphs()
+        for op, comm in self.__dict__.pop("_premul", {}).values():
+            try:
+                self.torch.cuda.synchronize(self.device)
+                destroy_op(comm, op)
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
         for name in ("comm", "_world_comm"):
             comm = getattr(self, name, None)
             setattr(self, name, None)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 
 from ncclbench.backends import process_group_timeout
+from ncclbench.checkdata import premul_scalar
 from ncclbench.errors import PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
@@ -20,17 +22,32 @@ _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg"
 # torch 2.11 + NCCL 2.28 (see docs/BENCHMARKS.md).
 _INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
 _FP8_TYPES = {"f8e4m3", "f8e5m2"}
+# ProcessGroupNCCL makes a premul-sum op for half, float, double and bfloat16 only (a
+# TypeError otherwise), and its bfloat16 one gave wrong sums (1014 of 1024 elements, torch
+# 2.11 + NCCL 2.28.9, scripts/probe_dtypes.py) where CuPy's was right.
+_PREMUL_TYPES = {"half", "float", "double"}
 
 
-def unsupported_reason(backend: str, dtype: str, op: str | None) -> str | None:
-    """Why `backend` cannot run a collective on `dtype` with reduction `op` (None: no reduction)."""
+def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | None = None) -> str | None:
+    """Why `backend` cannot run a collective on `dtype` with reduction `op` (None: no
+    reduction) in communicators of `nranks` ranks (None: not known yet)."""
     if backend == "gloo":
         if dtype in _FP8_TYPES or dtype in ("uint32", "uint64"):
             return f"backend gloo has no datatype {dtype}"
         if op == "avg" and dtype in _INT_TYPES:
             return f"backend gloo cannot average integers ({dtype}); use -o sum or a float type"
+        if op == "mulsum":
+            return "backend gloo has no mulsum (NCCL's premul-sum); use a GPU backend or another -o"
     if backend == "nccl" and dtype in ("uint32", "uint64"):
         return f"torch.distributed's NCCL process group has no {dtype}; use --backend cupy"
+    if backend == "nccl" and op == "mulsum" and dtype == "bfloat16":
+        return "torch.distributed's bfloat16 premul-sum gave wrong sums when probed (torch 2.11); use --backend cupy"
+    if backend == "nccl" and op == "mulsum" and dtype not in _PREMUL_TYPES:
+        return (f"torch.distributed's NCCL process group has mulsum (premul-sum) only for half, float, "
+                f"double and bfloat16, not {dtype}; use --backend cupy")
+    if backend in ("nccl", "cupy") and nranks == 1 and dtype in _FP8_TYPES and op in ("avg", "mulsum"):
+        # NCCL 2.28.9 answers "invalid argument" (all_reduce and reduce, both backends)
+        return f"NCCL refuses {op} on {dtype} in a one-rank communicator; run 2 or more ranks"
     return None
 
 
@@ -223,7 +240,10 @@ class TorchBackend:
         # cached: this runs once per timed op, where every microsecond of host time shows
         cache = self.__dict__.setdefault("_op_cache", {})
         if op not in cache:
-            cache[op] = getattr(self.dist.ReduceOp, _TORCH_OPS[op])
+            if op == "mulsum":  # NCCL premul-sum with this rank's factor (a host scalar)
+                cache[op] = self.dist._make_nccl_premul_sum(float(premul_scalar(self.group_rank)))
+            else:
+                cache[op] = getattr(self.dist.ReduceOp, _TORCH_OPS[op])
         return cache[op]
 
     def all_reduce(self, send, recv, op):
@@ -399,8 +419,12 @@ class TorchBackend:
             issue_ops()  # warm-up outside capture, as torch requires for NCCL
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            issue_ops()
+        with warnings.catch_warnings():
+            # one rank in place: NCCL has nothing to do, so the graph is rightly empty and
+            # torch's warning about it (meant for capture on a wrong stream) would mislead
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            with torch.cuda.graph(graph):
+                issue_ops()
         self._graphs = getattr(self, "_graphs", [])
         self._graphs.append(graph)
         return graph.replay
