@@ -1,4 +1,4 @@
-from ncclbench.cli import main
+from ncclbench.entry import main
 
 if __name__ == "__main__":
     main()

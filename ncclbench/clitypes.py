@@ -69,3 +69,9 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+    def _describe_range(self) -> str:
+        # Click describes an unbounded range as "x<=None" in --help; say nothing instead
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()

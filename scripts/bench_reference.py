@@ -44,15 +44,12 @@ def run_sweep(colls, ngpus, backend, extra) -> list[str]:
 
 
 def compare(ours, ref, metric: str, min_size: int):
-    import pandas as pd
+    """(every out-of-place row with size > 0, those >= min_size): reference, ours, ratio
+    (ours / reference), matched the way `ncclbench compare` matches (reference as BASE)."""
+    from ncclbench.compare import compare_frames
 
-    keys = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
-    col = "busbw_gbps" if metric == "busbw" else "time_us"
-    o = ours[keys + [col]].rename(columns={col: "ours"})
-    r = ref[keys + [col]].rename(columns={col: "reference"})
-    m = pd.merge(r, o, on=keys)
-    m = m[(m.size_bytes > 0) & (m.placement == "out_of_place")].sort_values(["collective", "size_bytes"])
-    m["ratio"] = m["ours"] / m["reference"]
+    rows = compare_frames(ref, ours, metric).rows.rename(columns={"base": "reference", "new": "ours"})
+    m = rows[rows.placement == "out_of_place"].sort_values(["collective", "size_bytes"], kind="stable")
     return m, m[m.size_bytes >= min_size]
 
 

@@ -82,6 +82,7 @@ CASES = [
     ("unequal split", ["allreduce", "--backend", "gloo", "-g", "4", "--split", "MOD 3"], "one size"),
     ("all ops of a type gloo lacks", ["allreduce", "--backend", "gloo", "-d", "uint32", "-o", "all"],
      "no datatype uint32"),
+    ("mulsum on gloo", ["allreduce", "--backend", "gloo", "-o", "mulsum"], "backend gloo has no mulsum"),
     ("alltoallv option elsewhere", ["allreduce", "--alltoallv-spread", "0.5"], "applies to alltoallv only"),
     ("alltoallv spread above one", ["alltoallv", "--backend", "gloo", "--alltoallv-spread", "1.5"], "from 0 to 1"),
     ("alltoallv spread not a number", ["alltoallv", "--backend", "gloo", "--alltoallv-spread", "wide"], "number"),
@@ -254,3 +255,16 @@ def test_first_line_of_an_error():
     assert first_line(RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")) == "CUDA out of memory."
     assert first_line(RuntimeError("x" * 300), 200) == "x" * 200
     assert first_line(MemoryError()) == "MemoryError"
+
+
+def test_help_of_every_command_reads_cleanly():
+    """--help of every subcommand: no Click range text like "x<=None" (an unbounded
+    FiniteFloat showed it) and no traceback."""
+    from click.testing import CliRunner
+
+    from ncclbench.cli import cli
+
+    for name, command in cli.commands.items():
+        result = CliRunner().invoke(command, ["--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert "None" not in result.output, name

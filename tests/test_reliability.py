@@ -203,3 +203,21 @@ def test_a_launched_rank_that_cannot_rendezvous_is_one_line_and_exit_3(tmp_path)
     assert r.returncode == 3, r.stderr[-2000:]
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert lines[0].startswith(f"ncclbench: error: rank 0 could not join the other 1 rank(s) at 127.0.0.1:{port}: ")
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_line():
+    """A Ctrl-C that lands while the console command imports its modules (click here)
+    ends like any other interrupt: one line, exit 130, no traceback."""
+    import sys
+
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, *args):\n"
+            "        if name == 'click':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "from ncclbench.entry import main\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code, "allreduce"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.strip() == "ncclbench: interrupted" and "Traceback" not in r.stderr
