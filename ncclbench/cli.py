@@ -12,7 +12,7 @@ import sys
 import click
 
 from ncclbench import __version__
-from ncclbench.clitypes import SIZE, FiniteFloat
+from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError, error_line
@@ -403,7 +403,7 @@ def _make_command(coll):
 
     command.__doc__ = (f"Benchmark {coll.name} (like nccl-tests' {coll.name}_perf). "
                        f"busbw = algbw x {_factor_text(coll)}.")
-    return click.command(name=coll.command)(command)
+    return click.command(name=coll.command, cls=GetoptCommand)(command)
 
 
 def _factor_text(coll) -> str:

@@ -19,7 +19,46 @@ class BadInput(BenchError):
     exit_code = ExitCode.USAGE
 
 
-class OneLineErrorCommand(click.Command):
+class GetoptCommand(click.Command):
+    """A command that reads long options the way nccl-tests' getopt_long does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """nccl-tests reads its options with getopt_long, which takes any unambiguous prefix
+        of a long option (`--warmup 5` for `--warmup_iters 5`, `--iter=3`); so does this.
+        Option values (the word after an option that takes one) are left alone."""
+        longs, takes_value = set(), set()
+        for param in self.get_params(ctx):
+            if not isinstance(param, click.Option):
+                continue
+            names = [*param.opts, *param.secondary_opts]
+            longs.update(n for n in names if n.startswith("--"))
+            if not param.is_flag and not param.count:
+                takes_value.update(names)
+        out, value_next = [], False
+        for k, arg in enumerate(args):
+            if value_next:
+                out.append(arg)
+                value_next = False
+                continue
+            if arg == "--":
+                return super().parse_args(ctx, out + args[k:])
+            if arg.startswith("--") and len(arg) > 2:
+                name, eq, value = arg.partition("=")
+                if name not in longs:
+                    hits = sorted(n for n in longs if n.startswith(name))
+                    if len(hits) > 1:
+                        raise click.UsageError(f"option {name} is ambiguous: it could be {', '.join(hits)}", ctx)
+                    if hits:
+                        name = hits[0]
+                arg = name + eq + value
+                value_next = name in takes_value and not eq
+            elif arg.startswith("-") and len(arg) == 2:
+                value_next = arg in takes_value
+            out.append(arg)
+        return super().parse_args(ctx, out)
+
+
+class OneLineErrorCommand(GetoptCommand):
     """A command whose bad input, usage errors included, ends it with one line on stderr:
     `ncclbench <name>: error: <message>`, exit code 2 (no usage dump; --help still shows it).
 

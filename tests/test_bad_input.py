@@ -82,6 +82,7 @@ CASES = [
     ("unequal split", ["allreduce", "--backend", "gloo", "-g", "4", "--split", "MOD 3"], "one size"),
     ("all ops of a type gloo lacks", ["allreduce", "--backend", "gloo", "-d", "uint32", "-o", "all"],
      "no datatype uint32"),
+    ("ambiguous long-option prefix", ["allreduce", "--min", "1K"], "--min is ambiguous: it could be --min-bw"),
     ("mulsum on gloo", ["allreduce", "--backend", "gloo", "-o", "mulsum"], "backend gloo has no mulsum"),
     ("alltoallv option elsewhere", ["allreduce", "--alltoallv-spread", "0.5"], "applies to alltoallv only"),
     ("alltoallv spread above one", ["alltoallv", "--backend", "gloo", "--alltoallv-spread", "1.5"], "from 0 to 1"),

@@ -289,3 +289,13 @@ def test_suite_entries_carry_the_bandwidth_gate_and_buffer_options(tmp_path):
     assert r.returncode == 7, r.stderr[-2000:]
     assert "unalign: 1" in r.stdout and "# Memory usage (rank 0, MiB):" in r.stdout
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$", r.stdout, re.M)
+
+
+def test_long_option_prefixes_like_getopt_long():
+    """nccl-tests takes unambiguous prefixes of long options (getopt_long); so does
+    ncclbench, and the word after an option that takes a value is never expanded."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "--minb", "1K", "--maxb=2K", "--stepf", "2",
+                 "--warmup", "0", "--iter", "3", "--no-s"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "minBytes 1024 maxBytes 2048" in r.stdout and "warmup iters: 0 iters: 3 " in r.stdout
+    assert [row[0] for row in table_rows(r.stdout)] == ["1024", "2048"]
