@@ -18,9 +18,10 @@ _MAX_RANGE = 97  # a prime, so that patterns do not line up with power-of-two si
 
 def premul_scalar(rank: int) -> int:
     """-o mulsum: the factor rank `rank` (in its communicator) multiplies its input by.
-    1 or 2, exact in every type, and different between neighbours so that a backend that
-    ignored the factor, or used one rank's for all, gives wrong sums."""
-    return 1 + rank % 2
+    2 or 1, exact in every type, and different between neighbours so that a backend that
+    ignored the factor, or used one rank's for all, gives wrong sums; rank 0's is 2, so
+    that even a one-rank run shows a factor that was not applied."""
+    return 2 - rank % 2
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,15 @@ class GetoptCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """nccl-tests reads its options with getopt_long, which takes any unambiguous prefix
         of a long option (`--warmup 5` for `--warmup_iters 5`, `--iter=3`); so does this.
-        Option values (the word after an option that takes one) are left alone."""
-        longs, takes_value = set(), set()
+        A prefix of several names of one option (`--mem`: --memory, --memory_report) is that
+        option. Option values (the word after an option that takes one, also at the end of
+        a cluster such as `-qJ`) are left alone."""
+        owner, takes_value = {}, set()
         for param in self.get_params(ctx):
             if not isinstance(param, click.Option):
                 continue
             names = [*param.opts, *param.secondary_opts]
-            longs.update(n for n in names if n.startswith("--"))
+            owner.update((n, param) for n in names if n.startswith("--"))
             if not param.is_flag and not param.count:
                 takes_value.update(names)
         out, value_next = [], False
@@ -44,16 +46,22 @@ class GetoptCommand(click.Command):
                 return super().parse_args(ctx, out + args[k:])
             if arg.startswith("--") and len(arg) > 2:
                 name, eq, value = arg.partition("=")
-                if name not in longs:
-                    hits = sorted(n for n in longs if n.startswith(name))
-                    if len(hits) > 1:
-                        raise click.UsageError(f"option {name} is ambiguous: it could be {', '.join(hits)}", ctx)
-                    if hits:
+                if name not in owner:
+                    hits = sorted(n for n in owner if n.startswith(name))
+                    if len({id(owner[h]) for h in hits}) > 1:
+                        if not ctx.resilient_parsing:  # shell completion: leave it to Click
+                            raise click.UsageError(f"option {name} is ambiguous: it could be {', '.join(hits)}", ctx)
+                    elif hits:
                         name = hits[0]
                 arg = name + eq + value
                 value_next = name in takes_value and not eq
-            elif arg.startswith("-") and len(arg) == 2:
-                value_next = arg in takes_value
+            elif arg.startswith("-") and len(arg) > 1:
+                # -b, -b8, or a cluster -qJ: the first letter that takes a value eats the
+                # rest of the word, or the next word when it is the last letter
+                for j in range(1, len(arg)):
+                    if f"-{arg[j]}" in takes_value:
+                        value_next = j == len(arg) - 1
+                        break
             out.append(arg)
         return super().parse_args(ctx, out)
 

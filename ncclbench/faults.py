@@ -1,6 +1,7 @@
 """Test-only fault injection, driven by NCCLBENCH_FAULT, so that the reliability paths
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
-tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, kinds corrupt | kill | stall | plan.
+tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
+kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written).
 Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
@@ -24,19 +25,20 @@ class Fault:
         return rank == self.rank and (self.size is None or size is None or size >= self.size)
 
 
-def active() -> Fault | None:
-    text = os.environ.get(ENV, "").strip()
-    if not text:
-        return None
-    kind, _, rest = text.partition(":")
-    fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
-    return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
-                 float(fields.get("seconds", 3600)))
+def active(*kinds: str) -> Fault | None:
+    """The first fault of one of `kinds` in NCCLBENCH_FAULT (faults separated by `;`)."""
+    for text in os.environ.get(ENV, "").split(";"):
+        kind, _, rest = text.strip().partition(":")
+        if kind in kinds:
+            fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
+            return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
+                         float(fields.get("seconds", 3600)))
+    return None
 
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active()
+    f = active("kill", "stall")
     if f is None or not f.applies(rank, size):
         return
     if f.kind == "kill":
@@ -47,15 +49,22 @@ def before_size(rank: int, size: int) -> None:
 
 def corrupt_output(rank: int, view, size: int) -> None:
     """Plant one wrong element in this rank's checked output (at sizes >= size= only)."""
-    f = active()
-    if f is not None and f.kind == "corrupt" and f.applies(rank, size) and view.numel():
+    f = active("corrupt")
+    if f is not None and f.applies(rank, size) and view.numel():
         flat = view.view(-1)
         flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
 
 
 def plan_tweak(rank: int, fingerprint: dict) -> dict:
     """Fingerprint entries this rank changes in its own plan (to test the plan agreement)."""
-    f = active()
-    if f is not None and f.kind == "plan" and f.applies(rank):
+    f = active("plan")
+    if f is not None and f.applies(rank):
         return {"max_bytes": fingerprint["max_bytes"] * 2}
     return {}
+
+
+def after_sweep(rank: int) -> None:
+    """Called once the sweep has ended, before its outcome is written."""
+    f = active("linger")
+    if f is not None and f.applies(rank):
+        time.sleep(f.seconds)

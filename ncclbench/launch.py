@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from ncclbench.errors import BenchError, ExitCode, LaunchError
@@ -72,9 +73,16 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
 
 def exit_code_of_failure(failures: dict) -> int:
     """Rank 0's code when it exited with one (it knows the run's outcome), else the lowest
-    rank's positive code; only ranks killed by signals count as a lost peer (NCCL error)."""
+    rank's positive code; only ranks killed by signals count as a lost peer (NCCL error).
+    A rank 0 that says "interrupted" while another rank was killed by a signal was
+    terminated by the agent because of that loss (this launcher got no signal itself,
+    or it would not be here): the run's code is the lost peer's."""
     ordered = sorted(failures.items())
+    killed = any(failure.exitcode < 0 and -failure.exitcode not in (signal.SIGTERM, signal.SIGHUP)
+                 for _rank, failure in ordered)  # not the agent's own SIGTERM
     for rank, failure in ordered:
+        if rank == 0 and failure.exitcode == ExitCode.INTERRUPTED and killed:
+            return ExitCode.NCCL_ERROR
         if rank == 0 and failure.exitcode > 0:
             return failure.exitcode
     for _rank, failure in ordered:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import click
 
+from ncclbench.clitypes import GetoptCommand
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.sizes import format_size, parse_size
 
@@ -431,7 +432,7 @@ def run_pairs(o: dict) -> int:
     return launch.spawn_local(ngpus, child_argv, **spawn)
 
 
-@click.command(name="pairs", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="pairs", cls=GetoptCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-b", "--size", default="256M", show_default=True, help="Bytes each way per exchange (8, 64K, 256M, 1G).")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed exchanges per pair.")
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True,

@@ -116,7 +116,7 @@ class Plan:
         for collectives that reduce nothing) on groups of `nranks` ranks, or None."""
         from ncclbench.backends.torch_dist import unsupported_reason
 
-        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None, nranks)
+        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None, nranks, self.coll.name)
         if reason is None and DTYPES[dtype].torch_dtype() is None:
             reason = f"this torch has no {dtype} type"
         return reason

@@ -293,9 +293,48 @@ def run_rank(plans, launch, make_report) -> int:
             codes.append(exit_code_for(summary))
             if summary.status in ("interrupted", "error", "timeout"):
                 break
+            if _held_signals:  # terminated while this plan's outcome was being written: stop here
+                codes.append(ExitCode.INTERRUPTED)
+                break
+            stop_on_termination_signals()  # the next plan's sweep may be interrupted again
     finally:
+        if codes:  # the outcome is known and written: a SIGTERM now must not turn it into 130
+            exit_on_termination_signals(max(codes, key=_severity))
         backend.close()
     return max(codes, key=_severity) if codes else ExitCode.OK
+
+
+_held_signals: list[int] = []
+
+
+def hold_termination_signals() -> None:
+    """From the end of the sweep until the run's outcome is written: SIGTERM/SIGHUP are
+    noted, not raised. torchrun's agent terminates the surviving ranks when one dies; a
+    rank finishing its trailer then keeps its own verdict (3 for the lost peer, say)
+    instead of turning into an interrupt (130) that came after the fact."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: _held_signals.append(signum))
+
+
+def exit_on_termination_signals(code: int) -> None:
+    """After the outcome is written: a SIGTERM/SIGHUP held meanwhile, or one that comes
+    during the teardown, ends the rank at once with the run's own exit code."""
+    import signal
+
+    def leave(_signum=None, _frame=None):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say
+                pass
+        os._exit(int(code))
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+    if _held_signals:
+        leave()
 
 
 def stop_on_termination_signals() -> None:
@@ -384,6 +423,8 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         if report is None:
             raise CollectiveError(errors[0]) from exc
     finally:
+        hold_termination_signals()  # the outcome is decided: finish writing it first
+        faults.after_sweep(backend.rank)
         watchdog.stop()
         backend.release_graphs()
         backend.deregister_buffers()

@@ -8,11 +8,12 @@ import sys
 
 import click
 
+from ncclbench.clitypes import GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
 
 # ---- suite -----------------------------------------------------------------------------------
-@click.command("suite")
+@click.command("suite", cls=GetoptCommand)
 @click.argument("suite_file", type=str)
 @click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn (omit under a launcher).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None)
@@ -128,7 +129,7 @@ def summary_lines(suite_file, labels, reporters) -> list[str]:
 
 
 # ---- show ------------------------------------------------------------------------------------
-@click.command("show")
+@click.command("show", cls=GetoptCommand)
 @click.argument("result_file", type=str)
 @click.option("--rich", "as_rich", is_flag=True, help="A rich table instead of the nccl-tests layout.")
 def show_command(result_file, as_rich):

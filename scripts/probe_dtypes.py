@@ -29,7 +29,8 @@ if backend_name == "torch":
 else:
     from cupy.cuda import nccl
 
-    from ncclbench.backends.cupy_nccl import NCCL_OPS, NCCL_TYPES, _TORCH_TO_NAME, factor_bytes, premul_sum_op
+    from ncclbench.backends.cupy_nccl import (NCCL_OPS, NCCL_TYPES, _TORCH_TO_NAME, destroy_op, factor_bytes,
+                                              premul_sum_op)
 
     dist.init_process_group("gloo")
     uid = [nccl.get_unique_id() if rank == 0 else None]
@@ -41,7 +42,12 @@ else:
         red = NCCL_OPS.get(op)
         if op == "mulsum":
             red = premul_sum_op(comm, kind, factor_bytes(torch, t.dtype, premul_scalar(rank)))
-        comm.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), kind, red, torch.cuda.current_stream().cuda_stream)
+        try:
+            comm.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), kind, red, torch.cuda.current_stream().cuda_stream)
+        finally:
+            if op == "mulsum":
+                torch.cuda.synchronize()
+                destroy_op(comm, red)
 for d in DTYPES.values():
     for op in OPS:
         try:

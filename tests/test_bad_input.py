@@ -269,3 +269,20 @@ def test_help_of_every_command_reads_cleanly():
         result = CliRunner().invoke(command, ["--help"])
         assert result.exit_code == 0, (name, result.output)
         assert "None" not in result.output, name
+
+
+def test_long_option_prefix_edge_cases():
+    """getopt_long's rules: a prefix of two names of one option is that option (`--mem`:
+    --memory / --memory_report); the word after a value-taking option, also at the end of
+    a short cluster (`-qJ`), is never expanded; shell completion is not broken by an
+    ambiguous word; pairs, suite and show take prefixes too."""
+    from ncclbench.cli import cli
+
+    allreduce = cli.commands["allreduce"]
+    assert allreduce.make_context("allreduce", ["--mem", "1"]).params["memory_report"] == 1
+    assert allreduce.make_context("allreduce", ["-qJ", "--iter"]).params["output_file"] == "--iter"
+    assert allreduce.make_context("allreduce", ["-J", "--warm", "--iter=4"]).params["iters"] == 4
+    ctx = allreduce.make_context("allreduce", ["--min", "1K"], resilient_parsing=True)
+    assert ctx.params["minbytes"] is not None  # no error raised while completing
+    assert cli.commands["pairs"].make_context("pairs", ["--warmup", "3"]).params["warmup_iters"] == 3
+    assert cli.commands["suite"].make_context("suite", ["x.yaml", "--no-s"]).params["no_save"] is True

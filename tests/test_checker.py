@@ -194,11 +194,14 @@ def test_mulsum_check_catches_a_missing_or_shared_factor(dname, nranks):
     idx = torch.arange(4096)
     expected = pattern.reduce(idx, range(nranks))
     plain = sum(pattern.values(r, idx) for r in range(nranks))
-    shared = plain * premul_scalar(0)
     assert count_mismatches(to_dtype(expected, dtype), expected, dtype, "mulsum", nranks) == 0
-    if nranks > 1:  # rank 1's factor is 2, rank 0's is 1
-        assert count_mismatches(to_dtype(plain, dtype), expected, dtype, "mulsum", nranks) > 0
-        assert count_mismatches(to_dtype(shared, dtype), expected, dtype, "mulsum", nranks) > 0
+    # no factor at all: wrong on any rank count (rank 0's factor is 2)
+    assert premul_scalar(0) != 1
+    assert count_mismatches(to_dtype(plain, dtype), expected, dtype, "mulsum", nranks) > 0
+    if nranks > 1:  # every rank given rank 0's factor, or rank 1's: wrong too
+        for r in (0, 1):
+            shared = plain * premul_scalar(r)
+            assert count_mismatches(to_dtype(shared, dtype), expected, dtype, "mulsum", nranks) > 0
     assert int(expected.max()) <= dtype.exact_limit
 
 
@@ -213,9 +216,14 @@ def test_which_backend_runs_mulsum():
         assert unsupported_reason("nccl", d, "mulsum") is None
     assert "wrong sums" in unsupported_reason("nccl", "bfloat16", "mulsum")
     for d in ("int8", "int32", "int64", "f8e4m3", "f8e5m2"):
-        assert "only for half, float, double and bfloat16" in unsupported_reason("nccl", d, "mulsum")
+        assert "only for half, float and double" in unsupported_reason("nccl", d, "mulsum")
     assert all(unsupported_reason("cupy", d, "mulsum") is None for d in DTYPES)
     assert unsupported_reason("nccl", "int8", "sum") is None
+    # measured: torch's reduce_scatter_tensor drops the factor in a one-rank group
+    assert "ignores the premul-sum factor" in unsupported_reason("nccl", "float", "mulsum", 1, "reduce_scatter")
+    assert unsupported_reason("nccl", "float", "mulsum", 2, "reduce_scatter") is None
+    assert unsupported_reason("nccl", "float", "mulsum", 1, "all_reduce") is None
+    assert unsupported_reason("cupy", "float", "mulsum", 1, "reduce_scatter") is None
 
 
 def test_all_pairs_depend_on_ranks_per_communicator():

@@ -143,5 +143,8 @@ def test_every_type_and_op_including_mulsum(backend):
     for coll in ("reduce", "reducescatter"):
         r = run_cli([coll, "-g", str(n), "--backend", backend, "-b", "8", "-e", "1M", "-f", "32", "-o", "mulsum",
                      "-d", "half", "--no-save"])
+        if backend == "nccl" and coll == "reducescatter" and n == 1:  # torch drops the factor there: refused
+            assert r.returncode == 2 and "ignores the premul-sum factor" in r.stderr, r.stderr[-2000:]
+            continue
         assert r.returncode == 0, r.stderr[-2000:]
         assert all(row[3] == "mulsum" and row[8] == "0" for row in table_rows(r.stdout))

@@ -60,6 +60,19 @@ def test_killed_rank(tmp_path):
     assert not _wait_gone(str(tmp_path))
 
 
+def test_killed_rank_while_rank0_writes_its_outcome(tmp_path):
+    """torchrun's agent terminates rank 0 (SIGTERM) when rank 1 dies. If that lands while
+    rank 0 is still writing the outcome (held there 5 s by the linger fault), rank 0
+    keeps its verdict (the lost peer, exit 3) instead of becoming an interrupt (130)."""
+    r = run_cli(BASE + ["--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")],
+                env={"NCCLBENCH_FAULT": "kill:rank=1,size=4096;linger:rank=0,seconds=5"}, timeout=180)
+    assert r.returncode == 3, r.stderr
+    assert "rank 1" in r.stderr and "SIGKILL" in r.stderr and "interrupted" not in r.stderr
+    assert [row[0] for row in table_rows(r.stdout)] == ["1024"]
+    _partial_files(tmp_path, [1024])
+    assert not _wait_gone(str(tmp_path))
+
+
 def test_stalled_rank_past_timeout(tmp_path):
     start = time.time()
     r = run_cli(BASE + ["-T", "5", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")],
@@ -175,6 +188,11 @@ def test_exit_code_of_failures_prefers_the_run_verdict():
     assert exit_code_of_failure({0: F(exitcode=-15), 2: F(exitcode=4)}) == 4
     assert exit_code_of_failure({1: F(exitcode=-9), 0: F(exitcode=-15)}) == 3
     assert exit_code_of_failure({}) == 3
+    # rank 1 killed (SIGKILL), rank 0 then terminated by the agent: the loss is the verdict
+    assert exit_code_of_failure({0: F(exitcode=130), 1: F(exitcode=-9)}) == 3
+    # an interrupt with no rank killed, or with ranks the agent itself terminated, stays 130
+    assert exit_code_of_failure({0: F(exitcode=130), 1: F(exitcode=130)}) == 130
+    assert exit_code_of_failure({0: F(exitcode=130), 1: F(exitcode=-15)}) == 130
 
 
 def test_buffers_that_cannot_be_allocated_end_in_one_line():

@@ -28,8 +28,9 @@ _FP8_TYPES = {"f8e4m3", "f8e5m2"}
 _PREMUL_TYPES = {"half", "float", "double"}
 
 
-def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | None = None) -> str | None:
-    """Why `backend` cannot run a collective on `dtype` with reduction `op` (None: no
+def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | None = None,
+                       collective: str | None = None) -> str | None:
+    """Why `backend` cannot run `collective` on `dtype` with reduction `op` (None: no
     reduction) in communicators of `nranks` ranks (None: not known yet)."""
     if backend == "gloo":
         if dtype in _FP8_TYPES or dtype in ("uint32", "uint64"):
@@ -43,11 +44,17 @@ def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | N
     if backend == "nccl" and op == "mulsum" and dtype == "bfloat16":
         return "torch.distributed's bfloat16 premul-sum gave wrong sums when probed (torch 2.11); use --backend cupy"
     if backend == "nccl" and op == "mulsum" and dtype not in _PREMUL_TYPES:
-        return (f"torch.distributed's NCCL process group has mulsum (premul-sum) only for half, float, "
-                f"double and bfloat16, not {dtype}; use --backend cupy")
+        return (f"torch.distributed's NCCL process group runs mulsum (premul-sum) right only for half, float "
+                f"and double, not {dtype}; use --backend cupy")
+    if backend == "nccl" and op == "mulsum" and collective == "reduce_scatter" and nranks == 1:
+        # scripts/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
+        # x 0.5 on one rank (torch 2.11); all_reduce and reduce applied the factor
+        return ("torch's reduce_scatter_tensor ignores the premul-sum factor in a one-rank group (measured, "
+                "torch 2.11); use --backend cupy or 2 or more ranks")
     if backend in ("nccl", "cupy") and nranks == 1 and dtype in _FP8_TYPES and op in ("avg", "mulsum"):
         # NCCL 2.28.9 answers "invalid argument" (all_reduce and reduce, both backends)
-        return f"NCCL refuses {op} on {dtype} in a one-rank communicator; run 2 or more ranks"
+        return (f"NCCL refuses {op} on {dtype} in a one-rank communicator; run 2 or more ranks "
+                f"per communicator (-g, or larger --split groups)")
     return None
 
 
@@ -420,9 +427,11 @@ class TorchBackend:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with warnings.catch_warnings():
-            # one rank in place: NCCL has nothing to do, so the graph is rightly empty and
-            # torch's warning about it (meant for capture on a wrong stream) would mislead
-            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            if self.group_size == 1:
+                # one rank in place: NCCL has nothing to do, so the graph is rightly empty and
+                # torch's warning (meant for capture on a wrong stream) would mislead; with
+                # more ranks an empty graph is a bug and the warning stays
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
             with torch.cuda.graph(graph):
                 issue_ops()
         self._graphs = getattr(self, "_graphs", [])
