@@ -11,6 +11,8 @@ import sys
 from ncclbench.errors import BenchError, ExitCode, LaunchError
 
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
+LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent (torchrun's agent runs in it)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def detect(explicit: dict | None = None):
@@ -30,6 +32,26 @@ def prepare_environ(info) -> None:
         apply_to_environ(info, os.environ)
     except LaunchEnvError as exc:
         raise LaunchError(str(exc)) from exc
+    end_with_launcher()
+
+
+def end_with_launcher() -> None:
+    """A rank that ncclbench's own launcher (-g) started gets SIGTERM when that launcher
+    dies, even by SIGKILL (the OOM killer, `kill -9`), and then stops like any terminated
+    run, rows kept, instead of living on as an orphan holding its GPU. Linux only; ranks
+    of srun, mpirun or an outside torchrun are left to their launcher."""
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not os.environ.get(SPAWNED_ENV) or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):  # it died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,
@@ -43,6 +65,7 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
     os.environ.setdefault("NCCL_NVLS_ENABLE", os.environ.get("NCCL_NVLS_ENABLE", "0"))
     os.environ[SPAWNED_ENV] = "1"
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0"]
     if nnodes > 1 or rdzv_endpoint:
         # static rendezvous: node 0 hosts the store at the endpoint, like torchrun's

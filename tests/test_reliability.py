@@ -150,6 +150,28 @@ def test_termination_signals_stop_like_ctrl_c(tmp_path, whom, sig):
     assert not _wait_gone(str(tmp_path))
 
 
+def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
+    """SIGKILL of the -g launcher (the OOM killer, kill -9) cannot be forwarded; the
+    ranks it started get SIGTERM from the kernel (parent-death signal) and stop like a
+    terminated run, JSON and CSV kept, instead of living on as orphans."""
+    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
+            break
+        time.sleep(0.5)
+    proc.kill()
+    out, err = proc.communicate(timeout=90)  # the ranks hold the pipes until they exit
+    assert proc.returncode == -signal.SIGKILL
+    assert "# Error: terminated by SIGTERM" in out and "# Collective test concluded: all_reduce_perf" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "interrupted" and len(doc["results"]) >= 4
+    assert not _wait_gone(str(tmp_path))
+
+
 def test_json_folder_removed_mid_run(tmp_path):
     """The -J file's folder disappears after the first row: the run measures every size,
     the table and the CSV keep every row, and it ends with exit 6 naming the JSON file."""
