@@ -505,7 +505,10 @@ def build_run_info(plan, backend, devices) -> RunInfo:
     if plan.traffic is not None:
         notes.append(plan.traffic.describe())
     if plan.skipped:
-        notes.append(f"skipped what the {plan.backend} backend cannot run: {skipped_text(plan)}")
+        where = f"the {plan.backend} backend"
+        if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
+            where += f" with {len(plan.groups(backend.nranks)[0])} rank(s) per communicator"
+        notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
     if plan.coll.name in backend.in_place_only:
         notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
                      "on distinct buffers (use --backend cupy for a true out-of-place call)")

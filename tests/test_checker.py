@@ -245,3 +245,23 @@ def test_all_pairs_depend_on_ranks_per_communicator():
     with pytest.raises(PlanError, match="one-rank communicator"):
         plan.check_runnable(1)
     plan.check_runnable(2)
+
+
+def test_skip_note_names_the_rank_count_when_it_matters():
+    """The header note says a skip comes from the rank count when it does (fp8 avg/mulsum
+    in one-rank communicators) and stays the plain backend note otherwise."""
+    from types import SimpleNamespace
+
+    from ncclbench import cli
+    from ncclbench.runner import build_run_info
+
+    backend = SimpleNamespace(library_version=lambda: (22809, "NCCL 2.28.9 via CuPy"), nranks=1, group_size=1,
+                              in_place_only=frozenset(), timing_name=lambda: "eager (CUDA events)")
+    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "all", "op": "all"}), "cupy", [], 1)
+    (note,) = [n for n in build_run_info(plan, backend, []).notes if n.startswith("skipped")]
+    assert note == ("skipped what the cupy backend with 1 rank(s) per communicator cannot run: "
+                    "f8e4m3 (avg, mulsum), f8e5m2 (avg, mulsum)")
+    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "all", "op": "all"}), "gloo", [], 2)
+    backend.nranks = backend.group_size = 2
+    (note,) = [n for n in build_run_info(plan, backend, []).notes if n.startswith("skipped")]
+    assert note.startswith("skipped what the gloo backend cannot run: int8 (avg, mulsum)")
