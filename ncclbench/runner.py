@@ -312,17 +312,12 @@ def hold_termination_signals() -> None:
     noted, not raised. torchrun's agent terminates the surviving ranks when one dies; a
     rank finishing its trailer then keeps its own verdict (3 for the lost peer, say)
     instead of turning into an interrupt (130) that came after the fact."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: _held_signals.append(signum))
+    _on_termination_signals(lambda signum, _frame: _held_signals.append(signum))
 
 
 def exit_on_termination_signals(code: int) -> None:
     """After the outcome is written: a SIGTERM/SIGHUP held meanwhile, or one that comes
     during the teardown, ends the rank at once with the run's own exit code."""
-    import signal
-
     def leave(_signum=None, _frame=None):
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -331,8 +326,7 @@ def exit_on_termination_signals(code: int) -> None:
                 pass
         os._exit(int(code))
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, leave)
+    _on_termination_signals(leave)
     if _held_signals:
         leave()
 
@@ -346,8 +340,16 @@ def stop_on_termination_signals() -> None:
     def stop(signum, _frame):
         raise Terminated(signal.Signals(signum).name)
 
+    _on_termination_signals(stop)
+
+
+def _on_termination_signals(handler) -> None:
+    """`handler` for SIGTERM and SIGHUP (what scancel, `timeout`, CI cancels and torchrun's
+    agent send); the three phases of a rank above each install their own."""
+    import signal
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
+        signal.signal(sig, handler)
 
 
 def _severity(code: int) -> int:
@@ -507,7 +509,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
     if plan.skipped:
         where = f"the {plan.backend} backend"
         if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
-            where += f" with {len(plan.groups(backend.nranks)[0])} rank(s) per communicator"
+            where += f" with {backend.group_size} rank(s) per communicator"
         notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
     if plan.coll.name in backend.in_place_only:
         notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "

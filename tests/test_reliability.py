@@ -39,6 +39,21 @@ def _wait_gone(tag: str, seconds: float = 15) -> list:
     return _leftovers(tag)
 
 
+def _endless_run_with_rows(tmp_path, *extra):
+    """`-N 0` (cycles until stopped) on 2 gloo ranks, in its own session, CSV in tmp_path;
+    returned once a few rows have landed."""
+    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), *extra]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for a few rows to land
+        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
+            break
+        time.sleep(0.5)
+    return proc
+
+
 def _partial_files(tmp_path, expected_sizes):
     frame = pd.read_csv(tmp_path / "r.csv")
     assert sorted(set(frame.size_bytes)) == expected_sizes
@@ -99,15 +114,7 @@ def test_rank_with_a_different_plan(tmp_path):
 
 
 def test_ctrl_c_during_endless_cycles(tmp_path):
-    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv")]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait for a few rows to land
-        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
-            break
-        time.sleep(0.5)
+    proc = _endless_run_with_rows(tmp_path)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -125,15 +132,7 @@ def test_termination_signals_stop_like_ctrl_c(tmp_path, whom, sig):
     """SIGTERM (scancel, `timeout`, CI cancelling a job) or SIGHUP, to the launcher alone
     (torchrun's agent forwards it to the ranks) or to the whole group: the rows so far are
     kept, summarized and written to JSON, with one error line and exit 130."""
-    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
-            break
-        time.sleep(0.5)
+    proc = _endless_run_with_rows(tmp_path, "-J", str(tmp_path / "r.json"))
     if whom == "group":
         os.killpg(proc.pid, sig)
     else:
@@ -154,15 +153,7 @@ def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
     """SIGKILL of the -g launcher (the OOM killer, kill -9) cannot be forwarded; the
     ranks it started get SIGTERM from the kernel (parent-death signal) and stop like a
     terminated run, JSON and CSV kept, instead of living on as orphans."""
-    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), "-J", str(tmp_path / "r.json")]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
-            break
-        time.sleep(0.5)
+    proc = _endless_run_with_rows(tmp_path, "-J", str(tmp_path / "r.json"))
     proc.kill()
     out, err = proc.communicate(timeout=90)  # the ranks hold the pipes until they exit
     assert proc.returncode == -signal.SIGKILL

@@ -37,6 +37,7 @@ def _nccl_type_table(torch) -> dict:
     return table
 
 
+@functools.lru_cache(maxsize=1)
 def _loaded_libnccl():
     """The libnccl.so.2 already in this process (the one CuPy's calls go to; RTLD_NOLOAD
     never loads a second copy). CuPy has no binding for ncclRedOpCreatePreMulSum."""
