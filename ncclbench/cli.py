@@ -15,7 +15,7 @@ from ncclbench import __version__
 from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
-from ncclbench.errors import BenchError, ExitCode, LaunchError, PlanError, error_line
+from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, error_line
 from ncclbench.sizes import parse_size
 
 
@@ -456,8 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except BenchError as exc:
-        # identical plan errors on every rank: rank 0 speaks for all
-        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, PlanError) or isinstance(exc, LaunchError):
+        # identical plan errors and interruptions on every rank: rank 0 speaks for all
+        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, (PlanError, Interrupted)) \
+                or isinstance(exc, LaunchError):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
             print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
         sys.exit(int(exc.exit_code))

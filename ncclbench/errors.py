@@ -49,6 +49,12 @@ class TimeoutExpired(BenchError):
     exit_code = ExitCode.TIMEOUT
 
 
+class Interrupted(BenchError):
+    """Ctrl-C or SIGTERM before the sweep began (nothing measured yet): one line, exit 130."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP (a batch scheduler, `timeout`, a closed terminal) turned into the
     same orderly stop as Ctrl-C: rows so far kept and summarized."""
@@ -70,3 +76,9 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
     return line[:limit] if limit else line
+
+
+def interruption_message(exc: KeyboardInterrupt) -> str:
+    if isinstance(exc, Terminated):
+        return f"terminated by {exc.signal_name}"
+    return "interrupted by the user (Ctrl-C)"

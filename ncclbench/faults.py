@@ -1,7 +1,9 @@
 """Test-only fault injection, driven by NCCLBENCH_FAULT, so that the reliability paths
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
-kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written).
+kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
+terms (a burst of SIGTERMs from another process, as the kernel's parent-death signal comes
+once per exiting thread of a SIGKILLed launcher).
 Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ def active(*kinds: str) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall")
+    f = active("kill", "stall", "terms")
     if f is None or not f.applies(rank, size):
         return
+    if f.kind == "terms":
+        import subprocess
+
+        # 50 signals as fast as a shell sends them: some land while the first unwinds
+        subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do kill -TERM {os.getpid()} || exit 0; done"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(f.seconds if f.seconds < 3600 else 5)  # the sweep stops during this sleep
     if f.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if f.kind == "stall":

@@ -11,7 +11,8 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, Terminated, error_line, first_line
+from ncclbench.errors import (BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated, error_line,
+                              first_line, interruption_message)
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -269,6 +270,13 @@ def traffic_summary_lines(plan, layout, itemsize: int, nranks: int, time_us: flo
 def run_rank(plans, launch, make_report) -> int:
     """Run every plan on this rank with one backend; rank 0 reports each through
     `make_report(plan, run_info)`. Returns the most serious exit code."""
+    try:
+        return _run_plans(plans, launch, make_report)
+    except KeyboardInterrupt as exc:  # before a sweep began: a sweep summarizes its own
+        raise Interrupted(interruption_message(exc)) from None
+
+
+def _run_plans(plans, launch, make_report) -> int:
     from ncclbench.backends import create_backend
 
     stop_on_termination_signals()
@@ -338,6 +346,10 @@ def stop_on_termination_signals() -> None:
     import signal
 
     def stop(signum, _frame):
+        # Raised once; repeats are noted. A -g launcher killed by SIGKILL sends its ranks the
+        # parent-death SIGTERM once per launcher thread that exits, and a second Terminated
+        # raised while the first unwinds would escape the summary (seen on an H200).
+        hold_termination_signals()
         raise Terminated(signal.Signals(signum).name)
 
     _on_termination_signals(stop)
@@ -392,8 +404,9 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     memory = backend.memory_usage() if plan.memory_report else None
-    step = 0
-    try:
+
+    def sweep(buffers) -> None:
+        step = 0
         sizes = plan.sizes()
         cycle = 0
         while plan.run_cycles == 0 or cycle < plan.run_cycles:
@@ -415,9 +428,18 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
                         row = runner.to_row(everyone, layout, dtype, op, root)
                         rows.append(row)
                         report.add_row(row)
+
+    try:
+        try:
+            sweep(buffers)
+        finally:
+            # The outcome is decided: from here a SIGTERM is noted, not raised, until it is
+            # written. Installed before any exception is looked at, so that a signal landing
+            # while a lost peer's error is handled cannot escape that handler.
+            hold_termination_signals()
     except KeyboardInterrupt as exc:
         status = "interrupted"
-        errors = [f"terminated by {exc.signal_name}" if isinstance(exc, Terminated) else "interrupted by the user (Ctrl-C)"]
+        errors = [interruption_message(exc)]
     except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
         status = "error"
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -425,7 +447,6 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         if report is None:
             raise CollectiveError(errors[0]) from exc
     finally:
-        hold_termination_signals()  # the outcome is decided: finish writing it first
         faults.after_sweep(backend.rank)
         watchdog.stop()
         backend.release_graphs()

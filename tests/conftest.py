@@ -71,3 +71,48 @@ def run_cli(args, env=None, timeout=240, cwd=None):
         full_env.update(env)
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd)
+
+
+def leftover_processes(tag: str) -> list:
+    """Processes whose command line still mentions `tag` (a test's unique folder)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(tag in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_gone(tag: str, seconds: float = 15) -> list:
+    """Waits up to `seconds` for the processes mentioning `tag` to end; those still there."""
+    import time
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        left = leftover_processes(tag)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return leftover_processes(tag)
+
+
+def endless_run_with_rows(tmp_path, base: list[str], *extra, rows: int = 4, wait_s: float = 120):
+    """`ncclbench <base> -N 0` (cycles until stopped) in its own session, CSV in tmp_path;
+    returned once `rows` rows have landed in the CSV (or `wait_s` passed)."""
+    import time
+
+    csv = tmp_path / "r.csv"
+    cmd = [*cli_command(), *base, "-N", "0", "--csv", str(csv), *extra]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        if csv.exists() and len(csv.read_text().splitlines()) > 2 * rows:  # header + two lines per row
+            break
+        time.sleep(0.5)
+    return proc

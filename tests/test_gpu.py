@@ -1,9 +1,12 @@
 """Real NCCL on real GPUs (run on the device machine: `pytest -m gpu`)."""
 
+import json
+import signal
+
 import pandas as pd
 import pytest
 
-from conftest import ROOT, run_cli, table_rows
+from conftest import ROOT, endless_run_with_rows, run_cli, table_rows, wait_gone
 
 pytestmark = pytest.mark.gpu
 
@@ -148,3 +151,25 @@ def test_every_type_and_op_including_mulsum(backend):
             continue
         assert r.returncode == 0, r.stderr[-2000:]
         assert all(row[3] == "mulsum" and row[8] == "0" for row in table_rows(r.stdout))
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_stopped_launcher_ends_gpu_ranks_with_their_rows(backend, how, tmp_path):
+    """A GPU run stopped mid-sweep: SIGTERM to the -g launcher (scancel, `timeout`) is
+    forwarded by torchrun; SIGKILL (OOM killer) reaches the ranks as their parent-death
+    SIGTERM. Either way the ranks leave NCCL, rank 0 writes the trailer and JSON with the
+    rows done, and no rank lives on."""
+    n = min(_gpus(), 2)
+    base = ["allreduce", "-g", str(n), "--backend", backend, "-b", "1K", "-e", "256M", "-f", "2", "-n", "20",
+            "--no-save"]
+    proc = endless_run_with_rows(tmp_path, base, "-J", str(tmp_path / "r.json"), rows=6)
+    proc.send_signal(getattr(signal, how))
+    out, err = proc.communicate(timeout=120)  # the ranks hold the pipes until they exit
+    assert proc.returncode == (130 if how == "SIGTERM" else -signal.SIGKILL), err[-2000:]
+    assert "# Error: terminated by SIGTERM" in out and "# Collective test concluded: all_reduce_perf" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "interrupted" and len(doc["results"]) >= 6
+    checked = pd.read_csv(tmp_path / "r.csv").dropna(subset=["nwrong"])
+    assert len(checked) >= 12 and (checked.nwrong == 0).all()
+    assert not wait_gone(str(tmp_path), 30)

@@ -9,49 +9,11 @@ import subprocess
 import time
 
 import pandas as pd
-import psutil
 import pytest
 
-from conftest import cli_command, run_cli, table_rows
+from conftest import cli_command, endless_run_with_rows, run_cli, table_rows, wait_gone
 
 BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "--no-save"]
-
-
-def _leftovers(tag: str) -> list:
-    """Processes whose command line still mentions this test's unique folder."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(tag in part for part in (p.info["cmdline"] or [])):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
-def _wait_gone(tag: str, seconds: float = 15) -> list:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        left = _leftovers(tag)
-        if not left:
-            return []
-        time.sleep(0.5)
-    return _leftovers(tag)
-
-
-def _endless_run_with_rows(tmp_path, *extra):
-    """`-N 0` (cycles until stopped) on 2 gloo ranks, in its own session, CSV in tmp_path;
-    returned once a few rows have landed."""
-    cmd = [*cli_command(), *BASE, "-N", "0", "--csv", str(tmp_path / "r.csv"), *extra]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait for a few rows to land
-        if (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv").read_text().splitlines()) > 8:
-            break
-        time.sleep(0.5)
-    return proc
 
 
 def _partial_files(tmp_path, expected_sizes):
@@ -72,7 +34,7 @@ def test_killed_rank(tmp_path):
     assert elapsed < 90
     assert [row[0] for row in table_rows(r.stdout)] == ["1024"]
     _partial_files(tmp_path, [1024])
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_killed_rank_while_rank0_writes_its_outcome(tmp_path):
@@ -85,7 +47,7 @@ def test_killed_rank_while_rank0_writes_its_outcome(tmp_path):
     assert "rank 1" in r.stderr and "SIGKILL" in r.stderr and "interrupted" not in r.stderr
     assert [row[0] for row in table_rows(r.stdout)] == ["1024"]
     _partial_files(tmp_path, [1024])
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_stalled_rank_past_timeout(tmp_path):
@@ -101,7 +63,7 @@ def test_stalled_rank_past_timeout(tmp_path):
     _partial_files(tmp_path, [1024])
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["ncclbench"]["status"] == "timeout" and "4096" in doc["errors"][0]
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_rank_with_a_different_plan(tmp_path):
@@ -110,11 +72,11 @@ def test_rank_with_a_different_plan(tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")]
     assert len(errors) == 1 and "rank(s) 1 run a different plan" in errors[0] and "max_bytes" in errors[0]
     assert table_rows(r.stdout) == []
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_ctrl_c_during_endless_cycles(tmp_path):
-    proc = _endless_run_with_rows(tmp_path)
+    proc = endless_run_with_rows(tmp_path, BASE)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -123,7 +85,7 @@ def test_ctrl_c_during_endless_cycles(tmp_path):
     assert "Traceback" not in err
     frame = pd.read_csv(tmp_path / "r.csv")
     assert len(frame) >= 8 and (frame.nwrong == 0).all()
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 @pytest.mark.parametrize("whom,sig", [("launcher", signal.SIGTERM), ("group", signal.SIGTERM),
@@ -132,7 +94,7 @@ def test_termination_signals_stop_like_ctrl_c(tmp_path, whom, sig):
     """SIGTERM (scancel, `timeout`, CI cancelling a job) or SIGHUP, to the launcher alone
     (torchrun's agent forwards it to the ranks) or to the whole group: the rows so far are
     kept, summarized and written to JSON, with one error line and exit 130."""
-    proc = _endless_run_with_rows(tmp_path, "-J", str(tmp_path / "r.json"))
+    proc = endless_run_with_rows(tmp_path, BASE, "-J", str(tmp_path / "r.json"))
     if whom == "group":
         os.killpg(proc.pid, sig)
     else:
@@ -146,21 +108,21 @@ def test_termination_signals_stop_like_ctrl_c(tmp_path, whom, sig):
     assert doc["ncclbench"]["status"] == "interrupted" and doc["errors"] == [f"terminated by {name}"]
     assert len(doc["results"]) >= 4  # the CSV had more than 8 lines: two per row
     assert not list(tmp_path.glob("r.json.tmp-*"))
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
     """SIGKILL of the -g launcher (the OOM killer, kill -9) cannot be forwarded; the
     ranks it started get SIGTERM from the kernel (parent-death signal) and stop like a
     terminated run, JSON and CSV kept, instead of living on as orphans."""
-    proc = _endless_run_with_rows(tmp_path, "-J", str(tmp_path / "r.json"))
+    proc = endless_run_with_rows(tmp_path, BASE, "-J", str(tmp_path / "r.json"))
     proc.kill()
     out, err = proc.communicate(timeout=90)  # the ranks hold the pipes until they exit
     assert proc.returncode == -signal.SIGKILL
     assert "# Error: terminated by SIGTERM" in out and "# Collective test concluded: all_reduce_perf" in out
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["ncclbench"]["status"] == "interrupted" and len(doc["results"]) >= 4
-    assert not _wait_gone(str(tmp_path))
+    assert not wait_gone(str(tmp_path))
 
 
 def test_json_folder_removed_mid_run(tmp_path):
@@ -252,3 +214,62 @@ def test_ctrl_c_while_the_cli_imports_is_one_line():
     r = subprocess.run([sys.executable, "-c", code, "allreduce"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 130, r.stderr
     assert r.stderr.strip() == "ncclbench: interrupted" and "Traceback" not in r.stderr
+
+
+def test_repeated_sigterm_is_raised_once_and_then_noted():
+    """The first SIGTERM stops the sweep (Terminated); the repeats that follow it (a
+    SIGKILLed -g launcher's parent-death signal comes once per exiting thread) are only
+    noted: a second Terminated raised while the first unwinds would skip the summary."""
+    from ncclbench import runner
+    from ncclbench.errors import Terminated
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        runner.stop_on_termination_signals()
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here at the latest
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.1)
+        assert runner._held_signals == [signal.SIGTERM, signal.SIGHUP]
+    finally:
+        runner._held_signals.clear()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_burst_of_sigterms_still_ends_in_one_summary(tmp_path):
+    """50 SIGTERMs in quick succession (what a rank sees when its -g launcher is SIGKILLed):
+    the trailer, JSON and CSV keep the rows so far, and stderr has one error line."""
+    csv, js = tmp_path / "r.csv", tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "1", "--backend", "gloo", "-b", "1K", "-e", "1M", "-f", "2", "-n", "2", "--no-save",
+                 "--csv", str(csv), "-J", str(js)], env={"NCCLBENCH_FAULT": "terms:rank=0,size=65536"}, timeout=180)
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "# Error: terminated by SIGTERM" in r.stdout and "# Collective test concluded: all_reduce_perf" in r.stdout
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == ["ncclbench: error: terminated by SIGTERM"]
+    doc = json.loads(js.read_text())
+    assert doc["ncclbench"]["status"] == "interrupted" and [row["size"] for row in doc["results"]] == [
+        1024, 2048, 4096, 8192, 16384, 32768]
+    assert len(pd.read_csv(csv)) == 12
+
+
+@pytest.mark.parametrize("rank,expected", [("0", "ncclbench: error: terminated by SIGTERM\n"), ("1", "")])
+def test_terminated_before_the_sweep_is_one_line_from_rank_0(rank, expected, capsys, monkeypatch):
+    """A SIGTERM while the backend starts (nothing measured yet): exit 130 and one line,
+    said by rank 0 for all, instead of Click's blank line and 'interrupted'."""
+    from ncclbench import backends
+    from ncclbench.cli import main
+    from ncclbench.errors import Terminated
+
+    def terminated(*_args, **_kwargs):
+        raise Terminated("SIGTERM")
+
+    for key, value in {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(backends, "create_backend", terminated)
+    with pytest.raises(SystemExit) as exc:
+        main(["allreduce", "--backend", "gloo", "--no-save", "-b", "8", "-e", "8"])
+    assert exc.value.code == 130
+    assert capsys.readouterr().err == expected
