@@ -2,8 +2,9 @@
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
 kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
-terms (a burst of SIGTERMs from another process, as the kernel's parent-death signal comes
-once per exiting thread of a SIGKILLed launcher).
+terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
+parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
+from the terminal and again from torchrun's agent).
 Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ def active(*kinds: str) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall", "terms")
+    f = active("kill", "stall", "terms", "ints")
     if f is None or not f.applies(rank, size):
         return
-    if f.kind == "terms":
+    if f.kind in ("terms", "ints"):
         import subprocess
 
         # 50 signals as fast as a shell sends them: some land while the first unwinds
-        subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do kill -TERM {os.getpid()} || exit 0; done"],
+        name = "TERM" if f.kind == "terms" else "INT"
+        subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do kill -{name} {os.getpid()} || exit 0; done"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(f.seconds if f.seconds < 3600 else 5)  # the sweep stops during this sleep
     if f.kind == "kill":

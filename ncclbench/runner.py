@@ -316,16 +316,16 @@ _held_signals: list[int] = []
 
 
 def hold_termination_signals() -> None:
-    """From the end of the sweep until the run's outcome is written: SIGTERM/SIGHUP are
-    noted, not raised. torchrun's agent terminates the surviving ranks when one dies; a
+    """From the end of the sweep until the run's outcome is written: SIGTERM/SIGHUP/SIGINT
+    are noted, not raised. torchrun's agent terminates the surviving ranks when one dies; a
     rank finishing its trailer then keeps its own verdict (3 for the lost peer, say)
     instead of turning into an interrupt (130) that came after the fact."""
     _on_termination_signals(lambda signum, _frame: _held_signals.append(signum))
 
 
 def exit_on_termination_signals(code: int) -> None:
-    """After the outcome is written: a SIGTERM/SIGHUP held meanwhile, or one that comes
-    during the teardown, ends the rank at once with the run's own exit code."""
+    """After the outcome is written: a signal held meanwhile, or one that comes during the
+    teardown, ends the rank at once with the run's own exit code."""
     def leave(_signum=None, _frame=None):
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -346,10 +346,14 @@ def stop_on_termination_signals() -> None:
     import signal
 
     def stop(signum, _frame):
-        # Raised once; repeats are noted. A -g launcher killed by SIGKILL sends its ranks the
-        # parent-death SIGTERM once per launcher thread that exits, and a second Terminated
-        # raised while the first unwinds would escape the summary (seen on an H200).
+        # Raised once; repeats are noted: a second interrupt raised while the first unwinds
+        # would escape the summary. Repeats are the rule, not a fluke: a -g launcher killed by
+        # SIGKILL sends its ranks the parent-death SIGTERM once per launcher thread that exits
+        # (seen on an H200), and on Ctrl-C a rank gets SIGINT from the terminal and again from
+        # torchrun's agent, which forwards it to the ranks it shuts down.
         hold_termination_signals()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Terminated(signal.Signals(signum).name)
 
     _on_termination_signals(stop)
@@ -357,10 +361,10 @@ def stop_on_termination_signals() -> None:
 
 def _on_termination_signals(handler) -> None:
     """`handler` for SIGTERM and SIGHUP (what scancel, `timeout`, CI cancels and torchrun's
-    agent send); the three phases of a rank above each install their own."""
+    agent send) and SIGINT (Ctrl-C); the three phases of a rank above each install their own."""
     import signal
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, handler)
 
 

@@ -216,38 +216,43 @@ def test_ctrl_c_while_the_cli_imports_is_one_line():
     assert r.stderr.strip() == "ncclbench: interrupted" and "Traceback" not in r.stderr
 
 
-def test_repeated_sigterm_is_raised_once_and_then_noted():
-    """The first SIGTERM stops the sweep (Terminated); the repeats that follow it (a
-    SIGKILLed -g launcher's parent-death signal comes once per exiting thread) are only
-    noted: a second Terminated raised while the first unwinds would skip the summary."""
+@pytest.mark.parametrize("first,stops_with", [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")])
+def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with):
+    """The first SIGTERM/SIGINT stops the sweep; the repeats that follow it (a SIGKILLed -g
+    launcher's parent-death signal comes once per exiting thread; on Ctrl-C torchrun's agent
+    forwards SIGINT to ranks that got it from the terminal already) are only noted: a
+    second exception raised while the first unwinds would skip the summary."""
     from ncclbench import runner
-    from ncclbench.errors import Terminated
 
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    saved = {sig: signal.getsignal(sig) for sig in watched}
     try:
         runner.stop_on_termination_signals()
-        with pytest.raises(Terminated):
-            os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            os.kill(os.getpid(), first)
             time.sleep(5)  # the handler runs here at the latest
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGHUP)
+        assert type(stopped.value).__name__ == stops_with
+        for sig in watched:
+            os.kill(os.getpid(), sig)
         time.sleep(0.1)
-        assert runner._held_signals == [signal.SIGTERM, signal.SIGHUP]
+        assert runner._held_signals == list(watched)
     finally:
         runner._held_signals.clear()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
 
-def test_a_burst_of_sigterms_still_ends_in_one_summary(tmp_path):
-    """50 SIGTERMs in quick succession (what a rank sees when its -g launcher is SIGKILLed):
-    the trailer, JSON and CSV keep the rows so far, and stderr has one error line."""
+@pytest.mark.parametrize("fault,message", [("terms", "terminated by SIGTERM"), ("ints", "interrupted by the user (Ctrl-C)")])
+def test_a_burst_of_interrupts_still_ends_in_one_summary(fault, message, tmp_path):
+    """50 SIGTERMs or SIGINTs in quick succession (what a rank sees when its -g launcher is
+    SIGKILLed, or on Ctrl-C): the trailer, JSON and CSV keep the rows so far, and stderr
+    has one error line."""
     csv, js = tmp_path / "r.csv", tmp_path / "r.json"
     r = run_cli(["allreduce", "-g", "1", "--backend", "gloo", "-b", "1K", "-e", "1M", "-f", "2", "-n", "2", "--no-save",
-                 "--csv", str(csv), "-J", str(js)], env={"NCCLBENCH_FAULT": "terms:rank=0,size=65536"}, timeout=180)
+                 "--csv", str(csv), "-J", str(js)], env={"NCCLBENCH_FAULT": f"{fault}:rank=0,size=65536"}, timeout=180)
     assert r.returncode == 130, r.stderr[-2000:]
-    assert "# Error: terminated by SIGTERM" in r.stdout and "# Collective test concluded: all_reduce_perf" in r.stdout
-    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == ["ncclbench: error: terminated by SIGTERM"]
+    assert f"# Error: {message}" in r.stdout and "# Collective test concluded: all_reduce_perf" in r.stdout
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [f"ncclbench: error: {message}"]
     doc = json.loads(js.read_text())
     assert doc["ncclbench"]["status"] == "interrupted" and [row["size"] for row in doc["results"]] == [
         1024, 2048, 4096, 8192, 16384, 32768]
