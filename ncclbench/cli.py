@@ -456,9 +456,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except BenchError as exc:
-        # identical plan errors and interruptions on every rank: rank 0 speaks for all
-        if os.environ.get("RANK", "0") == "0" or not isinstance(exc, (PlanError, Interrupted)) \
-                or isinstance(exc, LaunchError):
+        # identical plan errors on every rank: rank 0 speaks for all; an interruption is said
+        # once per node (the first local rank), so that every node's log shows it
+        said_once = isinstance(exc, PlanError) and not isinstance(exc, LaunchError)
+        per_node = isinstance(exc, Interrupted)
+        if os.environ.get("RANK", "0") == "0" or not (said_once or per_node) \
+                or (per_node and os.environ.get("LOCAL_RANK") == "0"):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
             print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
         sys.exit(int(exc.exit_code))

@@ -4,7 +4,8 @@ tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; 
 kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
-from the terminal and again from torchrun's agent).
+from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
+report's header is written, before the sweep).
 Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
@@ -47,11 +48,15 @@ def before_size(rank: int, size: int) -> None:
     if f.kind in ("terms", "ints"):
         import subprocess
 
-        # 50 signals as fast as a shell sends them: some land while the first unwinds
-        name = "TERM" if f.kind == "terms" else "INT"
-        subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do kill -{name} {os.getpid()} || exit 0; done"],
+        # 20 signals as fast as a shell sends them (most merge into one pending signal), then
+        # 30 a few milliseconds apart: repeats land while the first unwinds and the summary
+        # is written
+        name, pid = ("TERM" if f.kind == "terms" else "INT"), os.getpid()
+        script = (f"for i in $(seq 20); do kill -{name} {pid} || exit 0; done; "
+                  f"for i in $(seq 30); do sleep 0.003; kill -{name} {pid} || exit 0; done")
+        subprocess.Popen(["sh", "-c", script],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(f.seconds if f.seconds < 3600 else 5)  # the sweep stops during this sleep
+        time.sleep(5)  # the sweep stops during this sleep (if not, the test sees the size after it)
     if f.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if f.kind == "stall":
@@ -79,3 +84,12 @@ def after_sweep(rank: int) -> None:
     f = active("linger")
     if f is not None and f.applies(rank):
         time.sleep(f.seconds)
+
+
+def after_report(rank: int) -> None:
+    """Called once the report has begun (rank 0's header printed, JSON 'running'), before
+    the sweep."""
+    f = active("term_at_start")
+    if f is not None and f.applies(rank):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # a handler that raises does so here

@@ -78,19 +78,24 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     targs += ["--module", "ncclbench", *argv]
     if not os.environ.get("NCCLBENCH_VERBOSE"):
         quiet_torchrun_logs()
+    interrupted = False
     try:
         run(parse_args(targs))
-    except SignalException:
-        return ExitCode.INTERRUPTED  # the ranks got the same signal and said so
+    except (SignalException, KeyboardInterrupt):
+        interrupted = True  # nothing that can be interrupted again here
     except ChildFailedError as exc:
         for line in describe_failures(exc.failures):
             say(f"error: {line}")
         return exit_code_of_failure(exc.failures)
-    except KeyboardInterrupt:
-        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the agent itself failed (rendezvous, ports)
         raise BenchError(f"torchrun could not start the ranks: {str(exc).splitlines()[0]}",
                          ExitCode.NCCL_ERROR) from exc
+    while interrupted:
+        try:
+            outlive_ranks()
+            return ExitCode.INTERRUPTED  # the ranks got the same signal and said so
+        except (SignalException, KeyboardInterrupt):
+            continue  # one more, before outlive_ranks ignores them
     return ExitCode.OK
 
 
@@ -112,6 +117,34 @@ def exit_code_of_failure(failures: dict) -> int:
         if failure.exitcode > 0:
             return failure.exitcode
     return ExitCode.NCCL_ERROR
+
+
+def outlive_ranks(limit_s: float = 30.0) -> None:
+    """After an interrupt, wait for the ranks to end before the launcher does. torchrun's
+    agent forwards the signal and waits for them, but its handler raises again on each
+    further signal (a second Ctrl-C, repeated SIGTERMs) and cuts that wait short: the
+    launcher then returned while rank 0 was still writing its summary, and a scheduler that
+    ends a job step with its launched process can lose it. Further signals are ignored
+    here; ranks still alive after `limit_s` (the agent's own shutdown wait) are killed."""
+    import time
+
+    import psutil
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda _signum, _frame: None)
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no ranks left
+        if pid == 0:
+            time.sleep(0.05)
+    for child in psutil.Process().children():
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def quiet_torchrun_logs() -> None:

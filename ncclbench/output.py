@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +257,8 @@ class Reporter:
         self.rows: list[ResultRow] = []
         self.peak_line_for = peak_line_for
         self.output_errors: list[str] = []  # result files that failed; the run goes on without them
+        self._finishing = threading.Lock()  # the -T watchdog's thread may end the run beside the main one
+        self._finished = False
         self.csv_path = spec.csv_path
         self.json_path = exclusive_json_path(spec.json_path) if spec.json_path else None
         self.store_path = None
@@ -324,6 +327,14 @@ class Reporter:
         self._write_running_json()
 
     def finish(self, summary: RunSummary) -> None:
+        """The trailer and the final files, once: a second call (the other thread) returns."""
+        with self._finishing:
+            if self._finished:
+                return
+            self._finished = True
+            self._finish(summary)
+
+    def _finish(self, summary: RunSummary) -> None:
         if self.progress:
             self.progress.stop()
             self.progress = None

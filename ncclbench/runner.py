@@ -267,16 +267,18 @@ def traffic_summary_lines(plan, layout, itemsize: int, nranks: int, time_us: flo
     return tuple(lines)
 
 
-def run_rank(plans, launch, make_report) -> int:
+def run_rank(plans, launch, make_report, epilogue=None) -> int:
     """Run every plan on this rank with one backend; rank 0 reports each through
-    `make_report(plan, run_info)`. Returns the most serious exit code."""
+    `make_report(plan, run_info)`. `epilogue()` runs once the plans have ended (all done,
+    or one stopped), before the teardown, on every rank: a suite prints its summary there.
+    Returns the most serious exit code."""
     try:
-        return _run_plans(plans, launch, make_report)
-    except KeyboardInterrupt as exc:  # before a sweep began: a sweep summarizes its own
+        return _run_plans(plans, launch, make_report, epilogue)
+    except KeyboardInterrupt as exc:  # before the backend was up: nothing measured
         raise Interrupted(interruption_message(exc)) from None
 
 
-def _run_plans(plans, launch, make_report) -> int:
+def _run_plans(plans, launch, make_report, epilogue) -> int:
     from ncclbench.backends import create_backend
 
     stop_on_termination_signals()
@@ -295,31 +297,50 @@ def _run_plans(plans, launch, make_report) -> int:
         backend.close()
         raise
     codes = []
+    outcome = ExitCode.NCCL_ERROR  # what a signal during the teardown exits with if a plan raised
     try:
         for plan in plans:
-            summary = run_plan(plan, backend, launch, make_report)
+            stop_on_termination_signals()  # a plan's set-up can wait on its peers: interruptible
+            try:
+                summary = run_plan(plan, backend, launch, make_report)
+            except KeyboardInterrupt as exc:  # before this plan's report began: none of it measured
+                if backend.rank == 0:
+                    print(error_line(None, interruption_message(exc)), file=sys.stderr, flush=True)
+                codes.append(ExitCode.INTERRUPTED)
+                break
             codes.append(exit_code_for(summary))
             if summary.status in ("interrupted", "error", "timeout"):
                 break
             if _held_signals:  # terminated while this plan's outcome was being written: stop here
                 codes.append(ExitCode.INTERRUPTED)
                 break
-            stop_on_termination_signals()  # the next plan's sweep may be interrupted again
+        hold_termination_signals()
+        outcome = max(codes, key=_severity) if codes else ExitCode.OK
+        if epilogue is not None:
+            epilogue()
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            outcome = ExitCode.INTERRUPTED
+        elif isinstance(exc, BenchError):
+            outcome = exc.exit_code
+        raise
     finally:
-        if codes:  # the outcome is known and written: a SIGTERM now must not turn it into 130
-            exit_on_termination_signals(max(codes, key=_severity))
+        # The outcome is written: a signal held meanwhile, or one during the teardown, ends
+        # the rank at once with it (never with an earlier plan's code).
+        exit_on_termination_signals(outcome)
         backend.close()
-    return max(codes, key=_severity) if codes else ExitCode.OK
+    return outcome
 
 
 _held_signals: list[int] = []
 
 
 def hold_termination_signals() -> None:
-    """From the end of the sweep until the run's outcome is written: SIGTERM/SIGHUP/SIGINT
-    are noted, not raised. torchrun's agent terminates the surviving ranks when one dies; a
-    rank finishing its trailer then keeps its own verdict (3 for the lost peer, say)
-    instead of turning into an interrupt (130) that came after the fact."""
+    """While a report begins, and from the end of the sweep until the run's outcome is
+    written: SIGTERM/SIGHUP/SIGINT are noted, not raised. torchrun's agent terminates the
+    surviving ranks when one dies; a rank finishing its trailer then keeps its own verdict
+    (3 for the lost peer, say) instead of turning into an interrupt (130) that came after
+    the fact."""
     _on_termination_signals(lambda signum, _frame: _held_signals.append(signum))
 
 
@@ -340,10 +361,9 @@ def exit_on_termination_signals(code: int) -> None:
 
 
 def stop_on_termination_signals() -> None:
-    """SIGTERM and SIGHUP end the sweep like Ctrl-C (rank 0 writes the summary and its
-    files) instead of killing the rank mid-table. torchrun's agent forwards SIGTERM to the
-    ranks when it is itself terminated; srun/scancel and `timeout` send it directly."""
-    import signal
+    """SIGTERM, SIGHUP and SIGINT (Ctrl-C) end the sweep, and rank 0 writes the summary and
+    its files, instead of killing the rank mid-table. torchrun's agent forwards SIGTERM to
+    the ranks when it is itself terminated; srun/scancel and `timeout` send it directly."""
 
     def stop(signum, _frame):
         # Raised once; repeats are noted: a second interrupt raised while the first unwinds
@@ -352,11 +372,15 @@ def stop_on_termination_signals() -> None:
         # (seen on an H200), and on Ctrl-C a rank gets SIGINT from the terminal and again from
         # torchrun's agent, which forwards it to the ranks it shuts down.
         hold_termination_signals()
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signal.Signals(signum).name)
+        raise _interrupt_for(signum)
 
     _on_termination_signals(stop)
+
+
+def _interrupt_for(signum: int) -> KeyboardInterrupt:
+    import signal
+
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signal.Signals(signum).name)
 
 
 def _on_termination_signals(handler) -> None:
@@ -386,11 +410,16 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     notes = [n for n in [runner.group_note, backend.prepare_registration(plan.local_register)] if n]
     buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
     notes += [n for n in [backend.register_buffers()] if n]
+    board = ProgressBoard(default_store(), backend.rank, backend.nranks)
+    memory = backend.memory_usage() if plan.memory_report else None
+    # From the report's first line to the sweep's start a signal is noted, not raised: the
+    # sweep then stops before it begins and the report still gets its trailer.
+    hold_termination_signals()
     if backend.rank == 0:
         info = build_run_info(plan, backend, devices)
         info.notes += notes
         report = make_report(plan, info)
-    board = ProgressBoard(default_store(), backend.rank, backend.nranks)
+    faults.after_report(backend.rank)
 
     def on_timeout(what: str) -> None:
         step = int(what.split("|", 1)[0])
@@ -407,7 +436,6 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
         hard_exit(ExitCode.TIMEOUT)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
-    memory = backend.memory_usage() if plan.memory_report else None
 
     def sweep(buffers) -> None:
         step = 0
@@ -435,9 +463,12 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
 
     try:
         try:
+            stop_on_termination_signals()
+            if _held_signals:  # noted while the report began
+                raise _interrupt_for(_held_signals[0])
             sweep(buffers)
         finally:
-            # The outcome is decided: from here a SIGTERM is noted, not raised, until it is
+            # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
             # while a lost peer's error is handled cannot escape that handler.
             hold_termination_signals()

@@ -106,11 +106,12 @@ def _run_group(plans, labels, info, spec, suite_file) -> int:
         reporters.append(rep)
         return rep
 
-    code = run_rank(plans, info, make_report)
-    if info.rank == 0:
-        for line in summary_lines(suite_file, labels, reporters):
-            print(line, flush=True)
-    return code
+    def print_summary():  # run before the rank's teardown, which a held signal cuts short
+        if info.rank == 0:
+            for line in summary_lines(suite_file, labels, reporters):
+                print(line, flush=True)
+
+    return run_rank(plans, info, make_report, epilogue=print_summary)
 
 
 def summary_lines(suite_file, labels, reporters) -> list[str]:

@@ -100,14 +100,14 @@ def wait_gone(tag: str, seconds: float = 15) -> list:
     return leftover_processes(tag)
 
 
-def endless_run_with_rows(tmp_path, base: list[str], *extra, rows: int = 4, wait_s: float = 120):
+def endless_run_with_rows(tmp_path, base: list[str], *extra, rows: int = 4, wait_s: float = 120, env=None):
     """`ncclbench <base> -N 0` (cycles until stopped) in its own session, CSV in tmp_path;
     returned once `rows` rows have landed in the CSV (or `wait_s` passed)."""
     import time
 
     csv = tmp_path / "r.csv"
     cmd = [*cli_command(), *base, "-N", "0", "--csv", str(csv), *extra]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", **(env or {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env)
     deadline = time.time() + wait_s

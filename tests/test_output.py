@@ -124,6 +124,27 @@ def test_running_json_follows_every_row_while_it_is_cheap(tmp_path):
         assert doc["ncclbench"]["status"] == "running"
 
 
+def test_the_run_is_finished_once_when_two_threads_end_it(tmp_path):
+    """-T: the watchdog's thread writes the timeout trailer while the main thread, released
+    by a lost peer or a SIGTERM, may end the run too: one trailer, and the first verdict
+    stays in the JSON."""
+    import threading
+
+    from ncclbench.results import RunSummary
+
+    rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0)
+    rep.add_row(row(8))
+    first = RunSummary(list(rep.rows), complete=False, status="timeout", errors=["timeout: ..."])
+    threads = [threading.Thread(target=rep.finish, args=(first,))]
+    threads[0].start()
+    threads[0].join()
+    rep.finish(RunSummary(list(rep.rows), complete=False, status="interrupted", errors=["terminated by SIGTERM"]))
+    out = rep.stream.getvalue()
+    assert out.count("# Collective test concluded") == 1 and "timeout: ..." in out and "SIGTERM" not in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "timeout"
+
+
 def _json_writes_taking(monkeypatch, now: list, seconds: float) -> None:
     """Every JSON write advances the fake clock `now[0]` by `seconds` (then writes)."""
     import ncclbench.output as output

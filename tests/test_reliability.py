@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import types
 
 import pandas as pd
 import pytest
@@ -14,6 +15,20 @@ import pytest
 from conftest import cli_command, endless_run_with_rows, run_cli, table_rows, wait_gone
 
 BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "--no-save"]
+
+
+@pytest.fixture
+def signal_state():
+    """In-process tests of the rank's signal handling: pytest's own handlers and the
+    runner's list of noted signals are put back afterwards."""
+    from ncclbench import runner
+
+    watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    saved = {sig: signal.getsignal(sig) for sig in watched}
+    yield runner
+    runner._held_signals.clear()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def _partial_files(tmp_path, expected_sizes):
@@ -217,29 +232,22 @@ def test_ctrl_c_while_the_cli_imports_is_one_line():
 
 
 @pytest.mark.parametrize("first,stops_with", [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")])
-def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with):
+def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with, signal_state):
     """The first SIGTERM/SIGINT stops the sweep; the repeats that follow it (a SIGKILLed -g
     launcher's parent-death signal comes once per exiting thread; on Ctrl-C torchrun's agent
     forwards SIGINT to ranks that got it from the terminal already) are only noted: a
     second exception raised while the first unwinds would skip the summary."""
-    from ncclbench import runner
-
+    runner = signal_state
+    runner.stop_on_termination_signals()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        os.kill(os.getpid(), first)
+        time.sleep(5)  # the handler runs here at the latest
+    assert type(stopped.value).__name__ == stops_with
     watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    saved = {sig: signal.getsignal(sig) for sig in watched}
-    try:
-        runner.stop_on_termination_signals()
-        with pytest.raises(KeyboardInterrupt) as stopped:
-            os.kill(os.getpid(), first)
-            time.sleep(5)  # the handler runs here at the latest
-        assert type(stopped.value).__name__ == stops_with
-        for sig in watched:
-            os.kill(os.getpid(), sig)
-        time.sleep(0.1)
-        assert runner._held_signals == list(watched)
-    finally:
-        runner._held_signals.clear()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    for sig in watched:
+        os.kill(os.getpid(), sig)
+    time.sleep(0.1)
+    assert runner._held_signals == list(watched)
 
 
 @pytest.mark.parametrize("fault,message", [("terms", "terminated by SIGTERM"), ("ints", "interrupted by the user (Ctrl-C)")])
@@ -259,10 +267,15 @@ def test_a_burst_of_interrupts_still_ends_in_one_summary(fault, message, tmp_pat
     assert len(pd.read_csv(csv)) == 12
 
 
-@pytest.mark.parametrize("rank,expected", [("0", "ncclbench: error: terminated by SIGTERM\n"), ("1", "")])
-def test_terminated_before_the_sweep_is_one_line_from_rank_0(rank, expected, capsys, monkeypatch):
+@pytest.mark.parametrize("rank,local_rank,expected", [
+    ("0", "0", "ncclbench: error: terminated by SIGTERM\n"),
+    ("1", "1", ""),
+    ("4", "0", "ncclbench: error: [rank 4] terminated by SIGTERM\n"),  # the first rank of another node
+])
+def test_terminated_before_the_sweep_is_one_line_per_node(rank, local_rank, expected, capsys, monkeypatch,
+                                                          signal_state):
     """A SIGTERM while the backend starts (nothing measured yet): exit 130 and one line,
-    said by rank 0 for all, instead of Click's blank line and 'interrupted'."""
+    said by each node's first rank, instead of Click's blank line and 'interrupted'."""
     from ncclbench import backends
     from ncclbench.cli import main
     from ncclbench.errors import Terminated
@@ -270,11 +283,104 @@ def test_terminated_before_the_sweep_is_one_line_from_rank_0(rank, expected, cap
     def terminated(*_args, **_kwargs):
         raise Terminated("SIGTERM")
 
-    for key, value in {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29500"}.items():
+    for key, value in {"RANK": rank, "WORLD_SIZE": "8", "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": "4",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(backends, "create_backend", terminated)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", "--backend", "gloo", "--no-save", "-b", "8", "-e", "8"])
     assert exc.value.code == 130
     assert capsys.readouterr().err == expected
+
+
+def test_a_signal_while_the_header_is_written_still_gets_a_trailer(tmp_path):
+    """A SIGTERM after rank 0 printed the header and wrote a 'running' JSON, before the sweep:
+    noted, then the sweep stops before it begins; trailer, JSON 'interrupted' with no rows."""
+    js = tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "1", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "4", "-n", "2",
+                 "--no-save", "-J", str(js)], env={"NCCLBENCH_FAULT": "term_at_start:rank=0"}, timeout=180)
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "# Error: terminated by SIGTERM" in r.stdout and "# Collective test concluded: all_reduce_perf" in r.stdout
+    assert not table_rows(r.stdout)
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == ["ncclbench: error: terminated by SIGTERM"]
+    doc = json.loads(js.read_text())
+    assert doc["ncclbench"]["status"] == "interrupted" and doc["results"] == []
+
+
+def test_a_suite_interrupted_by_a_burst_still_prints_its_summary(tmp_path):
+    """The suite summary comes before the rank's teardown, which a held signal cuts short."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text("defaults:\n  minbytes: 1K\n  maxbytes: 1M\n  stepfactor: 2\n  iters: 2\n"
+                     "runs:\n  - allreduce\n  - allgather\n")
+    r = run_cli(["suite", str(suite), "-g", "1", "--backend", "gloo", "--no-save"],
+                env={"NCCLBENCH_FAULT": "terms:rank=0,size=65536"}, timeout=180)
+    assert r.returncode == 130, r.stderr[-2000:]
+    summary = r.stdout[r.stdout.index("# Suite summary"):].splitlines()
+    assert "interrupted" in summary[2] and summary[3].endswith("not run"), summary
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == ["ncclbench: error: terminated by SIGTERM"]
+
+
+def test_an_interrupt_before_a_later_plan_began_ends_the_run_with_130(signal_state, capsys, monkeypatch):
+    """A suite's second plan interrupted while it sets up (its report not begun): the run
+    ends with 130 and one line, the suite's epilogue still runs, and a signal during the
+    teardown exits with 130, never with the first plan's 0."""
+    from ncclbench import backends
+    from ncclbench.errors import Terminated
+    from ncclbench.results import RunSummary
+
+    runner = signal_state
+    closed, ran = [], []
+
+    class Backend:
+        rank, nranks = 0, 1
+
+        def use_groups(self, _groups):
+            pass
+
+        def close(self):
+            closed.append(signal.getsignal(signal.SIGTERM))
+
+    def run_plan(plan, *_args):
+        if ran:
+            raise Terminated("SIGTERM")
+        ran.append(plan)
+        return RunSummary([], complete=True, status="ok", errors=[])
+
+    class Plan:
+        backend, timeout_s, stream_null = "gloo", 60, False
+
+        def groups(self, _n):
+            return [[0]]
+
+    monkeypatch.setattr(backends, "create_backend", lambda *_a, **_k: Backend())
+    monkeypatch.setattr(runner, "run_plan", run_plan)
+    epilogue = []
+    launch = types.SimpleNamespace(rank=0, world_size=1)
+    code = runner.run_rank([Plan(), Plan()], launch, None, epilogue=lambda: epilogue.append(1))
+    assert code == 130 and epilogue == [1] and len(ran) == 1
+    assert capsys.readouterr().err == "ncclbench: error: terminated by SIGTERM\n"
+    leave = closed[0]  # the teardown's handler: exits with the run's code
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    leave(signal.SIGTERM, None)
+    assert exits == [130]
+
+
+def test_the_launcher_outlives_its_ranks_after_repeated_signals(tmp_path):
+    """Three SIGTERMs to the -g launcher while rank 0 writes its outcome slowly (linger):
+    torchrun's agent raises on each and cut its own wait for the ranks short, so the
+    launcher returned before the trailer. It now waits for its ranks."""
+    env = {"NCCLBENCH_FAULT": "linger:rank=0,seconds=4"}
+    proc = endless_run_with_rows(tmp_path, BASE, "-J", str(tmp_path / "r.json"), env=env)
+    for _ in range(3):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.7)
+    start = time.monotonic()
+    proc.wait(timeout=90)
+    exited_after = time.monotonic() - start
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "# Collective test concluded: all_reduce_perf" in out and "Traceback" not in err
+    assert json.loads((tmp_path / "r.json").read_text())["ncclbench"]["status"] == "interrupted"
+    assert exited_after > 1.0  # it waited for rank 0's remaining linger, not only the signals
+    assert not wait_gone(str(tmp_path))
