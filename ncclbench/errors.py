@@ -50,7 +50,7 @@ class TimeoutExpired(BenchError):
 
 
 class Interrupted(BenchError):
-    """Ctrl-C or SIGTERM before the sweep began (nothing measured yet): one line, exit 130."""
+    """Ctrl-C or SIGTERM before a report began (nothing of it measured): one line, exit 130."""
 
     exit_code = ExitCode.INTERRUPTED
 

@@ -274,7 +274,7 @@ def run_rank(plans, launch, make_report, epilogue=None) -> int:
     Returns the most serious exit code."""
     try:
         return _run_plans(plans, launch, make_report, epilogue)
-    except KeyboardInterrupt as exc:  # before the backend was up: nothing measured
+    except KeyboardInterrupt as exc:  # before the backend was up: nothing measured yet
         raise Interrupted(interruption_message(exc)) from None
 
 
