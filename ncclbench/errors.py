@@ -6,6 +6,7 @@ meaning of `$?`. Usage errors use Click's convention (2)."""
 from __future__ import annotations
 
 import enum
+import signal
 
 
 class ExitCode(enum.IntEnum):
@@ -53,6 +54,11 @@ class Interrupted(BenchError):
     """Ctrl-C or SIGTERM before a report began (nothing of it measured): one line, exit 130."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+# What stops a run in order (rows kept, summary written): a scheduler's or `timeout`'s
+# SIGTERM, a closed terminal's SIGHUP, Ctrl-C.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class Terminated(KeyboardInterrupt):

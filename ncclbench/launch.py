@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ncclbench.errors import BenchError, ExitCode, LaunchError
+from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode, LaunchError
 
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
 LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent (torchrun's agent runs in it)
@@ -130,7 +130,7 @@ def outlive_ranks(limit_s: float = 30.0) -> None:
 
     import psutil
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda _signum, _frame: None)
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:

@@ -11,8 +11,8 @@ from ncclbench import __version__, faults
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import (BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated, error_line,
-                              first_line, interruption_message)
+from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
+                              error_line, first_line, interruption_message)
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -388,7 +388,7 @@ def _on_termination_signals(handler) -> None:
     agent send) and SIGINT (Ctrl-C); the three phases of a rank above each install their own."""
     import signal
 
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
 
 

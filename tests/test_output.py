@@ -135,9 +135,9 @@ def test_the_run_is_finished_once_when_two_threads_end_it(tmp_path):
     rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0)
     rep.add_row(row(8))
     first = RunSummary(list(rep.rows), complete=False, status="timeout", errors=["timeout: ..."])
-    threads = [threading.Thread(target=rep.finish, args=(first,))]
-    threads[0].start()
-    threads[0].join()
+    watchdog = threading.Thread(target=rep.finish, args=(first,))
+    watchdog.start()
+    watchdog.join()
     rep.finish(RunSummary(list(rep.rows), complete=False, status="interrupted", errors=["terminated by SIGTERM"]))
     out = rep.stream.getvalue()
     assert out.count("# Collective test concluded") == 1 and "timeout: ..." in out and "SIGTERM" not in out

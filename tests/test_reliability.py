@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import cli_command, endless_run_with_rows, run_cli, table_rows, wait_gone
+from ncclbench.errors import STOP_SIGNALS
 
 BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "--no-save"]
 
@@ -23,8 +24,7 @@ def signal_state():
     runner's list of noted signals are put back afterwards."""
     from ncclbench import runner
 
-    watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    saved = {sig: signal.getsignal(sig) for sig in watched}
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     yield runner
     runner._held_signals.clear()
     for sig, handler in saved.items():
@@ -243,11 +243,10 @@ def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with, si
         os.kill(os.getpid(), first)
         time.sleep(5)  # the handler runs here at the latest
     assert type(stopped.value).__name__ == stops_with
-    watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    for sig in watched:
+    for sig in STOP_SIGNALS:
         os.kill(os.getpid(), sig)
     time.sleep(0.1)
-    assert runner._held_signals == list(watched)
+    assert runner._held_signals == list(STOP_SIGNALS)
 
 
 @pytest.mark.parametrize("fault,message", [("terms", "terminated by SIGTERM"), ("ints", "interrupted by the user (Ctrl-C)")])
