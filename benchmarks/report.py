@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 from bench_reference import compare
+
+from ncclbench.p2p import format_size as _size
 from speed_targets import (BUSBW_MIN_SIZE, MODES, busbw_verdicts, find_log, latency_verdicts, log_folder_args,
                            median_host_us, read_errors, verdict_table)
 
@@ -39,13 +41,6 @@ def _cell(value: float | None, ratio: float | None = None, digits: int = 1) -> s
     if value is None or value != value:
         return "-"
     return f"{value:.{digits}f}" + (f" ({ratio:.3f})" if ratio is not None and ratio == ratio else "")
-
-
-def _size(nbytes: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift} {unit}"
-    return f"{nbytes} B"
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> list[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +129,10 @@ def median_host_us(path: Path) -> float | None:
     if path.suffix != ".json":
         return None
     doc = json.loads(path.read_text())
-    hosts = sorted(r["host_us"]["out_of_place"] for r in doc.get("results", [])
-                   if isinstance(r.get("host_us"), dict) and r["host_us"].get("out_of_place") is not None
-                   and 0 < r.get("size", 0) <= SMALL_MAX_SIZE)
-    return hosts[len(hosts) // 2] if hosts else None
+    hosts = [r["host_us"]["out_of_place"] for r in doc.get("results", [])
+             if isinstance(r.get("host_us"), dict) and r["host_us"].get("out_of_place") is not None
+             and 0 < r.get("size", 0) <= SMALL_MAX_SIZE]
+    return statistics.median(hosts) if hosts else None
 
 
 def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Verdict]:
