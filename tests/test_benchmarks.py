@@ -6,6 +6,7 @@ The fake log folders are built from the 4-GPU nccl-tests reference itself (so ev
 exactly 1), then one cell is made slower or wrong to show that each target can be missed."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -291,3 +292,40 @@ def test_report_bad_input_is_one_error_line(tmp_path):
     (tmp_path / "full_nccl_np4.csv").write_text("not a results file\n")
     proc = _report(tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("report.py: error:")
+
+
+# ---------------------------------------------------------------------------
+# The probes kept in benchmarks/: they must still run, and what they find broken must be
+# what ncclbench refuses (the refusals are facts about one torch/NCCL; the probes re-check them)
+# ---------------------------------------------------------------------------
+
+def _torchrun_one_rank(script, *args):
+    env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "cupy"])
+def test_dtype_probe_finds_broken_only_what_ncclbench_refuses(backend):
+    from ncclbench.backends.torch_dist import unsupported_reason
+    from ncclbench.dtypes import DTYPES, OPS
+
+    if backend == "cupy":
+        pytest.importorskip("cupy")
+    proc = _torchrun_one_rank("probe_dtypes.py", backend)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln.split(None, 3) for ln in proc.stdout.splitlines() if ln.startswith(backend)]
+    assert len(lines) == len(DTYPES) * len(OPS), proc.stdout
+    name = "nccl" if backend == "torch" else "cupy"
+    broken = [(dtype, op, result) for _, dtype, op, result in lines if result != "ok wrong=0"]
+    allowed = [b for b in broken if unsupported_reason(name, b[0], b[1], 1, "all_reduce") is None]
+    assert not allowed, f"broken on one rank but not refused by ncclbench: {allowed}"
+
+
+@pytest.mark.gpu
+def test_premul_probe_runs():
+    proc = _torchrun_one_rank("torch_premul_probe.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len([ln for ln in proc.stdout.splitlines() if "factor" in ln]) == 11, proc.stdout
