@@ -65,9 +65,11 @@ class Setup:
     plans: dict[str, CandidatePlan]
     nranks: int
     nnodes: int
-    output_dir: str
+    output_dir: str | None
     environ: dict = field(default_factory=dict)   # the NCCL_* variables as the user gave them
     notes: list[str] = field(default_factory=list)
+    verify_rows: tuple | None = None              # --verify: (every config row, the rows for this run)
+    plugin: object = None                         # --verify: verify.Plugin
 
 
 def _fail(message: str, code: int = ExitCode.USAGE) -> PlanError:
@@ -142,6 +144,7 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
     for key in ("datatype", "op"):
         if str(request.options.get(key, "")).strip().lower() == "all":
             raise _fail(f"tune measures one {'datatype' if key == 'datatype' else 'reduction op'}; `all` is not taken")
+    config = read_verify_config(request.verify) if request.verify else None
     backend = resolve_backend(request)
     notes = check_environment(request, environ)
     nranks, nnodes = request.ngpus, 1
@@ -159,8 +162,23 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
             raise _fail(f"nothing to measure for {coll} besides the default: {'; '.join(plans[coll].notes())}")
     if request.channels and backend == "nccl":
         check_channel_support()
-    output_dir = prepare_output(request.output_dir)
-    return Setup(request, backend, plans, nranks, nnodes, output_dir, ctx.environ, notes)
+    setup = Setup(request, backend, plans, nranks, nnodes, None, ctx.environ, notes)
+    if request.verify:
+        from ncclbench.tune.verify import check_plugin, nccl_version, relevant_rows
+
+        setup.verify_rows = (config, relevant_rows(setup, config))
+        setup.plugin = check_plugin(request.plugin, nccl_version())
+    setup.output_dir = prepare_output(request.output_dir)
+    return setup
+
+
+def read_verify_config(path: str):
+    from ncclbench.tune.files import read_config
+
+    try:
+        return read_config(path)
+    except ValueError as exc:
+        raise _fail(f"--verify {exc}") from None
 
 
 def check_channel_support() -> None:
@@ -213,7 +231,7 @@ def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=
             item["csv"] = os.path.join(folder, os.path.basename(item["csv"]))
     results: dict[int, ItemResult] = {}
     worlds: dict[int, bool] = {}
-    pending, code = list(items), ExitCode.OK
+    pending, code, requeued = list(items), ExitCode.OK, set()
     while pending:
         work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
                 "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path}
@@ -221,7 +239,10 @@ def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=
         with open(work_path, "w", encoding="utf-8") as f:
             json.dump(work, f, indent=1)
         code = spawn(setup, ["tune", "--worker", work_path], env)
-        pending = settle(pending, read_status(status_path, results, worlds, code), results, code)
+        done_before = set(results)
+        started = read_status(status_path, results, worlds, code)
+        finished = [it["index"] for it in pending if it["index"] in results and it["index"] not in done_before]
+        pending = settle(pending, started, results, code, finished, requeued)
     return results, worlds, code
 
 
@@ -250,8 +271,9 @@ def read_status(path: str, results: dict, worlds: dict, code: int) -> dict[int, 
     return started
 
 
-def settle(pending, started, results, code) -> list[dict]:
-    """Items still to run after a launch, and what the launch did to the others."""
+def settle(pending, started, results, code, finished, requeued) -> list[dict]:
+    """Items still to run after a launch, and what the launch did to the others.
+    `finished`: items this launch ended, in order; `requeued`: items already run again once."""
     remaining = [it for it in pending if it["index"] not in results]
     if not remaining:
         return []
@@ -260,8 +282,16 @@ def settle(pending, started, results, code) -> list[dict]:
             results[it["index"]] = ItemResult("not run", ["interrupted"])
         return []
     running = [it for it in remaining if it["index"] in started]
-    if running:  # the launch ended inside this item: it is a result, the rest go on
+    if running:
         it = running[0]
+        last = results.get(finished[-1]) if finished else None
+        if last is not None and last.status == "error" and it["index"] not in requeued:
+            # A rank died in the item before (its peers saw their calls fail and went on,
+            # until the launcher tore them down in this one): that one is the crash.
+            last.status = "crashed"
+            last.errors.append(f"then the launch ended (exit code {code}): a rank died in it")
+            requeued.add(it["index"])
+            return remaining
         what = "timeout" if code == ExitCode.TIMEOUT else "crashed"
         results[it["index"]] = ItemResult(what, [f"the ranks ended (exit code {code}) while it ran"],
                                           False, started[it["index"]].get("pid"))
@@ -300,7 +330,12 @@ def probe_env(folder: str) -> dict:
 
 # ---- the whole run ----------------------------------------------------------------------------
 def run_tune(request: TuneRequest) -> int:
-    setup = prepare(request)
+    return execute(prepare(request))
+
+
+def execute(setup: Setup) -> int:
+    """The launches and the report of a prepared run."""
+    request = setup.request
     if request.verify:
         from ncclbench.tune.verify import run_verify
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import format_size
 from ncclbench.tune import analysis
-from ncclbench.tune.files import read_config
 from ncclbench.tune.plan import COLLECTIVES, DEFAULT
 from ncclbench.tune.ranges import Series, judge
 
@@ -98,12 +97,7 @@ def run_verify(setup) -> int:
     from ncclbench.tune.run import PROBE_OVERRIDES, probe_env, run_phase, work_items
 
     req = setup.request
-    try:
-        rows = read_config(req.verify)
-    except ValueError as exc:
-        raise PlanError(f"--verify {exc}") from None
-    mine = relevant_rows(setup, rows)
-    plugin = check_plugin(req.plugin, nccl_version())
+    (rows, mine), plugin = setup.verify_rows, setup.plugin
     env = {"NCCL_TUNER_PLUGIN": plugin.path, "NCCL_TUNER_CONFIG_FILE": os.path.abspath(req.verify)}
     phases = {}
     for phase, extra, rounds, overrides in (("verify/default", {"NCCL_TUNER_PLUGIN": None}, req.repeat, None),
