@@ -157,6 +157,10 @@ def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[l
     """The tuner config rows for the ranges won, and notes on wins that cannot be written."""
     rows, notes = [], []
     name = COLLECTIVES[outcome.collective][0]
+    unknown = [v.size for v in outcome.verdicts if v.win and v.best_series and v.best_series.setting is None]
+    if unknown:
+        notes.append(f"{outcome.collective}: {len(unknown)} winning size(s) without a TUNING line to say what NCCL "
+                     "ran there: no row written for them")
     for r in win_ranges(outcome.verdicts):
         algo, proto, channels = r.setting
         if channels is None or algo not in ALGO:

@@ -90,17 +90,37 @@ def run_worker(work_path: str) -> int:
                     outcome = run_item(item, plans[item["collective"]], backend, info, work)
             except KeyboardInterrupt:
                 outcome = {"status": "interrupted", "errors": ["interrupted"], "comm_ready": False}
+            lost = outcome["status"] == "error" and not peers_alive(backend)
+            if lost:  # a peer died in this item: it is the crash, and this launch cannot go on
+                outcome["status"], code = "crashed", ExitCode.NCCL_ERROR
+                outcome["errors"].append("a rank of the launch was gone after it")
             status.write(event="done", index=item["index"], pid=os.getpid(), **outcome)
             if backend.rank == 0:
                 say_progress(work, item, n, outcome, time.monotonic() - began)
             if outcome["status"] == "interrupted":
                 code = ExitCode.INTERRUPTED
                 break
+            if lost:
+                break
         runner.hold_termination_signals()
     finally:
         runner.exit_on_termination_signals(code)
         backend.close()
     return code
+
+
+def peers_alive(backend, seconds: float = 10.0) -> bool:
+    """After a failed item: whether every rank still answers on the host-side group (a
+    refused combination fails on every rank alike; a dead rank fails its peers' calls)."""
+    from datetime import timedelta
+
+    try:
+        backend.dist.monitored_barrier(group=backend.control, timeout=timedelta(seconds=seconds))
+        return True
+    except KeyboardInterrupt:
+        raise
+    except Exception:  # noqa: BLE001 - a lost peer shows as any of gloo's errors
+        return False
 
 
 def world_communicator_made(backend) -> bool:

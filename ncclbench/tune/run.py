@@ -97,7 +97,7 @@ def check_environment(request: TuneRequest, environ: dict) -> list[str]:
     return notes
 
 
-def resolve_backend(request: TuneRequest) -> str:
+def requested_backend(request: TuneRequest) -> str:
     """nccl, or gloo for a rehearsal; one line saying what tune can do elsewhere."""
     if request.backend == "cupy":
         raise _fail("tune runs on torch.distributed's NCCL (--backend nccl): the cupy backend's communicators "
@@ -112,22 +112,24 @@ def resolve_backend(request: TuneRequest) -> str:
         raise _fail("the gloo backend has no NCCL: NCCL_ALGO/NCCL_PROTO select nothing there, so there is "
                     "nothing to tune; --rehearse runs the same launches, table and files on gloo without "
                     "calling any winner")
-    from ncclbench.launch import visible_gpu_count
-
-    if visible_gpu_count() == 0:
-        raise PlanError("tune needs NCCL on CUDA GPUs and none is visible; --rehearse runs the launches, table "
-                        "and files on the CPU (gloo) without calling any winner", ExitCode.BAD_GPU_COUNT)
-    if request.ngpus > visible_gpu_count():
-        raise PlanError(f"-g {request.ngpus} asks for more GPUs than the {visible_gpu_count()} visible",
-                        ExitCode.BAD_GPU_COUNT)
     return "nccl"
 
 
-def prepare(request: TuneRequest, environ=None) -> Setup:
-    """Everything checked before the first launch (PlanError: one line, exit 2)."""
-    from ncclbench import cli, launch
+def check_gpus(request: TuneRequest) -> None:
+    from ncclbench.launch import visible_gpu_count
 
-    environ = dict(os.environ if environ is None else environ)
+    visible = visible_gpu_count()
+    if visible == 0:
+        raise PlanError("tune needs NCCL on CUDA GPUs and none is visible; --rehearse runs the launches, table "
+                        "and files on the CPU (gloo) without calling any winner", ExitCode.BAD_GPU_COUNT)
+    if request.ngpus > visible:
+        raise PlanError(f"-g {request.ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
+
+
+def check_request(request: TuneRequest) -> None:
+    """What the command line alone can be refused for."""
+    from ncclbench import launch
+
     if launch.detect().launcher != "none":
         raise _fail("tune starts its own launches (-g N ranks on this node): NCCL reads its debug log and tuner "
                     "plugin once per process; run it outside torchrun/srun/mpirun")
@@ -144,30 +146,45 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
     for key in ("datatype", "op"):
         if str(request.options.get(key, "")).strip().lower() == "all":
             raise _fail(f"tune measures one {'datatype' if key == 'datatype' else 'reduction op'}; `all` is not taken")
-    config = read_verify_config(request.verify) if request.verify else None
-    backend = resolve_backend(request)
-    notes = check_environment(request, environ)
-    nranks, nnodes = request.ngpus, 1
-    ctx = Context(nranks, nnodes, {k: v for k, v in environ.items() if k.startswith("NCCL_")},
-                  str(request.options.get("op", "sum")).strip().lower())
+
+
+def candidate_plans(request: TuneRequest, ctx: Context, backend: str) -> dict[str, CandidatePlan]:
+    from ncclbench import cli
+
     plans = {}
     for coll in request.collectives:
-        plan = cli.build_plan(coll, cli.options_for(request.options), backend, ["tune"], nranks)
-        cli.validate_for_backend(plan, nranks)
+        plan = cli.build_plan(coll, cli.options_for(request.options), backend, ["tune"], ctx.nranks)
+        cli.validate_for_backend(plan, ctx.nranks)
         try:
             plans[coll] = candidates(coll, ctx, request.algos, request.protos, request.channels)
         except ValueError as exc:
             raise _fail(str(exc)) from None
-        if not plans[coll].combos and nranks > 1:
+        if not plans[coll].combos and ctx.nranks > 1:
             raise _fail(f"nothing to measure for {coll} besides the default: {'; '.join(plans[coll].notes())}")
-    if request.channels and backend == "nccl":
-        check_channel_support()
-    setup = Setup(request, backend, plans, nranks, nnodes, None, ctx.environ, notes)
+    return plans
+
+
+def prepare(request: TuneRequest, environ=None) -> Setup:
+    """Everything checked before the first launch (PlanError: one line, exit 2; 5 without
+    the GPUs asked for), cheapest first."""
+    environ = dict(os.environ if environ is None else environ)
+    check_request(request)
+    backend = requested_backend(request)
+    notes = check_environment(request, environ)
+    nranks, nnodes = request.ngpus, 1
+    ctx = Context(nranks, nnodes, {k: v for k, v in environ.items() if k.startswith("NCCL_")},
+                  str(request.options.get("op", "sum")).strip().lower())
+    setup = Setup(request, backend, candidate_plans(request, ctx, backend), nranks, nnodes, None, ctx.environ, notes)
     if request.verify:
         from ncclbench.tune.verify import check_plugin, nccl_version, relevant_rows
 
+        config = read_verify_config(request.verify)
         setup.verify_rows = (config, relevant_rows(setup, config))
         setup.plugin = check_plugin(request.plugin, nccl_version())
+    if backend == "nccl":
+        check_gpus(request)
+        if request.channels:
+            check_channel_support()
     setup.output_dir = prepare_output(request.output_dir)
     return setup
 
@@ -195,7 +212,7 @@ def prepare_output(folder: str | None) -> str:
 
     if folder is None:
         folder = os.path.join(default_results_dir(), "tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    for part in ("raw", "probe", "verify"):
+    for part in ("raw", "probe", "verify", "launches"):
         if os.path.exists(os.path.join(folder, part)):
             raise _fail(f"{folder} already holds a tune run ({part}/); choose another -o/--output-dir")
     try:
@@ -223,8 +240,10 @@ def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=
     """Run `items` in as few launches as crashes allow: {index: ItemResult}, plus
     {pid: world communicator made} and the last launch's exit code."""
     folder = os.path.join(setup.output_dir, phase)
+    control = os.path.join(setup.output_dir, "launches")  # out of the results' folders, which hold only results
     os.makedirs(folder, exist_ok=True)
-    status_path = os.path.join(folder, "status.jsonl")
+    os.makedirs(control, exist_ok=True)
+    status_path = os.path.join(control, phase.replace("/", "-") + ".status.jsonl")
     options = {coll: dict(setup.request.options, **(overrides or {})) for coll in setup.request.collectives}
     for item in items:
         if item.get("csv"):
@@ -235,7 +254,7 @@ def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=
     while pending:
         work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
                 "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path}
-        work_path = os.path.join(folder, "work.json")
+        work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
         with open(work_path, "w", encoding="utf-8") as f:
             json.dump(work, f, indent=1)
         code = spawn(setup, ["tune", "--worker", work_path], env)
