@@ -62,10 +62,10 @@ def test_a_log_is_cut_at_each_communicator():
 
 def test_attribution_needs_the_exact_number_of_communicators():
     log = _log(INIT_1814, SPLIT_INIT, DOCS_LINE, SPLIT_INIT, TREE_LL128)
-    assert nccl_log.communicators_for(log, 1, 2)[1][0].algo == "tree"
-    assert nccl_log.communicators_for(log, 0, 3)[0] == []
+    assert nccl_log.communicators_for(log, 1, 2)[1][1][0].algo == "tree"
+    assert nccl_log.communicators_for(log, 0, 3)[0][1] == []
     assert nccl_log.communicators_for(log, 1, 1) is None          # one too many: no guessing
-    assert nccl_log.communicators_for(log, 1, 1, trailing=1)[0][0].algo == "ring"
+    assert nccl_log.communicators_for(log, 1, 1, trailing=1)[0][1][0].algo == "ring"
     assert nccl_log.communicators_for(log, 1, 3) is None
 
 
@@ -79,7 +79,7 @@ def test_items_get_their_own_communicators_choices(tmp_path):
                2: ItemResult("ok", [], True, 4242)}
     logs = analysis.probe_logs(str(tmp_path))
     got = analysis.attribute_choices(items, results, logs, {4242: True})
-    assert [c.algo for c in got[0]] == ["ring"] and [c.algo for c in got[2]] == ["tree"] and 1 not in got
+    assert [c.algo for c in got[0][1]] == ["ring"] and [c.algo for c in got[2][1]] == ["tree"] and 1 not in got
     assert analysis.attribute_choices(items, results, logs, {4242: False}) == {}  # the counts disagree
 
 
@@ -90,3 +90,28 @@ def test_tuning_bytes_are_the_count_column_times_the_type_size():
     m = analysis.Measured(log_bytes={16777216: 2097152, 33554432: 4194304})
     assert analysis.choices_by_printed_size(choices, "all_gather", m) == {16777216: ("tree", "ll128", 16)}
     assert analysis.choices_by_printed_size(choices, "all_reduce", m) == {}  # another function's line
+
+
+# NVIDIA/nccl issue #1814: a communicator's channel count, printed during its init
+CHANNELS_1814 = ("hostname-test:983:1261 [3] NCCL INFO 16 coll channels, 0 collnet channels, 16 nvls channels, "
+                 "16 p2p channels, 1 p2p channels per peer")
+# src/graph/tuning.cc (v2.28.9, ncclTopoTuneModel): printed at each communicator's init when set
+ALGO_SET = "gpu-host:4242:4242 [0] NCCL INFO NCCL_ALGO set by environment to Tree"
+PROTO_SET = "gpu-host:4242:4242 [0] NCCL INFO NCCL_PROTO set by environment to LL"
+FOUR_CHANNELS = CHANNELS_1814.replace("16 coll", "4 coll")
+
+
+def test_each_communicators_init_says_what_it_read():
+    """The proof, even on one rank (which logs no TUNING line), that NCCL read the forced
+    setting again for each new communicator."""
+    log = _log(CHANNELS_1814, INIT_1814, ALGO_SET, PROTO_SET, FOUR_CHANNELS, SPLIT_INIT, CHANNELS_1814, SPLIT_INIT)
+    got = [(i.algo_env, i.proto_env, i.channels) for i in log.inits]
+    assert got == [(None, None, 16), ("Tree", "LL", 4), (None, None, 16)]
+    from ncclbench.tune.plan import DEFAULT, Combination
+
+    assert analysis.init_text(Combination("tree", "ll", 4), log.inits[1]) == \
+        "NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL, 4 channel(s)"
+    assert analysis.init_text(Combination("tree", "ll", 8), log.inits[1]).endswith("NOT what was set")
+    assert analysis.init_text(Combination("ring", "ll"), log.inits[1]).endswith("NOT what was set")
+    assert analysis.init_text(DEFAULT, log.inits[2]) == "NCCL read no NCCL_ALGO/NCCL_PROTO, 16 channel(s)"
+    assert analysis.init_text(DEFAULT, None) == ""

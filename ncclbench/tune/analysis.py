@@ -51,7 +51,7 @@ def probe_logs(folder: str) -> dict[int, nccl_log.Log]:
 
 def attribute_choices(items: list[dict], results: dict[int, ItemResult], logs: dict[int, nccl_log.Log],
                       world_comm: dict[int, bool]):
-    """item index -> [Choice] for every item whose communicator came up, matched in order
+    """item index -> (nccl_log.Init, [Choice]) for every item whose communicator came up, matched in order
     to the communicators in rank 0's log of its launch (one launch, one rank-0 process,
     one log); `world_comm`: pid -> whether that process made its world communicator first."""
     out: dict[int, list] = {}
@@ -127,6 +127,7 @@ class CollectiveOutcome:
     errors: dict[str, str]
     measured: dict[str, Measured]
     choices: dict[str, dict[int, tuple]]    # label -> {size: (algo, proto, channels)} from the probe
+    inits: dict = field(default_factory=dict)  # label -> nccl_log.Init: what its communicator's init read
     verdicts: list[Verdict] = field(default_factory=list)
     overridden: dict[str, list[int]] = field(default_factory=dict)  # label -> sizes NCCL ran something else
 
@@ -201,3 +202,20 @@ def choices_by_printed_size(choices, collective: str, measured: Measured | None)
         if s is not None:
             out[size] = s
     return out
+
+
+def init_text(combo: Combination, init) -> str:
+    """What NCCL's init said it read for this combination's communicator, and whether that
+    is what was set ('' when the probe's log has nothing on it)."""
+    if init is None:
+        return ""
+    read = [f"{name}={value}" for name, value in (("NCCL_ALGO", init.algo_env), ("NCCL_PROTO", init.proto_env)) if value]
+    text = f"NCCL read {' '.join(read) if read else 'no NCCL_ALGO/NCCL_PROTO'}"
+    if init.channels is not None:
+        text += f", {init.channels} channel(s)"
+    wanted = combo.environment()
+    if (init.algo_env, init.proto_env) != (wanted["NCCL_ALGO"], wanted["NCCL_PROTO"]) or \
+            (combo.channels and init.channels != combo.channels):
+        text += ": NOT what was set"
+    return text
+

@@ -28,6 +28,18 @@ _INIT_COMPLETE = "Init COMPLETE"
 _PLUGIN = re.compile(r"NCCL INFO (?P<text>(?:Successfully loaded external tuner plugin|External tuner plugin|"
                      r"TUNER/\w+: (?:Loaded \d+ tuning configurations|Config file|No valid configurations))(?:.*))")
 _WARN = re.compile(r"NCCL WARN (?P<text>.*)")
+_ENV_SET = re.compile(r"NCCL INFO (?P<name>NCCL_ALGO|NCCL_PROTO) set by environment to (?P<value>\S+)")
+_CHANNELS = re.compile(r"NCCL INFO (?P<n>\d+) coll channels,")
+
+
+@dataclass
+class Init:
+    """What a communicator's init said before its `Init COMPLETE` (src/graph/tuning.cc and
+    src/init.cc print these on every rank, one rank alone included)."""
+
+    algo_env: str | None = None   # NCCL_ALGO as NCCL read it for this communicator
+    proto_env: str | None = None
+    channels: int | None = None   # the communicator's collective channels
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,7 @@ class Log:
     version: str | None = None
     before_first_init: list[Choice] = field(default_factory=list)
     communicators: list[list[Choice]] = field(default_factory=list)  # choices after each init, in order
+    inits: list[Init] = field(default_factory=list)                  # each communicator's init, in order
     plugin: list[str] = field(default_factory=list)   # the tuner plugin's own lines
     warnings: list[str] = field(default_factory=list)
 
@@ -91,7 +104,7 @@ class Log:
 
 
 def parse_log(text: str) -> Log:
-    log = Log()
+    log, init = Log(), Init()
     for line in text.splitlines():
         choice = parse_choice(line)
         if choice is not None:
@@ -99,6 +112,17 @@ def parse_log(text: str) -> Log:
             continue
         if _INIT_COMPLETE in line and "NCCL INFO" in line:
             log.communicators.append([])
+            log.inits.append(init)
+            init = Init()
+            continue
+        m = _ENV_SET.search(line) or _CHANNELS.search(line)
+        if m:
+            if "n" in m.groupdict():
+                init.channels = int(m["n"])
+            elif m["name"] == "NCCL_ALGO":
+                init.algo_env = m["value"]
+            else:
+                init.proto_env = m["value"]
             continue
         m = _VERSION.search(line)
         if m and log.version is None:
@@ -125,7 +149,7 @@ def by_size(choices, function: str | None = None) -> dict[int, Counter]:
     return out
 
 
-def communicators_for(log: Log, skip: int, count: int, trailing: int = 0) -> list[list[Choice]] | None:
+def communicators_for(log: Log, skip: int, count: int, trailing: int = 0) -> list[tuple[Init, list[Choice]]] | None:
     """The choices of `count` communicators that follow `skip` others (the process's world
     communicator), when the log holds exactly that many (up to `trailing` more after them:
     an item whose launch died after its communicator came up), else None: better no
@@ -133,4 +157,4 @@ def communicators_for(log: Log, skip: int, count: int, trailing: int = 0) -> lis
     comms = log.communicators
     if not skip + count <= len(comms) <= skip + count + trailing:
         return None
-    return comms[skip:skip + count]
+    return list(zip(log.inits, comms))[skip:skip + count]

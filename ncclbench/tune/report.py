@@ -32,12 +32,13 @@ def collective_outcome(setup, coll, probe_items, probe_results, attributions, it
             measured[combo.label] = m
         status[combo.label], errors[combo.label] = combo_status(probe_of.get(combo), probe_results, runs)
     reference = measured.get("default")
+    inits = {}
     for combo in [DEFAULT, *combos]:
         probe = probe_of.get(combo)
         if probe is not None and probe["index"] in attributions:
-            choices[combo.label] = analysis.choices_by_printed_size(
-                attributions[probe["index"]], coll, measured.get(combo.label) or reference)
-    return analysis.CollectiveOutcome(coll, combos, status, errors, measured, choices)
+            inits[combo.label], calls = attributions[probe["index"]]
+            choices[combo.label] = analysis.choices_by_printed_size(calls, coll, measured.get(combo.label) or reference)
+    return analysis.CollectiveOutcome(coll, combos, status, errors, measured, choices, inits=inits)
 
 
 def combo_status(probe_item, probe_results, runs) -> tuple[str, str]:
@@ -66,6 +67,9 @@ def combo_lines(outcome, setup) -> list[str]:
         text = outcome.status.get(label, "not run")
         if outcome.errors.get(label):
             text += f" ({outcome.errors[label][:200]})"
+        said = analysis.init_text(combo, outcome.inits.get(label))
+        if said:
+            text += f"; {said}"
         if label in outcome.overridden:
             sizes = ", ".join(format_size(s) for s in outcome.overridden[label][:6])
             text += f"; NCCL ran another algorithm/protocol at {sizes}: those sizes left out"

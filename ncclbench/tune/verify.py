@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import format_size
 from ncclbench.tune import analysis
-from ncclbench.tune.plan import COLLECTIVES, DEFAULT
+from ncclbench.tune.plan import COLLECTIVES, DEFAULT, ONE_RANK_NOTE
 from ncclbench.tune.ranges import Series, judge
 
 INTERFACES = (6, 5, 4, 3, 2)
@@ -139,8 +139,8 @@ def report(setup, plugin, rows, mine, phases) -> int:
         base = measured(setup, "verify/default", *phases.get("verify/default", ([], {}, {}))[:2], coll)
         tuned = measured(setup, "verify/plugin", *phases.get("verify/plugin", ([], {}, {}))[:2], coll)
         probe = next((it for it in probe_items if it["collective"] == coll), None)
-        choices = analysis.choices_by_printed_size(attributions.get(probe["index"], []) if probe else [], coll,
-                                                   tuned if tuned.busbw else base)
+        calls = attributions[probe["index"]][1] if probe and probe["index"] in attributions else []
+        choices = analysis.choices_by_printed_size(calls, coll, tuned if tuned.busbw else base)
         coll_lines, coll_doc, ok = collective_report(setup, coll, base, tuned, choices, mine)
         lines += coll_lines
         doc["collectives"][coll] = coll_doc
@@ -183,8 +183,11 @@ def collective_report(setup, coll, base, tuned, choices, rows):
         doc_sizes.append({"size": size, "row_line": row.line if row else None, "default": base.busbw[size],
                           "plugin": tuned.busbw.get(size, []), "nccl_ran": list(ran) if ran else None,
                           "applied": applied, "gain_pct": v.gain_pct, "above_noise": v.win})
-    ok = True
     lines.append(f"# {coll}: per config row")
+    if setup.nranks == 1:  # NCCL copies locally: it never asks the plugin, there is no gain to find
+        lines += [f"#   line {r.line}: {r.text()}: not judged: {ONE_RANK_NOTE}" for r in my_rows]
+        return lines, {"sizes": doc_sizes, "one_rank": True}, True
+    ok = True
     for r in my_rows:
         got = per_row[r.line]
         applied = sum(1 for _s, a, _v in got if a)
