@@ -63,7 +63,7 @@ def attribute_choices(items: list[dict], results: dict[int, ItemResult], logs: d
             continue
         if r.comm_ready:
             by_pid.setdefault(r.pid, []).append(item["index"])
-        elif r.status in ("crashed", "timeout"):
+        elif r.status in ("crashed", "timeout", "interrupted"):
             crashed[r.pid] = 1   # the launch's last item: its communicator may have come up
     for pid, indexes in by_pid.items():
         log = logs.get(pid)

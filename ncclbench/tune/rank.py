@@ -85,28 +85,32 @@ def run_worker(work_path: str) -> int:
             runner.stop_on_termination_signals()
             status.write(event="started", index=item["index"], pid=os.getpid())
             began = time.monotonic()
-            try:
-                with faults_for(item):
-                    outcome = run_item(item, plans[item["collective"]], backend, info, work)
-            except KeyboardInterrupt:
-                outcome = {"status": "interrupted", "errors": ["interrupted"], "comm_ready": False}
-            lost = outcome["status"] == "error" and not peers_alive(backend)
-            if lost:  # a peer died in this item: it is the crash, and this launch cannot go on
-                outcome["status"], code = "crashed", ExitCode.NCCL_ERROR
-                outcome["errors"].append("a rank of the launch was gone after it")
+            outcome = settled_item(item, plans[item["collective"]], backend, info, work)
             status.write(event="done", index=item["index"], pid=os.getpid(), **outcome)
             if backend.rank == 0:
                 say_progress(work, item, n, outcome, time.monotonic() - began)
-            if outcome["status"] == "interrupted":
-                code = ExitCode.INTERRUPTED
-                break
-            if lost:
+            if outcome["status"] in ("interrupted", "crashed"):
+                code = ExitCode.INTERRUPTED if outcome["status"] == "interrupted" else ExitCode.NCCL_ERROR
                 break
         runner.hold_termination_signals()
     finally:
         runner.exit_on_termination_signals(code)
         backend.close()
     return code
+
+
+def settled_item(item, plan, backend, info, work) -> dict:
+    """run_item's outcome, or `interrupted`; an item that failed while a peer died is
+    `crashed` (the launch cannot go on without that rank)."""
+    try:
+        with faults_for(item):
+            outcome = run_item(item, plan, backend, info, work)
+        if outcome["status"] == "error" and not peers_alive(backend):
+            outcome["status"] = "crashed"
+            outcome["errors"].append("a rank of the launch was gone after it")
+        return outcome
+    except KeyboardInterrupt:
+        return {"status": "interrupted", "errors": ["interrupted"], "comm_ready": False}
 
 
 def peers_alive(backend, seconds: float = 10.0) -> bool:
