@@ -69,6 +69,8 @@ def attribute_choices(items: list[dict], results: dict[int, ItemResult], logs: d
         log = logs.get(pid)
         skip = 1 if world_comm.get(pid) else 0
         comms = nccl_log.communicators_for(log, skip, len(indexes), crashed.get(pid, 0)) if log else None
+        if comms is None and skip and log and len(log.communicators) == len(indexes):
+            comms = nccl_log.communicators_for(log, 0, len(indexes))  # the world's was not created at start after all
         if comms is not None:
             out.update(zip(indexes, comms))
     return out

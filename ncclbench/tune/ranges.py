@@ -75,6 +75,8 @@ def judge(size: int, default: Series, candidates: dict[str, Series], repeats: in
         return v
     if v.gain_pct is None:
         v.win, v.why = False, "the default measured 0 GB/s"
+    elif v.gain_pct <= 0:
+        v.win, v.why = False, "the default is faster"
     elif v.gain_pct < min_gain_pct:
         v.win, v.why = False, f"gain below {min_gain_pct:g} %"
     elif min(v.best_series.busbw) <= max(default.busbw):

@@ -30,7 +30,8 @@ def verdict_line(v: Verdict) -> str:
 
 def range_text(r: Range) -> str:
     span = f"{format_size(min(r.sizes))}-{format_size(max(r.sizes))}" if len(r.sizes) > 1 else format_size(r.sizes[0])
-    gains = f"{min(r.gains):+.1f} %" if len(r.gains) == 1 else f"{min(r.gains):+.1f} .. {max(r.gains):+.1f} %"
+    low, high = f"{min(r.gains):+.1f}", f"{max(r.gains):+.1f}"
+    gains = f"{low} %" if low == high else f"{low} .. {high} %"
     return f"{setting_text(r.setting)} ({r.label}) wins at {span} (config {r.min_bytes}-{r.max_bytes} B): {gains}"
 
 
