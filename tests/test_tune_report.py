@@ -119,3 +119,24 @@ assert 'matplotlib' in sys.modules
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "busbw_all_reduce.png").stat().st_size > 1000
+
+
+def test_verify_says_per_row_whether_nccl_applied_it_and_the_gain_came_back(tmp_path):
+    from ncclbench.tune import analysis, verify
+    from ncclbench.tune.files import parse_config_line
+
+    setup = _setup(tmp_path)
+    rows = [parse_config_line("allreduce,98305,393216,tree,ll,8,1,8,1,0", 3),
+            parse_config_line("allreduce,393217,600000,ring,simple,16,1,8,1,0", 4)]
+    base = analysis.Measured(busbw=BUSBW["default"])
+    tuned = analysis.Measured(busbw={65536: [5.0, 5.1, 4.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8],
+                                     524288: [80.1, 80.3, 79.7]})
+    choices = {65536: ("ring", "ll", 1), 131072: ("tree", "ll", 8), 262144: ("tree", "ll", 8),
+               524288: ("ring", "simple", 16)}
+    lines, doc, ok = verify.collective_report(setup, "all_reduce", base, tuned, choices, rows)
+    text = "\n".join(lines)
+    assert "line 3: allreduce,98305,393216,tree,ll,8,1,8,1,0: 2 size(s), NCCL applied it at 2, gain above noise at 2: reproduced" in text
+    assert "line 4:" in text and "NOT reproduced" in text          # applied, but no faster than the default
+    assert "1 size(s) outside every row: worst -50.0 % at 64K" in text
+    assert ok is False
+    assert [d["applied"] for d in doc["sizes"]] == [None, True, True, True]

@@ -171,7 +171,8 @@ def collective_report(setup, coll, base, tuned, choices, rows):
         applied = None if row is None or ran is None else \
             (ran[0], ran[1]) == (row.algorithm, row.protocol) and (row.channels <= 0 or ran[2] == row.channels)
         v = judge(size, Series(base.busbw[size], base.wrong.get(size, False)),
-                  {"plugin": Series(tuned.busbw.get(size, []), tuned.wrong.get(size, False))}, setup.request.repeat, 0.0)
+                  {"plugin": Series(tuned.busbw.get(size, []), tuned.wrong.get(size, False))}, setup.request.repeat,
+                  setup.request.min_gain)
         if row is not None:
             per_row[row.line].append((size, applied, v))
         gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
