@@ -28,7 +28,7 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
               help="Result checks per size (at least 1: a forced protocol skips NCCL's own safety check).")
 @click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True,
               help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
-@click.option("-T", "--timeout", type=FiniteFloat(min=0), default=600.0, show_default=True,
+@click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
               help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
 @click.option("--repeat", type=int, default=3, show_default=True,
               help="Measure every combination this many times (interleaved): the noise band a win must clear.")
