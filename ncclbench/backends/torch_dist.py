@@ -104,6 +104,7 @@ class TorchBackend:
         self.torch = torch
         self.dist = dist
         self.name = name
+        self._timeout = process_group_timeout(timeout_s)
         self.rank = launch.rank
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
@@ -138,6 +139,30 @@ class TorchBackend:
             if self.rank in ranks:
                 self.group, self.group_index = group, index
                 self.group_rank, self.group_size = ranks.index(self.rank), len(ranks)
+
+    def renew_communicator(self, channels: int | None = None) -> None:
+        """Run the collectives on a fresh communicator over every rank (the one this made
+        before is destroyed first). NCCL reads NCCL_ALGO and NCCL_PROTO from the environment
+        at each communicator's init (src/graph/tuning.cc), so a caller sets them first.
+        `channels`: the communicator's minCTAs = maxCTAs (ncclConfig_t), NCCL's channel
+        limit for this communicator alone (NCCL_MIN/MAX_NCHANNELS are read once per process)."""
+        import inspect
+
+        previous = getattr(self, "_renewed", None)
+        if previous is not None:
+            self.group, self._renewed = None, None
+            self.dist.destroy_process_group(previous)
+        kwargs = {"timeout": self._timeout}
+        if self.name == "nccl":
+            if channels:
+                options = self.dist.ProcessGroupNCCL.Options()
+                options.config.min_ctas = channels
+                options.config.max_ctas = channels
+                kwargs["pg_options"] = options
+            if "device_id" in inspect.signature(self.dist.new_group).parameters:
+                kwargs["device_id"] = self.device  # created now, not at the first collective
+        self._renewed = self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
+        self.group = self._renewed
 
     # ---- description -------------------------------------------------------------
     @property
