@@ -49,8 +49,7 @@ class Slots:
     slices of the big buffers, as nccl-tests shifts each op, so repeated small ops do not
     hit the same cache lines."""
 
-    def __init__(self, coll: Collective, layout, send_t, recv_t, in_place: bool,
-                 use_recv_as_send: bool, rank: int, nslots: int):
+    def __init__(self, layout, send_t, recv_t, in_place: bool, use_recv_as_send: bool, rank: int, nslots: int):
         self.views = []
         span = max(layout.send_count, layout.recv_count, 1)
         if in_place:
@@ -101,10 +100,9 @@ def count_wrong(view, coll: Collective, ctx: CheckContext, dtype: DType, op: str
 
 
 class RankRunner:
-    def __init__(self, plan, backend, launch):
+    def __init__(self, plan, backend):
         self.plan = plan
         self.backend = backend
-        self.launch = launch
         self.coll = plan.coll
         self.rank = backend.group_rank
         self.nranks = backend.group_size
@@ -113,10 +111,14 @@ class RankRunner:
 
     def _group_ops(self):
         """(factory of one NCCL group around each iteration's ops, or None; a header note or
-        None). With -m > 1 (not -z) ops are grouped where the backend can, as nccl-tests
-        does; the note says when it cannot."""
-        if self.plan.agg_iters < 2 or self.plan.mode is TimingMode.BLOCKING:
+        None). With -m > 1 ops are grouped where the backend can, as nccl-tests does; the
+        note says when they are not."""
+        if self.plan.agg_iters < 2:
             return None, None
+        if self.plan.blocking in (1, 2):
+            return None, (f"-z {self.plan.blocking} -m {self.plan.agg_iters}: each op is waited for on its own, "
+                          "not grouped (nccl-tests groups them, and its wait inside the open group finds nothing "
+                          "launched yet)")
         group, reason = self.backend.op_group(self.coll.name)
         if group is None:
             return None, f"-m {self.plan.agg_iters}: ops issued one by one, not in one NCCL group per iteration ({reason})"
@@ -173,8 +175,7 @@ class RankRunner:
 
     def _slots(self, layout, send_t, recv_t, in_place, nslots):
         out_of_place_missing = self.coll.name in self.backend.in_place_only
-        return Slots(self.coll, layout, send_t, recv_t, in_place, out_of_place_missing and not in_place,
-                     self.rank, nslots)
+        return Slots(layout, send_t, recv_t, in_place, out_of_place_missing and not in_place, self.rank, nslots)
 
     def measure_size(self, buffers, dtype, op, root, size):
         """This rank's (timing, wrong) for both placements of one size."""
@@ -231,17 +232,21 @@ class RankRunner:
             device_s = [r[placement][0] for r in per_rank]
             host_s = [r[placement][1] for r in per_rank]
             wrongs = [r[placement][3] for r in per_rank]
-            seconds = combine(host_s if plan.report_cputime else device_s, plan.averaging)
+            # Bandwidth always from the timed duration of the ops; -C swaps only the time
+            # column, as nccl-tests does (getBw gets deltaSec, the column cputimeSec).
+            seconds = combine(device_s, plan.averaging)
+            shown = combine(host_s, plan.averaging) if plan.report_cputime else seconds
             algbw, busbw = self.coll.bandwidths(layout, dtype.itemsize, self.nranks, seconds)
             nwrong = None if any(w is None for w in wrongs) else sum(wrongs)
             per_iter = None
             if plan.per_iter:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
-            cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
-                                         host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
+            cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
+                                         host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
+                                         device_us=seconds * 1e6))
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
-            notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].time_us)
+            notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].device_us)
         return ResultRow(self.coll.name, layout.printed_bytes(dtype.itemsize), layout.param_count,
                          dtype.name, self.coll.printed_op if self.coll.printed_op is not None else op,
                          root, cells[0], cells[1],
@@ -403,7 +408,7 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     report = None
     rows: list[ResultRow] = []
     status, errors = "ok", []
-    runner = RankRunner(plan, backend, launch)
+    runner = RankRunner(plan, backend)
     runner.agree_on_plan()
     runner.validate()
     devices = backend.all_gather_object(runner.device_record())
@@ -576,7 +581,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
             plan.step_bytes if plan.step_factor == 1 else _integral(plan.step_factor),
         "warmup_iters": plan.warmup_iters, "iterations": plan.iters,
         "aggregated_iterations": plan.agg_iters, "validation": plan.check, "graph": plan.graph_replays,
-        "blocking_collectives": "true" if plan.blocking else "false",
+        "blocking_collectives": "true" if plan.blocking else "false", "blocking_mode": plan.blocking,
         "per_iter_timing": "true" if plan.per_iter else "false", "per_iter_skip": plan.per_iter_skip,
         "parallel_init": "false", "unalign": plan.unalign, "min_bw": plan.min_bw, "min_peak_bw": plan.min_peak_bw,
     }

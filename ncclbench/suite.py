@@ -25,10 +25,6 @@ class SuiteRun:
     options: dict               # RUN_KEYS values (raw, validated later by build_plan)
     env: tuple = field(default=())  # sorted (name, value) pairs
 
-    @property
-    def env_dict(self) -> dict:
-        return dict(self.env)
-
 
 def parse_overrides(items) -> dict:
     """`--set KEY=VALUE` items -> {key: value}, values read as YAML scalars (`1` an int,

@@ -33,7 +33,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     groups = env_groups(runs)
     info = launch.detect()
     launched = info.launcher != "none"
-    chosen = cli.choose_backend(backend, launched)
+    chosen = cli.choose_backend(backend)
     common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
               "quiet": quiet}
     nranks = info.world_size if launched else (ngpus or 1)

@@ -242,12 +242,12 @@ def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
     plan = Plan("all_reduce", min_bytes=8, max_bytes=4 << 30, step_factor=4.0, backend="nccl")
     backend = FakeGpuBackend(group_rank=0, group_size=4, rank=0, nranks=4)
     with pytest.raises(PlanError) as exc:
-        RankRunner(plan, backend, None).validate()
+        RankRunner(plan, backend).validate()
     text = str(exc.value)
     assert "buffers need 4.0 GiB" in text and "3.0 GiB free" in text
     assert "largest size that fits: -e 536870912" in text  # 2 x 512 MiB + 2 GiB reserve = 3 GiB
     small = Plan("all_reduce", min_bytes=8, max_bytes=64 << 20, step_factor=4.0, backend="nccl")
-    RankRunner(small, backend, None).validate()  # fits: no error
+    RankRunner(small, backend).validate()  # fits: no error
 
 
 def test_first_line_of_an_error():

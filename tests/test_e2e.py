@@ -196,7 +196,7 @@ def test_cputime_timestamps_blocking_and_unchecked_cells_read_like_nccl_tests(tm
     head = next(ln for ln in lines if ln.startswith("#       size"))
     assert head.split()[6] == "cputime" and head.split().count("cputime") == 2 and "time" not in head.split()
     assert head.endswith("  timestamp") and lines[lines.index(head) + 1].endswith("  %Y-%m-%d %H:%M:%S")
-    assert "# Blocking Enabled: wait after each inner iteration (-m), no barrier " in lines
+    assert "# Blocking Enabled: wait and barrier after each inner iteration (-m) " in lines
     per_iter = next(ln for ln in lines if ln.startswith("# Per-Iteration Report"))
     assert per_iter.endswith("i_* uses max over process rows ") and "skips" not in per_iter
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ OK$", r.stdout, re.M)
