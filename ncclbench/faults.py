@@ -5,7 +5,8 @@ kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
-report's header is written, before the sweep).
+report's header is written, before the sweep) | slow_device (every rank's timed duration
+multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored).
 Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Fault:
     rank: int
     size: int | None = None
     seconds: float = 3600.0
+    factor: float = 1.0
 
     def applies(self, rank: int, size: int | None = None) -> bool:
         return rank == self.rank and (self.size is None or size is None or size >= self.size)
@@ -36,7 +38,7 @@ def active(*kinds: str) -> Fault | None:
         if kind in kinds:
             fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
             return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
-                         float(fields.get("seconds", 3600)))
+                         float(fields.get("seconds", 3600)), float(fields.get("factor", 1)))
     return None
 
 
@@ -93,3 +95,9 @@ def after_report(rank: int) -> None:
     if f is not None and f.applies(rank):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # a handler that raises does so here
+
+
+def device_time_factor() -> float:
+    """What the timed (device) durations are multiplied by (slow_device)."""
+    f = active("slow_device")
+    return f.factor if f is not None else 1.0

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
+from ncclbench import faults
+
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
 # barrier releases ranks up to ~300 us apart); the next one or two ops after it were seen to
@@ -74,10 +76,14 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _measure(backend, run_op, settings, group)
+        timing = _measure(backend, run_op, settings, group)
     finally:
         if collecting:
             gc.enable()
+    slow = faults.device_time_factor()
+    if slow != 1.0:
+        timing = Timing(timing.device_s * slow, timing.host_s, [v * slow for v in timing.per_iter_s])
+    return timing
 
 
 def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, group) -> Timing:
