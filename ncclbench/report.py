@@ -85,6 +85,7 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
     nodes = len(info.hosts)
     lines.append(f"# Backend: {info.backend} ({info.nccl_text}), timing: {info.mode} ({info.timing}), "
                  f"{info.nranks} ranks on {nodes} node{'s' if nodes != 1 else ''} ({', '.join(info.hosts)})")
+    lines.append(f"# NCCL environment: {nccl_environment(info.env)}")
     if info.topology:
         lines.append(f"# Topology: {info.topology}")
     lines.extend(f"# Note: {n}" for n in info.notes)
@@ -94,6 +95,13 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
                      f"device {d.device:2d} [{d.device_hex}] {d.device_info}")
     lines.append("#")
     return lines + _table_head(per_iter, info.report_cputime, timestamps)
+
+
+def nccl_environment(env: list[str]) -> str:
+    """The NCCL_* settings the ranks ran with (nccl-tests' own NCCL_TESTS_* are not NCCL's),
+    so that two runs are compared knowingly; ncclbench sets none itself."""
+    nccl = [e for e in env if e.startswith("NCCL_") and not e.startswith("NCCL_TESTS_")]
+    return " ".join(nccl) if nccl else "NCCL defaults (no NCCL_* set)"
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:

@@ -48,6 +48,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
             except PlanError as exc:
                 raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}): {exc}") from None
             plans.append(plan)
+        _one_stream_per_launch(suite_file, members, plans)
         plans_by_group.append(plans)
 
     if launched:
@@ -85,6 +86,18 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         if code in (ExitCode.INTERRUPTED,):
             break
     sys.exit(int(worst))
+
+
+def _one_stream_per_launch(suite_file, members, plans) -> None:
+    """The stream (-y, stream_null) is chosen once per launch, when the backend starts: an
+    entry that asks for another one than the launch's first entry is refused, not ignored."""
+    for run, plan in zip(members, plans):
+        if plan.stream_null != plans[0].stream_null:
+            raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}) sets stream_null "
+                            f"{int(plan.stream_null)} but runs[{members[0].index}] ({members[0].label}), launched "
+                            f"with it, sets {int(plans[0].stream_null)}: the stream is chosen once per launch; "
+                            "put the entries of each stream_null in a suite of their own, or set it for all "
+                            "with --set stream_null=N")
 
 
 def _run_group(plans, labels, info, spec, suite_file) -> int:

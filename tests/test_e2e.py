@@ -341,3 +341,21 @@ def test_each_blocking_mode_runs_and_says_so_as_nccl_tests(tmp_path, mode, line)
     assert all(len(res["out_of_place_per_iter"]["times_us"]) == 3 for res in doc["results"])
     shown = run_cli(["show", str(out)])
     assert shown.returncode == 0 and line in shown.stdout.splitlines(), shown.stderr
+
+
+def test_ncclbench_sets_no_nccl_variable_and_names_those_the_ranks_ran_with(tmp_path):
+    """A self-spawned run starts from NCCL's defaults (it used to set NCCL_NVLS_ENABLE=0,
+    which turns NCCL's fastest all_reduce off on NVSwitch systems while torchrun, srun and
+    mpirun runs kept it on); header and JSON name the NCCL_* variables the user set."""
+    unset = {name: None for name in os.environ if name.startswith("NCCL_")}
+    unset["NCCL_NVLS_ENABLE"] = None
+    for extra, expected in (({}, "# NCCL environment: NCCL defaults (no NCCL_* set)"),
+                            ({"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
+                             "# NCCL environment: NCCL_ALGO=Ring NCCL_PROTO=Simple")):
+        out = tmp_path / f"r{len(extra)}.json"
+        r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "1", "--no-save",
+                     "-J", str(out)], env={**unset, **extra})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert expected in r.stdout.splitlines()
+        nccl = [e for e in json.loads(out.read_text())["env"] if e.startswith("NCCL_")]
+        assert nccl == [f"{k}={v}" for k, v in sorted(extra.items())]
