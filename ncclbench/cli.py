@@ -15,7 +15,7 @@ from ncclbench import __version__
 from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
-from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, error_line
+from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 from ncclbench.sizes import parse_size
 
 
@@ -458,6 +458,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except RankFailures as exc:  # every rank knows; one of them has said why
+        # Left at once: a launcher tearing the ranks down sends SIGTERM, and one landing while
+        # the interpreter finalizes (Python's handlers already reset) would replace the code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(exc.exit_code))
     except BenchError as exc:
         # identical plan errors on every rank: rank 0 speaks for all; an interruption is said
         # once per node (the first local rank), so that every node's log shows it
