@@ -393,7 +393,7 @@ RANK1_FAULTS = [
     ("alloc_fail", 2, "cannot allocate the buffers (8.0 MiB): out of memory"),
     ("plan_fail", 2, "buffers need 8.0 MiB but the GPU has 0.0 MiB free"),
     ("no_gpu", 5, "local rank 1 has no GPU"),
-    ("device_fail", 3, "setting up its device: RuntimeError: CUDA error"),
+    ("device_fail", 3, "setting up the device: RuntimeError: CUDA error"),
     ("comm_fail", 3, "starting the gloo communicator: RuntimeError: NCCL error"),
 ]
 
@@ -450,7 +450,7 @@ def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):
     r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-T", "5", "--no-save"],
                 env={"NCCLBENCH_FAULT": "device_stall:rank=1,seconds=300"}, timeout=180)
     assert r.returncode == 4, r.stderr[-3000:]
-    assert _error_lines(r.stderr) == ["ncclbench: error: rank 1 did not finish setting up its device within 5 s (-T)"]
+    assert _error_lines(r.stderr) == ["ncclbench: error: rank 1 did not finish setting up the device within 5 s (-T)"]
     assert time.time() - start < 5 + 60
     assert not wait_gone(str(tmp_path))
 
@@ -477,8 +477,8 @@ def test_the_verdict_of_a_set_up_step():
     v = verdict(mixed, 4)
     assert v.lines == ["rank 0 on a: no GPU", "rank 1 on a: no memory", "rank 2 on b: CUDA error"]
     assert v.exit_code == 3  # a CUDA/NCCL error outranks a missing GPU and a plan that does not fit
-    late = verdict([], 4, missing=[2], what="setting up its device", timeout_s=5)
-    assert late.lines == ["rank 2 did not finish setting up its device within 5 s (-T)"] and late.exit_code == 4
+    late = verdict([], 4, missing=[2], what="setting up the device", timeout_s=5)
+    assert late.lines == ["rank 2 did not finish setting up the device within 5 s (-T)"] and late.exit_code == 4
     many = verdict([Failure(r, "h", 2, f"reason {r}") for r in range(20)], 64)
     assert len(many.lines) == 9 and many.lines[-1] == "ranks 8-19 failed too (other reasons)"
     assert verdict([], 4) is None

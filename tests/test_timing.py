@@ -1,5 +1,6 @@
 """The timing engine's loop structure, driven by a fake backend whose clock is the
-number of ops issued (1 us each): how many ops each mark brackets, per mode."""
+number of ops issued (1 us each): how many ops each mark brackets, per mode; and what a
+row's time and bandwidth columns are made of."""
 
 import pytest
 
@@ -285,3 +286,4 @@ def test_cputime_swaps_the_time_column_only():
     assert device.out_of_place.time_us == pytest.approx(710.0)
     assert host.out_of_place.time_us == pytest.approx(16.0)
     assert device.out_of_place.algbw == pytest.approx((1 << 20) / 710e-6 / 1e9)
+

@@ -47,7 +47,7 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
         faults.communicator_setup(launch.rank)
         return backend_class(name, launch, timeout_s, stream_null, device=dev, store=store)
 
-    dev = run("device", "setting up its device", device)
+    dev = run("device", "setting up the device", device)
     return run("communicator", f"starting the {name} communicator", communicator)
 
 
