@@ -102,6 +102,7 @@ class SetupBoard:
     after GRACE_S, or at the -T deadline."""
 
     POLL_S = 0.05
+    WAIT_S = 0.5     # longest wait inside the store, so that a stop signal is seen in time
     GRACE_S = 5.0    # after a failure is known: for ranks still busy to report theirs
     HEARD_S = 10.0   # how long the rank that spoke waits for the others to read it (it may host the store)
 
@@ -126,7 +127,8 @@ class SetupBoard:
         self.store.set(key(str(self.rank)), json.dumps(asdict(failure)) if failure else "")
         if failure:
             self.store.add(key("failed"), 1)
-        self.store.add(key("done"), 1)
+        if self.store.add(key("done"), 1) == self.nranks:
+            self.store.set(key("complete"), "")
         self._settle(step, what, start, failure is not None)
         return value
 
@@ -144,15 +146,26 @@ class SetupBoard:
         return lambda name: f"ncclbench/setup/{step}/{name}"
 
     def _settle(self, step: str, what: str, start: float, failed_here: bool) -> None:
+        import datetime
+
+        from torch.distributed import DistStoreError
+
         key = self._key(step)
         failure_seen = time.monotonic() if failed_here else None
-        decided_at = None
+        decided_at = speaker = None
         while True:
+            # one request per rank while the others arrive (no polling of counters: a
+            # thousand ranks would flood the store), woken at once when the last one posts
+            try:
+                self.store.wait([key("complete")], datetime.timedelta(seconds=self.WAIT_S))
+                complete = True
+            except DistStoreError:
+                complete = False
             if self.store.check([key("said")]):
                 self.store.add(key("heard"), 1)
                 raise RankFailures([], int(self.store.get(key("said"))))
-            done, failed = self.store.add(key("done"), 0), self.store.add(key("failed"), 0)
-            if done == self.nranks and not failed:
+            failed = self.store.add(key("failed"), 0)
+            if complete and not failed:
                 return
             now = time.monotonic()
             if failed and failure_seen is None:
@@ -160,12 +173,15 @@ class SetupBoard:
             interrupt = self.held()
             if interrupt is not None and not failed:
                 raise interrupt
-            if decided_at is None and (done == self.nranks or now - start >= self.timeout_s
+            if decided_at is None and (complete or now - start >= self.timeout_s
                                        or (failure_seen is not None and now - failure_seen >= self.GRACE_S)):
                 decided_at = now
+            if decided_at is None:
+                continue
             # rank 0 speaks; another rank only when rank 0 has not reported and stayed silent
-            if decided_at is not None and (self.rank == 0 or (now - decided_at >= self.GRACE_S
-                                                              and self._lowest_reported(step) == self.rank)):
+            if self.rank != 0 and speaker is None and now - decided_at >= self.GRACE_S:
+                speaker = self._lowest_reported(step)
+            if self.rank == 0 or speaker == self.rank:
                 raise self.speak(step, what)
             time.sleep(self.POLL_S)
 
