@@ -15,7 +15,7 @@ from ncclbench import __version__
 from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
-from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, error_line
+from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 from ncclbench.sizes import parse_size
 
 
@@ -45,7 +45,9 @@ def collective_options(f):
         click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=0), default=1, show_default=True, help="Repeat the sweep N times (0: until Ctrl-C)."),
         click.option("-p", "--parallel_init", "parallel_init", type=click.IntRange(0, 1), default=0, help="Accepted for nccl-tests compatibility (one process per GPU)."),
         click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results N times, fresh inputs each time (0: off)."),
-        _flag("-z", "--blocking", "Wait for each op before launching the next."),
+        click.option("-z", "--blocking", type=click.IntRange(0, 3), default=0, show_default=True,
+                     help="1: wait and barrier after each op; 2: wait after each op; 3: wait and barrier after each "
+                          "iteration of -m ops, barriers not timed (nccl-tests' -z)."),
         click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
         click.option("-T", "--timeout", type=FiniteFloat(min=0, max=MAX_TIMEOUT_S), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),
         _flag("-S", "--report_timestamps", "Append a timestamp to each row."),
@@ -112,7 +114,8 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
     if factor is not None and factor <= 1:
         raise _fail(f"step factor must be > 1 (got {factor:g})")
     if o["cudagraph"] and o["blocking"]:
-        raise _fail("-G (CUDA graphs) and -z (blocking) cannot be combined")
+        raise _fail(f"-G (CUDA graphs) and -z {o['blocking']} cannot be combined: a wait or a barrier between "
+                    "ops cannot be captured in a graph")
     samples, which = (o["cudagraph"], "-G replays") if o["cudagraph"] else (o["iters"], "-n iterations")
     if o["per_iter_timing"] and o["per_iter_skip"] >= samples:
         raise _fail(f"-K {o['per_iter_skip']} would skip every one of the {samples} {which} the -I summary is made of")
@@ -138,7 +141,7 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
         collective=coll_name, split=split, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
         step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
         warmup_iters=o["warmup_iters"], agg_iters=o["agg_iters"], run_cycles=o["run_cycles"], check=o["check"],
-        blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
+        blocking=o["blocking"], average=o["average"], timeout_s=o["timeout"],
         report_timestamps=bool(o["report_timestamps"]), graph_replays=o["cudagraph"],
         report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
         per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), local_register=o.get("local_register", 0), stream_null=bool(o.get("stream_null")),
@@ -212,7 +215,7 @@ def validate_for_backend(plan, nranks: int | None) -> None:
     plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
 
 
-def choose_backend(requested: str | None, launched: bool) -> str:
+def choose_backend(requested: str | None) -> str:
     from ncclbench.launch import visible_gpu_count
 
     if requested:
@@ -282,7 +285,7 @@ def run_collective(coll_name: str, o: dict) -> int:
     argv = sys.argv[1:]
     info = launch.detect()
     launched = info.launcher != "none"
-    backend = choose_backend(o["backend"], launched)
+    backend = choose_backend(o["backend"])
     nranks = info.world_size if launched else (1 if o["ngpus"] is None else o["ngpus"]) * o.get("nnodes", 1)
     plan = build_plan(coll_name, o, backend, argv, nranks)
     if launched:
@@ -456,6 +459,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except RankFailures as exc:  # every rank knows; one of them has said why
+        # Left at once: a launcher tearing the ranks down sends SIGTERM, and one landing while
+        # the interpreter finalizes (Python's handlers already reset) would replace the code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(exc.exit_code))
     except BenchError as exc:
         # identical plan errors on every rank: rank 0 speaks for all; an interruption is said
         # once per node (the first local rank), so that every node's log shows it

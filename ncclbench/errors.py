@@ -46,8 +46,14 @@ class CollectiveError(BenchError):
     exit_code = ExitCode.NCCL_ERROR
 
 
-class TimeoutExpired(BenchError):
-    exit_code = ExitCode.TIMEOUT
+class RankFailures(BenchError):
+    """Set-up failed on some ranks; every rank knows it and leaves with the same code. The
+    lines (one per distinct failure) were already printed by the one rank that speaks for
+    all, so nothing is printed again."""
+
+    def __init__(self, lines: list[str], exit_code: int):
+        super().__init__("; ".join(lines), exit_code)
+        self.lines = lines
 
 
 class Interrupted(BenchError):

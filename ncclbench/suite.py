@@ -26,10 +26,6 @@ class SuiteRun:
     env: tuple = field(default=())  # sorted (name, value) pairs
     tune: dict | None = None        # `tune:` settings: run `ncclbench tune` on this entry (ncclbench.tune.suite)
 
-    @property
-    def env_dict(self) -> dict:
-        return dict(self.env)
-
 
 def parse_overrides(items) -> dict:
     """`--set KEY=VALUE` items -> {key: value}, values read as YAML scalars (`1` an int,

@@ -65,7 +65,9 @@ def cli_command() -> list[str]:
 
 
 def run_cli(args, env=None, timeout=240, cwd=None):
-    """Run the real `ncclbench` console script in a fresh process."""
+    """Run the real `ncclbench` console script in a fresh process. NVLink SHARP stays off
+    (NCCL_NVLS_ENABLE=0, a rule of the GPU hosts the GPU tests run on) unless `env` says
+    otherwise; a name that `env` maps to None is removed."""
     cmd = cli_command()
     full_env = dict(os.environ)
     full_env.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -73,8 +75,11 @@ def run_cli(args, env=None, timeout=240, cwd=None):
     full_env.pop("WORLD_SIZE", None)
     full_env.pop("LOCAL_RANK", None)
     full_env.pop("TORCHELASTIC_RUN_ID", None)
-    if env:
-        full_env.update(env)
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd)
 

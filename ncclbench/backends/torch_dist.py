@@ -11,9 +11,9 @@ import functools
 import time
 import warnings
 
-from ncclbench.backends import process_group_timeout
+from ncclbench.backends import process_group_store, process_group_timeout
 from ncclbench.checkdata import premul_scalar
-from ncclbench.errors import PlanError, first_line
+from ncclbench.errors import ExitCode, PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
@@ -78,7 +78,7 @@ def gpu_for_rank(launch, visible: int) -> int:
     try:
         return gpu_index_for_local_rank(launch, visible)
     except LaunchEnvError as exc:
-        raise PlanError(str(exc)) from None
+        raise PlanError(str(exc), ExitCode.BAD_GPU_COUNT) from None
 
 
 def setup_gpu(torch, launch, backend: str, stream_null: bool):
@@ -86,7 +86,8 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
     our own, as nccl-tests does, rather than the legacy default stream that synchronizes
     with every other stream (-y 1 keeps the default stream)."""
     if not torch.cuda.is_available():
-        raise PlanError(f"backend {backend} needs CUDA GPUs and none is visible; use --backend gloo")
+        raise PlanError(f"backend {backend} needs CUDA GPUs and none is visible; use --backend gloo",
+                        ExitCode.BAD_GPU_COUNT)
     device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
     torch.cuda.set_device(device)
     if not stream_null:
@@ -97,7 +98,14 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
 class TorchBackend:
     in_place_only = frozenset({"all_reduce", "broadcast", "reduce"})
 
-    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False):
+    @staticmethod
+    def prepare_device(name: str, launch, stream_null: bool = False):
+        """This rank's device, made current (the part of the set-up that needs no peer)."""
+        import torch
+
+        return setup_gpu(torch, launch, name, stream_null) if name == "nccl" else torch.device("cpu")
+
+    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False, device=None, store=None):
         import torch
         import torch.distributed as dist
 
@@ -109,18 +117,18 @@ class TorchBackend:
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
         timeout = process_group_timeout(timeout_s)
+        self.device = device if device is not None else self.prepare_device(name, launch, stream_null)
         if name == "nccl":
-            self.device = setup_gpu(torch, launch, name, stream_null)
             self._mem_start = torch.cuda.mem_get_info(self.device)
             # device_id: eager communicator creation, so the first timed op does not pay for
             # it and CUDA-graph capture works.
             dist.init_process_group("nccl", rank=self.rank, world_size=self.nranks,
-                                    timeout=timeout, device_id=self.device)
+                                    timeout=timeout, device_id=self.device, **process_group_store(store))
             self.control = dist.new_group(backend="gloo", timeout=timeout)
             self._mem_after_init = torch.cuda.mem_get_info(self.device)
         else:
-            self.device = torch.device("cpu")
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout)
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout,
+                                    **process_group_store(store))
             self.control = None  # the world group is already host-side
         self.group = None  # None = world; a split sets a subgroup
         self.group_rank = self.rank
