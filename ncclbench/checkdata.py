@@ -98,27 +98,29 @@ class InputPattern:
     def _scheme(self) -> dict:
         n, limit = max(self.nranks, 1), self.dtype.exact_limit
         s = {"shift": (self.seed * 2654435761) % _P}
+        mean = _integer_mean(n, self.dtype) if self.op == "avg" and not self.dtype.is_float else None
         if self.op is None:
             k = len(codebook(self.dtype))
             s.update(kind="move", K=k, digits=_digits(n, k))
         elif self.op in ("max", "min"):
-            g = min(n, GROUP_MAX)
-            s.update(kind="extreme", g=g, U=len(codebook(self.dtype)) - 1)
+            s.update(kind="extreme", g=min(n, GROUP_MAX), K=len(codebook(self.dtype)))
         elif self.op == "prod":
             g = min(n, GROUP_MAX, max(2, int(math.log2(limit)) - 2))
             while g > 1 and limit // 2 ** (g - 1) < 4:
                 g -= 1
             s.update(kind="prod", g=g, M=limit // 2 ** (g - 1))
         elif self.op == "avg" and self.dtype.is_float:
-            low = max(1, limit // 2)
-            s.update(kind="average", g=1, low=low, U=limit - low + 1)
-        else:  # sum, mulsum; avg on integers with a balancing term when the type has room
+            # 2^low / n at least 4 of the type's smallest steps, so that 0 (a missing rank) is
+            # more than the tolerance away
+            info = _finfo(self.dtype)
+            low = max(0, math.ceil(math.log2(4 * info.smallest_normal * info.eps * n)))
+            s.update(kind="average", g=1, low=low, high=max(low, int(math.log2(limit))))
+        elif mean is not None:
+            s.update(kind="mean", g=mean[0], t_min=mean[1], positive=mean[2], negative=mean[3])
+        else:  # sum, mulsum (and avg of 8-bit integers over more ranks than their range)
             budget = limit // (2 if self.op == "mulsum" else 1)
-            balanced = self.op == "avg" and limit - n >= 1
-            if balanced:  # member 0's value is U + 1 + (up to n - 1)
-                budget = limit - n
             g = max(1, min(n, GROUP_MAX, (math.isqrt(4 * budget + 1) - 1) // 2))  # g(g+1) <= budget
-            s.update(kind="add", g=g, U=max(1, budget // g), balanced=balanced)
+            s.update(kind="add", g=g, U=max(1, budget // g))
         if "g" in s:
             s["G"] = -(-n // s["g"])
         return s
@@ -160,10 +162,10 @@ class InputPattern:
         place = self.permuted(src_rank)
         if s["kind"] == "move":
             return self._moved(place, idx)
-        active_group = (idx + s["shift"]) % s["G"]
+        terms = self._terms(idx)
         member = place // s["G"]
-        active = (place % s["G"]) == active_group
-        return torch.where(active, self._member_value(member, idx), self._identity(idx))
+        active = (place % s["G"]) == terms["group"]
+        return torch.where(active, self._member_value(member, terms), self._identity())
 
     def _moved(self, place, idx):
         s = self._scheme
@@ -174,45 +176,74 @@ class InputPattern:
             digit = (place // k ** position) % k
         return _codebook_tensor(self.dtype, str(idx.device))[(_hash(idx, self.seed) % k + digit) % k]
 
-    def _identity(self, idx):
+    def _identity(self):
         kind = self._scheme["kind"]
         if kind == "extreme":
             book = codebook(self.dtype)
             return book[0] if self.op == "max" else book[-1]
         return 1 if kind == "prod" else 0
 
-    def _member_value(self, member, idx):
-        """What member `member` (int or tensor) of the active group contributes at `idx`."""
+    def _terms(self, idx) -> dict:
+        """What every member's value at `idx` derives from, computed once per call: the
+        active group and the scheme's per-element draws."""
+        import torch
+
+        s, h = self._scheme, _hash(idx, self.seed)
+        at = idx + s["shift"]
+        terms = {"group": at % s["G"]}
+        kind = s["kind"]
+        if kind == "average":  # powers of two: distinct averages differ by 2x, far beyond the tolerance
+            terms["value"] = 2 ** (s["low"] + h % (s["high"] - s["low"] + 1))
+        elif kind == "prod":  # the special member takes turns among those the active group has
+            size = (self.nranks - terms["group"] + s["G"] - 1) // s["G"]
+            terms.update(special=(at // s["G"]) % size, m=3 + h % (s["M"] - 2))
+        elif kind == "extreme":
+            # g neighbouring codebook entries from a random base, rotated among the members
+            # one step per element: the result varies and its holder changes every element
+            terms.update(base=1 + (h // s["g"]) % (s["K"] - s["g"]), turn=at % s["g"],
+                         book=_codebook_tensor(self.dtype, str(idx.device)))
+        elif kind == "add":
+            terms["turn"] = h % s["U"]
+        else:
+            # integer avg: members 1.. give 1..g with the sign of the element's average t;
+            # member 0, larger than any of them, what makes the group's sum n * t, so the
+            # truncating average is exactly t
+            mean = self._mean(h)
+            terms.update(sign=mean.sign(), turn=h % s["g"])
+            others = 0
+            for member in range(1, s["g"]):
+                present = terms["group"] + member * s["G"] < self.nranks
+                others = others + present * (1 + (member - 1 + terms["turn"]) % s["g"])
+            terms["first"] = self.nranks * mean - others * terms["sign"]
+        return terms
+
+    def _member_value(self, member, terms):
+        """What member `member` (int or tensor) of the active group contributes."""
         import torch
 
         s = self._scheme
         kind = s["kind"]
-        member = torch.as_tensor(member, device=idx.device)
         if kind == "average":
-            return s["low"] + _hash(idx, self.seed) % s["U"]
+            return terms["value"]
         if kind == "prod":
-            special = ((idx + s["shift"]) // s["G"]) % s["g"]
-            m = 3 + _hash(idx, self.seed) % (s["M"] - 2)
-            return torch.where(member == special, m, 2)
+            return torch.where(member == terms["special"], terms["m"], 2)
         if kind == "extreme":
-            book = _codebook_tensor(self.dtype, str(idx.device))
-            rotated = (member + _hash(idx, self.seed) % s["U"]) % s["U"]
-            return book[1 + rotated] if self.op == "max" else book[-2 - rotated]
-        if not s["balanced"]:
-            return 1 + (member + _hash(idx, self.seed) % s["U"]) % s["U"]
-        # integer avg: members 1.. as for sum; member 0 contributes above them (so it
-        # differs from each) what tops the group's sum up to a multiple of n
-        others = 1 + (member - 1 + _hash(idx, self.seed) % s["U"]) % s["U"]
-        return torch.where(member == 0, s["U"] + 1 + self._balance(idx), others)
+            at = terms["base"] + _wrap(member + terms["turn"], s["g"])
+            return terms["book"][at] if self.op == "max" else terms["book"][s["K"] - 1 - at]
+        if kind == "add":
+            return 1 + _wrap(member + terms["turn"], s["U"])
+        others = terms["sign"] * (1 + _wrap(member - 1 + terms["turn"], s["g"]))
+        if isinstance(member, int):
+            return terms["first"] if member == 0 else others
+        return torch.where(member == 0, terms["first"], others)
 
-    def _balance(self, idx):
+    def _mean(self, h):
+        """integer avg: the average t at each element, |t| >= t_min, either sign where the type has one."""
+        import torch
+
         s = self._scheme
-        active_group = (idx + s["shift"]) % s["G"]
-        total = s["U"] + 1
-        for member in range(1, s["g"]):
-            present = active_group + member * s["G"] < self.nranks
-            total = total + present * (1 + (member - 1 + _hash(idx, self.seed) % s["U"]) % s["U"])
-        return (-total) % self.nranks
+        pick = (h // s["g"]) % (s["positive"] + s["negative"])
+        return torch.where(pick < s["positive"], s["t_min"] + pick, -(max(s["t_min"], 2) + pick - s["positive"]))
 
     # ---- the exact result -------------------------------------------------------------
     def reduce(self, idx, without=()):
@@ -224,24 +255,52 @@ class InputPattern:
         s = self._scheme
         if s["kind"] == "move":
             raise ValueError("data-movement patterns have no reduction")
-        n = self.nranks
-        active_group = (idx + s["shift"]) % s["G"]
+        n, terms = self.nranks, self._terms(idx)
         gone = torch.tensor(sorted(without), dtype=torch.int64, device=idx.device) if without else None
         acc = None
         for member in range(s["g"]):  # only the active group's members differ from the identity
-            place = active_group + member * s["G"]
+            place = terms["group"] + member * s["G"]
             present = place < n
-            rank = self.unpermuted(place)
+            if gone is not None or self.op == "mulsum":
+                rank = self.unpermuted(place)
             if gone is not None:
                 present &= ~torch.isin(rank, gone)
-            v = self._member_value(member, idx)
+            v = self._member_value(member, terms)
             if self.op == "mulsum":
                 v = v * (2 - rank % 2)  # premul_scalar of each member, as a tensor
-            v = torch.where(present, v, self._identity(idx))
+            v = torch.where(present, v, self._identity())
             acc = v if acc is None else _combine(acc, v, self.op)
-        if self.op == "avg":
-            return acc.double() / n if self.dtype.is_float else acc // n
+        if self.op == "avg":  # NCCL's integer average truncates toward zero
+            return acc.double() / n if self.dtype.is_float else torch.div(acc, n, rounding_mode="trunc")
         return acc
+
+
+def _wrap(value, modulus: int):
+    """value % modulus for 0 <= value < 2 * modulus, without an integer division (this
+    runs once per group member on every checked element)."""
+    return value - modulus * (value >= modulus)
+
+
+def _finfo(dtype: DType):
+    import torch
+
+    return torch.finfo(dtype.torch_dtype())
+
+
+def _integer_mean(n: int, dtype: DType) -> tuple[int, int, int, int] | None:
+    """integer avg: (g, t_min, how many positive and negative averages t) with the largest
+    group that leaves at least two values of t (one if nothing more fits); None when the
+    type cannot hold n times any non-zero average (8-bit integers at many ranks)."""
+    high = dtype.exact_limit
+    low = min(high + 1, 2 ** (8 * dtype.itemsize - 1)) if dtype.name.startswith("int") else 0
+    for wanted in (2, 1):
+        for g in range(min(n, GROUP_MAX), 0, -1):
+            t_min = g * g // n + 1  # member 0 then exceeds every other member
+            # t = -1 would read as the poison (all ones) in a signed type: negatives start at -2
+            positive, negative = max(0, high // n - t_min + 1), max(0, low // n - max(t_min, 2) + 1)
+            if positive + negative >= wanted:
+                return g, t_min, positive, negative
+    return None
 
 
 def _digits(n: int, k: int) -> int:
@@ -294,7 +353,7 @@ def average_tolerance(expected, dtype: DType):
     2 steps of the type's subnormal spacing."""
     import torch
 
-    info = torch.finfo(dtype.torch_dtype())
+    info = _finfo(dtype)
     _, exponent = torch.frexp(expected.abs())
     step = torch.ldexp(torch.full_like(expected, info.eps), (exponent - 1).to(expected.dtype))
     return 2 * step.clamp(min=info.smallest_normal * info.eps)
