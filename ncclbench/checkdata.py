@@ -9,7 +9,7 @@ fault cannot hide behind the data (docs/checks.md has the reasoning and the limi
   distinct integer exact in the type, never the poison pattern) whose code is a hash of
   i plus one base-K digit of r's permuted number. Two ranks differ at every element when
   the codebook has at least as many entries as there are ranks; in 1-byte types past
-  ~110-255 ranks they differ on every `span`-th element at least.
+  109-255 ranks, at least at every second element.
 - Reductions: ranks form G groups of at most g; element i has one active group, whose
   members contribute op-specific values that differ between members, while every other
   rank contributes the op's identity (0 for sums, 1 for prod, the codebook's end for
@@ -46,8 +46,8 @@ def premul_scalar(rank: int) -> int:
 
 def _hash(idx, seed: int):
     """Pseudo-random residues in [0, _P) per element, the same on CPU and GPU (only exact
-    int64 arithmetic). Non-linear, so that a shifted window of elements never repeats
-    the values of another window."""
+    int64 arithmetic). Non-linear: a window of elements shifted by a multiple of some
+    period does not repeat another window's values, as a linear sequence would."""
     x = (idx + seed * 40503 + 17) % _P
     x = (x * 48271 + 11) % _P
     x = x ^ (x >> 13)
@@ -96,7 +96,7 @@ class InputPattern:
     # ---- the scheme's parameters, fixed per (dtype, op, nranks, seed) -----------------
     @functools.cached_property
     def _scheme(self) -> dict:
-        n, limit = max(self.nranks, 1), self.dtype.exact_limit
+        n, limit = max(self.nranks, 1), _result_limit(self.dtype)
         s = {"shift": (self.seed * 2654435761) % _P}
         mean = _integer_mean(n, self.dtype) if self.op == "avg" and not self.dtype.is_float else None
         if self.op is None:
@@ -287,11 +287,18 @@ def _finfo(dtype: DType):
     return torch.finfo(dtype.torch_dtype())
 
 
+def _result_limit(dtype: DType) -> int:
+    """The largest result a reduction may reach: the type's exact limit, less one where
+    that is the poison pattern (uint8's 255)."""
+    full = 2 ** (8 * dtype.itemsize) - 1
+    return dtype.exact_limit - (1 if not dtype.is_float and dtype.exact_limit == full else 0)
+
+
 def _integer_mean(n: int, dtype: DType) -> tuple[int, int, int, int] | None:
     """integer avg: (g, t_min, how many positive and negative averages t) with the largest
     group that leaves at least two values of t (one if nothing more fits); None when the
     type cannot hold n times any non-zero average (8-bit integers at many ranks)."""
-    high = dtype.exact_limit
+    high = _result_limit(dtype)
     low = min(high + 1, 2 ** (8 * dtype.itemsize - 1)) if dtype.name.startswith("int") else 0
     for wanted in (2, 1):
         for g in range(min(n, GROUP_MAX), 0, -1):

@@ -4,7 +4,7 @@ collective, exactness for every dtype/op, and a planted error that must be count
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, premul_scalar, to_dtype
+from ncclbench.checkdata import InputPattern, bit_view, codebook, count_mismatches, premul_scalar, to_dtype
 from ncclbench.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
 from ncclbench.traffic import Traffic
@@ -137,6 +137,55 @@ def _f64(t, dtype):
     if dtype.name in ("uint32", "uint64"):
         return t.view(getattr(torch, dtype.signed_view)).double()
     return t.float().double() if dtype.is_float and dtype.itemsize == 1 else t.double()
+
+
+PATTERN_RANKS = [1, 2, 3, 5, 64, 97, 110, 128, 256, 1000, 1024]
+
+
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+@pytest.mark.parametrize("nranks", PATTERN_RANKS)
+def test_every_rank_has_its_own_exact_inputs_within_span(dname, nranks):
+    """For every op (and data movement), two seeds: within `span` consecutive elements
+    every two ranks' inputs differ and, for a reduction, every rank contributes something
+    other than the op's identity; every input and result is exact in the type and never
+    the poison bits; the structured reduction equals a brute-force one."""
+    dtype = DTYPES[dname]
+    if dtype.torch_dtype() is None:
+        pytest.skip("torch lacks this type")
+    for op in (None,) + OPS:
+        for seed in (1, 12345):
+            p = InputPattern(dtype, op, nranks, seed)
+            idx = torch.arange(3, 3 + max(p.span, 16))
+            inputs = p.values(torch.arange(nranks)[:, None], idx[None, :])
+            window = inputs[:, :p.span]
+            assert torch.unique(window, dim=0).shape[0] == nranks, (op, seed, p.span)
+            typed = to_dtype(inputs, dtype)
+            assert torch.equal(_f64(typed, dtype), inputs.double()), (op, seed)  # exact in the type
+            if op in (None, "max", "min"):  # what the output holds: never the poison
+                assert not (bit_view(typed, dtype) == -1).any(), (op, seed)
+            if op is None:
+                continue
+            book = codebook(dtype)  # what ranks outside the active group give max and min
+            identity = {"sum": 0, "avg": 0, "mulsum": 0, "prod": 1, "max": book[0], "min": book[-1]}[op]
+            if nranks > 1:
+                assert ((window != identity).any(dim=1)).all(), (op, seed)
+            result = p.reduce(idx)
+            assert torch.equal(result, _brute_force(inputs, op, dtype, nranks)), (op, seed)
+            if dtype.is_float and op == "avg":
+                continue
+            assert not (bit_view(to_dtype(result, dtype), dtype) == -1).any(), (op, seed)
+            assert torch.equal(to_dtype(result, dtype).double() if dtype.is_float else result,
+                               result.double() if dtype.is_float else result)
+
+
+def _brute_force(inputs, op, dtype, nranks):
+    if op == "mulsum":
+        return (inputs * torch.tensor([premul_scalar(r) for r in range(nranks)])[:, None]).sum(0)
+    if op == "avg":
+        total = inputs.sum(0)
+        return total.double() / nranks if dtype.is_float else torch.div(total, nranks, rounding_mode="trunc")
+    return {"sum": lambda m: m.sum(0), "prod": lambda m: m.prod(0), "max": lambda m: m.max(0).values,
+            "min": lambda m: m.min(0).values}[op](inputs)
 
 
 def test_inputs_differ_by_rank_and_element():

@@ -22,13 +22,14 @@ SEED = 11
 
 def blind_spots(dtype, op, n):
     """Faults no check can see, for the truncating average of 8-bit integers: n inputs
-    must sum exactly in the type, and -1 reads as the poison the buffer starts as, so few
-    averages t are possible (int8: 1..127/n and -2..-128/n; uint8: 1..255/n). With one,
+    must sum exactly in the type, and all ones (-1, 255) read as the poison the buffer
+    starts as, so few averages t are possible (int8: 1..127/n and -2..-128/n; uint8:
+    1..254/n). With one,
     every element has the same average and a misplaced one is unseen; with none, the
     average is 0 whatever the inputs (docs/checks.md)."""
     if op != "avg" or dtype.is_float or dtype.itemsize > 1:
         return set()
-    averages = 127 // n + max(0, 128 // n - 1) if dtype.name == "int8" else 255 // n
+    averages = 127 // n + max(0, 128 // n - 1) if dtype.name == "int8" else 254 // n
     if averages == 0:
         return {"missing", "misplaced", "nothing in place"}
     return {"misplaced"} if averages == 1 else set()
