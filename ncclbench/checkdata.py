@@ -186,8 +186,6 @@ class InputPattern:
     def _terms(self, idx) -> dict:
         """What every member's value at `idx` derives from, computed once per call: the
         active group and the scheme's per-element draws."""
-        import torch
-
         s, h = self._scheme, _hash(idx, self.seed)
         at = idx + s["shift"]
         terms = {"group": at % s["G"]}

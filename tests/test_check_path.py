@@ -128,9 +128,8 @@ def test_a_rank_that_received_nothing_is_counted_wrong(name, dname, nranks, rank
     backend = StandIn(rank, nranks)
     runner = RankRunner(Plan(coll.name, dtypes=(dname,), backend="nccl"), backend, None)
     layout = matrix.layout_for(coll, dtype, nranks)
-    send_t, recv_t = (t.view(dtype.torch_dtype()) for t in (backend.alloc_bytes(layout.send_count * dtype.itemsize),
-                                                            backend.alloc_bytes(max(layout.send_count,
-                                                                                    layout.recv_count) * dtype.itemsize)))
+    send_t = torch.zeros(layout.send_count, dtype=dtype.torch_dtype())
+    recv_t = torch.zeros(max(layout.send_count, layout.recv_count), dtype=dtype.torch_dtype())
     op = "sum" if coll.has_op else None
     for in_place in matrix.placements(coll):
         if matrix.nothing_needed(coll, rank, root, in_place):
