@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from ncclbench.checkdata import InputPattern, bit_view
 from ncclbench.collectives import REGISTRY
 from ncclbench.dtypes import DTYPES
 from ncclbench.plan import Plan
@@ -137,6 +138,6 @@ def test_a_rank_that_received_nothing_is_counted_wrong(name, dname, nranks, rank
         slots = runner._slots(layout, send_t, recv_t, in_place, 1)
         assert runner.check(slots, layout, dtype, op, root, 0, issue=lambda: None) > 0, in_place
         left = slots[0][1][:layout.recv_span(rank)]
-        pattern = matrix.InputPattern(dtype, op, nranks, runner.seed_counter)
-        assert torch.equal(matrix.bit_view(left, dtype),
-                           matrix.bit_view(matrix.primed(coll, layout, pattern, rank, root, in_place, dtype), dtype))
+        pattern = InputPattern(dtype, op, nranks, runner.seed_counter)
+        assert torch.equal(bit_view(left, dtype),
+                           bit_view(matrix.primed(coll, layout, pattern, rank, root, in_place, dtype), dtype))
