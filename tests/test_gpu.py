@@ -56,6 +56,25 @@ def test_planted_wrong_element_fails_the_run():
 
 
 @pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_graph_check_counts_what_the_graph_wrote(backend):
+    """-G: the check replays a CUDA graph of the timed call, so a wrong element that the
+    graph itself writes after the collective (corrupt_graph) is counted, once per
+    placement, and the run exits 7; without -G the fault has no graph to go into and the
+    run passes."""
+    n = min(_gpus(), 2)
+    base = ["allreduce", "-g", str(n), "--backend", backend, "-b", "1M", "-e", "1M", "-n", "5", "--no-save"]
+    fault = {"NCCLBENCH_FAULT": f"corrupt_graph:rank={n - 1}"}
+    r = run_cli(base + ["-G", "3"], env=fault)
+    assert r.returncode == 7, r.stderr[-2000:]
+    (row,) = table_rows(r.stdout)
+    assert row[8] == "1" and row[-1] == "1", row
+    r = run_cli(base, env=fault)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = table_rows(r.stdout)
+    assert row[8] == "0" and row[-1] == "0", row
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
 def test_alltoallv_generated_and_matrix(backend, tmp_path):
     """Uneven per-peer parts move right on GPUs, eagerly and inside a CUDA graph."""
     n = min(_gpus(), 4)
