@@ -87,7 +87,7 @@ class StandIn:
 def measured_wrong(**plan):
     backend = StandIn()
     runner = RankRunner(Plan("all_reduce", min_bytes=4096, max_bytes=4096, iters=3, backend="nccl", **plan),
-                        backend, None)
+                        backend)
     buffers = Buffers(backend, *runner.plan.buffer_bytes(1))
     _layout, cells = runner.measure_size(buffers, DTYPES["float"], "sum", -1, 4096)
     return [cell[3] for cell in cells], backend
@@ -127,7 +127,7 @@ def test_a_rank_that_received_nothing_is_counted_wrong(name, dname, nranks, rank
     if not coll.checked_on(rank, root):
         root = rank  # reduce and gather: look at the root
     backend = StandIn(rank, nranks)
-    runner = RankRunner(Plan(coll.name, dtypes=(dname,), backend="nccl"), backend, None)
+    runner = RankRunner(Plan(coll.name, dtypes=(dname,), backend="nccl"), backend)
     layout = matrix.layout_for(coll, dtype, nranks)
     send_t = torch.zeros(layout.send_count, dtype=dtype.torch_dtype())
     recv_t = torch.zeros(max(layout.send_count, layout.recv_count), dtype=dtype.torch_dtype())
