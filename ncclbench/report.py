@@ -6,6 +6,7 @@ so scripts written for nccl-tests output read ours unchanged."""
 from __future__ import annotations
 
 from ncclbench.results import PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.startup import summary_line as summary_line_of_startup
 
 _GROUP_PLAIN = "#                                                              out-of-place                       in-place          "
 _HEAD_PLAIN = "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong "
@@ -129,6 +130,9 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
         lines.append(f"# Error: {err}")
     if not summary.complete:
         lines.append(f"# Incomplete run ({summary.status}): {len(summary.rows)} rows finished and kept")
+    started = summary_line_of_startup(info.startup)
+    if started:
+        lines.append(started)
     lines += ["#", f"# Collective test concluded: {test_name(info.collective)}", "#"]
     return lines
 

@@ -72,6 +72,7 @@ class RunInfo:
     link_peak_gbps: float | None = None
     notes: list[str] = field(default_factory=list)
     report_cputime: bool = False   # -C: the time columns hold host time per op
+    startup: dict | None = None    # start-up phases (startup.phases), for the first run of a process
 
     @property
     def hosts(self) -> list[str]:

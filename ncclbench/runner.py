@@ -422,12 +422,12 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     faults.after_report(backend.rank)
 
     def on_timeout(what: str) -> None:
-        step = int(what.split("|", 1)[0])
-        late = [r for r in board.behind(step) if r != backend.rank]
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
-        message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
-                   f"(-T) on rank {backend.rank}{who}")
-        if report is not None:
+        if report is not None:  # only the reporting rank reads the board: rank 0's store may be gone elsewhere
+            step = int(what.split("|", 1)[0])
+            late = [r for r in board.behind(step) if r != backend.rank]
+            who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+            message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
+                       f"(-T) on rank {backend.rank}{who}")
             summary = RunSummary(list(rows), complete=False, status="timeout", errors=[message])
             try:
                 report.finish(summary)

@@ -8,14 +8,15 @@ import sys
 
 import click
 
-from ncclbench.clitypes import GetoptCommand
+from ncclbench.clitypes import ALL_GPUS, GPU_COUNT, GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
 
 # ---- suite -----------------------------------------------------------------------------------
 @click.command("suite", cls=GetoptCommand)
 @click.argument("suite_file", type=str)
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn (omit under a launcher).")
+@click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
+              help="Local ranks to spawn; all: one per visible GPU (omit under a launcher).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None)
 @click.option("--csv", "csv_path", default=None, help="Append every run's rows to this CSV.")
 @click.option("--results-dir", default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR).")
@@ -36,7 +37,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     chosen = cli.choose_backend(backend, launched)
     common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
               "quiet": quiet}
-    nranks = info.world_size if launched else (ngpus or 1)
+    local = None if launched else cli.local_rank_count(ngpus, chosen)
+    nranks = info.world_size if launched else local
     # Build every plan now: a bad entry is refused before anything starts.
     plans_by_group = []
     for _env, members in groups:
@@ -61,7 +63,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         return sys.exit(int(_run_group(plans_by_group[group_index], labels, info, spec, suite_file)))
 
     cli.output_spec(plans_by_group[0][0], common)  # refuse unwritable outputs up front
-    cli.announce_backend(backend, chosen, 0)
+    cli.announce_backend(backend, chosen, 0, local if ngpus == ALL_GPUS else None)
     worst = ExitCode.OK
     for k, (env, _members) in enumerate(groups):
         argv = ["suite", suite_file, "--group", str(k), "--backend", chosen]
@@ -73,7 +75,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         saved = {name: os.environ.get(name) for name, _ in env}
         os.environ.update(dict(env))
         try:
-            code = launch.spawn_local(ngpus or 1, argv)
+            code = launch.spawn_local(local, argv)
         finally:
             for name, old in saved.items():
                 if old is None:
@@ -171,6 +173,7 @@ def _replay_lines(doc: dict) -> list[str]:
         nccl_text=nb.get("nccl", ""), config=cfg, env=doc.get("env", []), start_time=doc.get("start_time", ""),
         topology=nb.get("topology"), link_peak_gbps=nb.get("link_peak_gbps"), notes=nb.get("notes", []),
         report_cputime=any("cpu_time" in (r.get("out_of_place") or {}) for r in doc.get("results", [])),
+        startup=nb.get("startup"),
     )
 
     def cell(d):

@@ -848,6 +848,69 @@ def cuda_order_from_env(
     return [visible[k][0] if k < len(visible) else None for k in range(cuda_count)], how
 
 
+def visible_entries(setting: str | None, uuids: Sequence[str | None]) -> list[int] | None:
+    """The devices (positions in `uuids`, NVML's list) CUDA makes visible under
+    CUDA_VISIBLE_DEVICES=`setting`, read as CUDA reads it: indices (a leading number,
+    "1gpu" is 1) or unique prefixes of "GPU-" UUIDs, up to the first entry it cannot use;
+    a repeated entry hides every device. None: MIG entries, which NVML's GPU list cannot
+    resolve."""
+    if setting is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for entry in (e.strip() for e in setting.split(",")):
+        if entry.upper().startswith("MIG-"):
+            return None
+        if entry.upper().startswith("GPU-"):
+            matches = [k for k, u in enumerate(uuids) if (_uuid_key(u) or "").startswith(_uuid_key(entry) or "-")]
+            position = matches[0] if len(matches) == 1 else -1
+        else:
+            digits = re.match(r"\+?(\d+)", entry)
+            position = int(digits.group(1)) if digits else -1
+        if not 0 <= position < len(uuids):
+            break
+        if position in chosen:
+            return []
+        chosen.append(position)
+    return chosen
+
+
+def visible_cuda_count(nvml: Any = None, env: Mapping[str, str] | None = None) -> int | None:
+    """How many GPUs CUDA will show this process, from NVML and CUDA_VISIBLE_DEVICES,
+    without the CUDA driver or torch. None when NVML cannot say (no NVML library, MIG).
+    nvml: a pynvml-shaped module (default: pynvml)."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES") is not None and not env["CUDA_VISIBLE_DEVICES"].strip():
+        return 0
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415
+        except Exception:  # noqa: BLE001
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, or no NVML library
+        return None
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        uuids = [None] * count
+        if any(e.strip().upper().startswith("GPU-") for e in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(k))) for k in range(count)]
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    visible = visible_entries(env.get("CUDA_VISIBLE_DEVICES"), uuids)
+    return None if visible is None else len(visible)
+
+
+def nvidia_driver_loaded() -> bool:
+    """Whether this machine runs the NVIDIA kernel driver (no driver: no CUDA GPU)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
 def _join_cuda_nvml(
     cuda_gpus: Sequence[_CudaGpu], nvml_gpus: Sequence[_NvmlGpu], env: Mapping[str, str]
 ) -> tuple[list[int | None], str]:

@@ -22,12 +22,20 @@ def process_group_timeout(timeout_s: float):
 def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False):
     """Start the backend for this rank; `launch` is a LaunchInfo, already consistent.
     `stream_null`: run on the legacy default stream instead of a stream of our own (-y)."""
+    import torch  # noqa: F401 - every backend's first need; imported here so start-up can tell it apart
+
+    from ncclbench import startup
+
+    startup.mark("imported")
     if name in ("nccl", "gloo"):
         from ncclbench.backends.torch_dist import TorchBackend
 
-        return TorchBackend(name, launch, timeout_s, stream_null)
-    if name == "cupy":
+        backend = TorchBackend(name, launch, timeout_s, stream_null)
+    elif name == "cupy":
         from ncclbench.backends.cupy_nccl import CupyBackend
 
-        return CupyBackend(launch, timeout_s, stream_null)
-    raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+        backend = CupyBackend(launch, timeout_s, stream_null)
+    else:
+        raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    startup.mark("backend_ready")
+    return backend
