@@ -145,9 +145,13 @@ def store_path(results_dir: str, info: RunInfo) -> str:
 
 # ---- JSON ------------------------------------------------------------------------------------
 def _placement_json(p, cputime: bool) -> dict:
-    # as nccl-tests: -C names the time `cpu_time`; an unchecked cell's nwrong is null
-    return {"cpu_time" if cputime else "time": p.time_us, "alg_bw": p.algbw, "bus_bw": p.busbw,
-            "nwrong": float(p.nwrong) if p.nwrong is not None else None}
+    # as nccl-tests: -C names the time `cpu_time`; an unchecked cell's nwrong is null, and
+    # so is every number of a cell printed N/A
+    def number(value):
+        return value if p.measured else None
+
+    return {"cpu_time" if cputime else "time": number(p.time_us), "alg_bw": number(p.algbw),
+            "bus_bw": number(p.busbw), "nwrong": float(p.nwrong) if p.nwrong is not None else None}
 
 
 def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
@@ -160,7 +164,7 @@ def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
     out["actual_iterations"] = iterations
     out["experiment_name"] = ""
     out["timestamp"] = row.timestamp
-    out["host_us"] = {name: p.host_us for name, p in row.placements()}
+    out["host_us"] = {name: p.host_us if p.measured else None for name, p in row.placements()}
     return out
 
 

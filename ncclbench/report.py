@@ -88,6 +88,8 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:
+    if not p.measured:  # the column's operation was not timed (onerank): no number stands in for it
+        return f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>5s}" + f"  {'N/A':>7s}" * (4 if per_iter else 0)
     wrong = f"  {float(p.nwrong):6g}" if p.nwrong is not None else f"  {'N/A':>5s}"
     text = f"  {fixed_width(p.time_us, 7)}  {fixed_width(p.algbw, 6)}  {fixed_width(p.busbw, 6)}{wrong}"
     if per_iter:
@@ -165,10 +167,10 @@ def launch_bound_sizes(info: RunInfo, summary: RunSummary) -> list[int]:
     if info.mode != "eager" or info.backend != "nccl":
         return []
     return sorted({r.size for r in summary.rows
-                   if r.size and 0 < r.out_of_place.time_us <= 1.2 * r.out_of_place.host_us})
+                   if r.size and r.out_of_place.measured and 0 < r.out_of_place.time_us <= 1.2 * r.out_of_place.host_us})
 
 
 def host_cost_us(summary: RunSummary) -> float:
     """Median host time per call over the sweep's out-of-place cells."""
-    costs = sorted(r.out_of_place.host_us for r in summary.rows if r.size)
+    costs = sorted(r.out_of_place.host_us for r in summary.rows if r.size and r.out_of_place.measured)
     return costs[len(costs) // 2] if costs else 0.0

@@ -17,6 +17,7 @@ class PlacementResult:
     nwrong: int | None      # None: not checked (N/A in nccl-tests, or -c 0 shows 0 there)
     host_us: float = 0.0    # host time spent issuing one op (launch cost), mean over ranks
     per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
+    measured: bool = True   # False: printed N/A, the numbers are NaN (onerank: no such operation was timed)
 
 
 @dataclass
@@ -97,9 +98,11 @@ class RunSummary:
     memory: dict | None = None  # -M: MiB by what holds it
 
     def printed_cells(self):
+        """Cells that print numbers (not the N/A ones)."""
         for row in self.rows:
             for _, p in row.placements():
-                yield row, p
+                if p.measured:
+                    yield row, p
 
     @property
     def average_busbw(self) -> float:
@@ -116,7 +119,9 @@ class RunSummary:
         if not self.rows:
             return 0.0
         top = max(r.size for r in self.rows)
-        return max(r.out_of_place.busbw for r in self.rows if r.size == top)
+        # out-of-place, as nccl-tests users read it; in-place where out-of-place is N/A
+        return max((r.out_of_place if r.out_of_place.measured else r.in_place).busbw
+                   for r in self.rows if r.size == top)
 
     @property
     def wrong(self) -> int:

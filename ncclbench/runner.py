@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 
-from ncclbench import __version__, faults
+from ncclbench import __version__, faults, onerank
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
@@ -239,6 +239,7 @@ class RankRunner:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
             cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
+        cells = onerank.honest_cells(cells, self.coll.name, self.backend.in_place_only, self.nranks)
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
             notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].time_us)
@@ -567,9 +568,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
             where += f" with {backend.group_size} rank(s) per communicator"
         notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
-    if plan.coll.name in backend.in_place_only:
-        notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
-                     "on distinct buffers (use --backend cupy for a true out-of-place call)")
+    notes += onerank.header_notes(plan, backend.in_place_only, backend.group_size)
     config = {
         "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
         "step_bytes" if plan.step_factor == 1 else "step_factor":

@@ -180,6 +180,9 @@ def _replay_lines(doc: dict) -> list[str]:
         w = d.get("nwrong")
         nwrong = None if w in (None, "nan") else int(w)
         time_us = d["cpu_time"] if info.report_cputime else d["time"]
+        if time_us is None:  # a cell the run printed N/A
+            nan = float("nan")
+            return PlacementResult(nan, nan, nan, None, host_us=nan, measured=False)
         return PlacementResult(float(time_us), float(d["alg_bw"]), float(d["bus_bw"]), nwrong)
 
     rows = [ResultRow(info.collective, r["size"], r["count"], r["type"], r["redop"], int(str(r["root"]).strip()),
@@ -187,8 +190,9 @@ def _replay_lines(doc: dict) -> list[str]:
             for r in doc.get("results", [])]
     for row, r in zip(rows, doc.get("results", [])):
         hosts = r.get("host_us") or {}
-        row.out_of_place.host_us = hosts.get("out_of_place", 0.0)
-        row.in_place.host_us = hosts.get("in_place", 0.0)
+        for name, placement in row.placements():
+            if placement.measured:
+                placement.host_us = hosts.get(name) or 0.0
     complete = bool(nb.get("complete", True))
     summary = RunSummary(rows, complete=complete, status=nb.get("status", "ok"),
                          errors=[e for e in doc.get("errors", []) if e])
