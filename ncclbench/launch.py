@@ -14,6 +14,7 @@ from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode, LaunchError
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
 LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+ran_as_rank = False  # this process ran as one rank of a run (entry.main then skips the interpreter teardown)
 
 
 def detect(explicit: dict | None = None):
@@ -29,6 +30,8 @@ def detect(explicit: dict | None = None):
 def prepare_environ(info) -> None:
     from ncclbench.launchenv import LaunchEnvError, apply_to_environ
 
+    global ran_as_rank
+    ran_as_rank = True
     try:
         apply_to_environ(info, os.environ)
     except LaunchEnvError as exc:
