@@ -18,7 +18,10 @@ figure is the median wall time of --repeat runs of the whole process tree; each
 ncclbench row is divided by the bare script of its backend and rank count (torch for
 nccl, CuPy for cupy, gloo for gloo). ncclbench rows also carry their start-up phases
 (the median of what each run's JSON reports). GPU rows are skipped, with the reason, on
-a machine without GPUs.
+a machine without GPUs. The wall time ends when the last process has exited: the bare
+scripts exit as Python scripts do, ncclbench's ranks skip the interpreter's teardown once
+their files are written (about half a second per process with torch loaded); the phases
+show the time to the first row apart from that.
 
 Writes startup.md (the table) and startup.json (every run) to --out, and prints the table.
 
@@ -255,19 +258,20 @@ def markdown(cases: list[Case], header: dict) -> str:
              "| command | ranks | median (s) | min-max (s) | x bare | target | start-up phases, median (s) |",
              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for case in cases:
+        ranks = str(case.ranks or "")
         if case.skipped or not case.walls:
             why = case.skipped or "; ".join(sorted(set(case.failures))) or "no run"
-            lines.append(f"| {case.name} | {case.ranks or ''} | skipped | | | | {why} |")
-            continue
-        ratio, target = verdict(cases, case)
-        phases = ""
-        if case.phases:
-            p = median_phases(case)
-            phases = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.2f}" for k, v in p.items() if v is not None)
-        failed = f" ({len(case.failures)} failed runs)" if case.failures else ""
-        lines.append(f"| {case.name} | {case.ranks or ''} | {case.median:.2f}{failed} | "
-                     f"{min(case.walls):.2f}-{max(case.walls):.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{target} | {phases} |")
+            cells = [case.name, ranks, "skipped", "", "", "", why]
+        else:
+            ratio, target = verdict(cases, case)
+            phases = ""
+            if case.phases:
+                p = median_phases(case)
+                phases = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.2f}" for k, v in p.items() if v is not None)
+            failed = f" ({len(case.failures)} failed runs)" if case.failures else ""
+            cells = [case.name, ranks, f"{case.median:.2f}{failed}", f"{min(case.walls):.2f}-{max(case.walls):.2f}",
+                     "" if ratio is None else f"{ratio:.2f}", target, phases]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -351,3 +351,37 @@ def test_the_readme_command_runs_on_this_machine(tmp_path):
     assert [int(row[0]) for row in rows] == [8 * 4**k for k in range(9)]  # -b 8 -e 1M -f 4
     if not cuda_available():
         assert "2 ranks on 1 node" in r.stdout and all(row[8] == "0" and row[12] == "0" for row in rows)
+
+
+# ---- the start-up benchmark ------------------------------------------------------------------
+
+def test_the_startup_benchmark_runs_here_and_writes_its_table(tmp_path):
+    """benchmarks/startup.py with one repetition: every row of the table is there, GPU rows
+    skipped with a reason on a machine without GPU, gloo rows timed with a ratio to the bare
+    script and the run's start-up phases; the JSON holds every run."""
+    from conftest import cuda_available
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--out", str(tmp_path),
+                        "--repeat", "1"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = (tmp_path / "startup.md").read_text()
+    assert r.stdout.strip().endswith(table.strip().splitlines()[-1])
+    head = "| command | ranks | median (s) | min-max (s) | x bare | target | start-up phases, median (s) |"
+    lines = table.splitlines()
+    cells_of = [[c.strip() for c in ln.strip().strip("|").split(" | ")] for ln in lines[lines.index(head) + 2:]]
+    rows = {cells[0]: cells for cells in cells_of}
+    assert {len(cells) for cells in cells_of} == {7} and len(rows) == len(cells_of)
+    gloo = rows["ncclbench allreduce -g 2 --backend gloo -b 8 -e 8"]
+    assert float(gloo[2]) > 0 and float(gloo[4]) > 0 and gloo[5].startswith(("met", "missed"))
+    assert gloo[6].startswith("rank started ") and "first row " in gloo[6]
+    assert float(rows["bare torch gloo script, 2 process(es)"][2]) > 0
+    assert rows["ncclbench --help"][5] in ("met (< 0.5 s)", "missed (< 0.5 s)")
+    gpu_rows = [cells for name, cells in rows.items() if "--backend nccl" in name or "--backend cupy" in name]
+    assert gpu_rows
+    if not cuda_available():
+        assert all(cells[2] == "skipped" and cells[-1] == "no CUDA GPU visible" for cells in gpu_rows)
+    doc = json.loads((tmp_path / "startup.json").read_text())
+    assert doc["target_ratio"] == 1.15 and {c["name"] for c in doc["cases"]} == set(rows)
+    timed = [c for c in doc["cases"] if c["walls_s"]]
+    assert all(len(c["walls_s"]) == 1 and c["median_s"] == c["walls_s"][0] for c in timed)
