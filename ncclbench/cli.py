@@ -442,7 +442,8 @@ def _register_optional_commands():
                           ("ncclbench.compare", ("compare_command",)),
                           ("ncclbench.plot", ("plot_command",)),
                           ("ncclbench.tools", ("show_command", "suite_command")),
-                          ("ncclbench.pairs", ("pairs_command",))):
+                          ("ncclbench.pairs", ("pairs_command",)),
+                          ("ncclbench.tune.cli", ("tune_command",))):
         try:
             mod = importlib.import_module(module)
         except ImportError:

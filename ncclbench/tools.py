@@ -30,7 +30,12 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     from ncclbench import cli, launch
     from ncclbench.suite import env_groups, load_suite, parse_overrides
 
-    runs = load_suite(suite_file, parse_overrides(overrides))
+    from ncclbench.tune.suite import run_tune_entries, tune_entries
+
+    runs, tunes = tune_entries(suite_file, load_suite(suite_file, parse_overrides(overrides)), ngpus, backend,
+                               ranks_of_a_group=group_index is not None)
+    if not runs:
+        sys.exit(int(run_tune_entries(tunes)))
     groups = env_groups(runs)
     info = launch.detect()
     launched = info.launcher != "none"
@@ -86,6 +91,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
             worst = code
         if code in (ExitCode.INTERRUPTED,):
             break
+    if worst != ExitCode.INTERRUPTED and tunes:
+        worst = run_tune_entries(tunes) or worst
     sys.exit(int(worst))
 
 

@@ -14,11 +14,17 @@ REFERENCE = FIXTURES / "nccl-tests"
 ROW_RE = re.compile(r"^\s+\d+\s+\d+\s")
 
 
+BENCHMARKS = ROOT / "benchmarks"
+
+
 def load_script(name: str):
-    """scripts/<name>.py imported as a module (the scripts are not part of the package)."""
+    """benchmarks/<name>.py imported as a module (the maintainers' scripts are not part of the
+    package; they import each other by name, as they do when run from that folder)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there while the class is made
     spec.loader.exec_module(module)

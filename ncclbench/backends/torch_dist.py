@@ -24,7 +24,7 @@ _INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
 _FP8_TYPES = {"f8e4m3", "f8e5m2"}
 # ProcessGroupNCCL makes a premul-sum op for half, float, double and bfloat16 only (a
 # TypeError otherwise), and its bfloat16 one gave wrong sums (1014 of 1024 elements, torch
-# 2.11 + NCCL 2.28.9, scripts/probe_dtypes.py) where CuPy's was right.
+# 2.11 + NCCL 2.28.9, benchmarks/probe_dtypes.py) where CuPy's was right.
 _PREMUL_TYPES = {"half", "float", "double"}
 
 
@@ -47,7 +47,7 @@ def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | N
         return (f"torch.distributed's NCCL process group runs mulsum (premul-sum) right only for half, float "
                 f"and double, not {dtype}; use --backend cupy")
     if backend == "nccl" and op == "mulsum" and collective == "reduce_scatter" and nranks == 1:
-        # scripts/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
+        # benchmarks/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
         # x 0.5 on one rank (torch 2.11); all_reduce and reduce applied the factor
         return ("torch's reduce_scatter_tensor ignores the premul-sum factor in a one-rank group (measured, "
                 "torch 2.11); use --backend cupy or 2 or more ranks")
@@ -104,6 +104,7 @@ class TorchBackend:
         self.torch = torch
         self.dist = dist
         self.name = name
+        self._timeout = process_group_timeout(timeout_s)
         self.rank = launch.rank
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
@@ -138,6 +139,30 @@ class TorchBackend:
             if self.rank in ranks:
                 self.group, self.group_index = group, index
                 self.group_rank, self.group_size = ranks.index(self.rank), len(ranks)
+
+    def renew_communicator(self, channels: int | None = None) -> None:
+        """Run the collectives on a fresh communicator over every rank (the one this made
+        before is destroyed first). NCCL reads NCCL_ALGO and NCCL_PROTO from the environment
+        at each communicator's init (src/graph/tuning.cc), so a caller sets them first.
+        `channels`: the communicator's minCTAs = maxCTAs (ncclConfig_t), NCCL's channel
+        limit for this communicator alone (NCCL_MIN/MAX_NCHANNELS are read once per process)."""
+        import inspect
+
+        previous = getattr(self, "_renewed", None)
+        if previous is not None:
+            self.group, self._renewed = None, None
+            self.dist.destroy_process_group(previous)
+        kwargs = {"timeout": self._timeout}
+        if self.name == "nccl":
+            if channels:
+                options = self.dist.ProcessGroupNCCL.Options()
+                options.config.min_ctas = channels
+                options.config.max_ctas = channels
+                kwargs["pg_options"] = options
+            if "device_id" in inspect.signature(self.dist.new_group).parameters:
+                kwargs["device_id"] = self.device  # created now, not at the first collective
+        self._renewed = self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
+        self.group = self._renewed
 
     # ---- description -------------------------------------------------------------
     @property
@@ -274,7 +299,7 @@ class TorchBackend:
     def gather(self, send, recv, root):
         # As nccl-tests builds it: every rank sends to the root, the root receives from
         # every rank including itself, all in one NCCL group (batch_isend_irecv). Measured
-        # on 2 H200s (scripts/rooted_paths.py, docs/BENCHMARKS.md): dist.gather copies the
+        # on 2 H200s (docs/BENCHMARKS.md): dist.gather copies the
         # root's own chunk serially first (0.93 x nccl-tests at 2 GiB) and all_to_all_single
         # with one-sided splits lags at 128-512 MiB (0.91-0.94 x); this path is within 1 %.
         # gloo cannot send to itself: there the one-sided all_to_all_single does it.
@@ -334,7 +359,7 @@ class TorchBackend:
         """dst <- src on the collective's stream: cudaMemcpyAsync eagerly, as nccl-tests
         does; inside a CUDA graph capture an elementwise kernel, because a captured
         device-to-device memcpy node ran at ~1385 GB/s against ~2130 eagerly from 512 MiB
-        on an H200 (scripts/graph_copy_probe.py; hypercube -G 2 GiB on 2 GPUs lost 7 %)."""
+        on an H200 (docs/BENCHMARKS.md; hypercube -G 2 GiB on 2 GPUs lost 7 %)."""
         if self.is_gpu and self.torch.cuda.is_current_stream_capturing():
             byte_copy(self.torch, dst, src)
         else:
