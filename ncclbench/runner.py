@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 
-from ncclbench import __version__, faults
+from ncclbench import __version__, faults, onerank
 from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, poison, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
@@ -275,6 +275,7 @@ class RankRunner:
             cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
                                          device_us=seconds * 1e6))
+        cells = onerank.honest_cells(cells, self.coll.name, self.backend.in_place_only, self.nranks)
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
             notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].device_us)
@@ -460,12 +461,12 @@ def run_plan(plan, backend, make_report) -> RunSummary:
     board = ProgressBoard(default_store(), backend.rank, backend.nranks)
 
     def on_timeout(what: str) -> None:
-        step = int(what.split("|", 1)[0])
-        late = [r for r in board.behind(step) if r != backend.rank]
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
-        message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
-                   f"(-T) on rank {backend.rank}{who}")
-        if report is not None:
+        if report is not None:  # only the reporting rank reads the board: rank 0's store may be gone elsewhere
+            step = int(what.split("|", 1)[0])
+            late = [r for r in board.behind(step) if r != backend.rank]
+            who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+            message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
+                       f"(-T) on rank {backend.rank}{who}")
             summary = RunSummary(list(rows), complete=False, status="timeout", errors=[message])
             try:
                 report.finish(summary)
@@ -677,9 +678,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
             where += f" with {backend.group_size} rank(s) per communicator"
         notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
-    if plan.coll.name in backend.in_place_only:
-        notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
-                     "on distinct buffers (use --backend cupy for a true out-of-place call)")
+    notes += onerank.header_notes(plan, backend.in_place_only, backend.group_size)
     config = {
         "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
         "step_bytes" if plan.step_factor == 1 else "step_factor":
