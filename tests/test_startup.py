@@ -344,8 +344,9 @@ def test_the_readme_command_runs_on_this_machine(tmp_path):
     from conftest import cuda_available, run_cli
 
     readme = (ROOT / "README.md").read_text()
-    line = next(ln.strip() for ln in readme.splitlines() if ln.strip().startswith("ncclbench allreduce -g all"))
-    r = run_cli(line.split()[1:] + ["--no-save"], cwd=tmp_path)
+    line = next(ln for ln in readme.splitlines() if "ncclbench allreduce -g all" in ln)
+    command = line[line.index("ncclbench allreduce -g all"):].split("#")[0].split()
+    r = run_cli(command[1:] + ["--no-save"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = table_rows(r.stdout)
     assert [int(row[0]) for row in rows] == [8 * 4**k for k in range(9)]  # -b 8 -e 1M -f 4
