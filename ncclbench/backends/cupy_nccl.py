@@ -111,6 +111,7 @@ class CupyBackend(TorchBackend):
         return device
 
     def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False, device=None, store=None):
+        import cupy
         import torch
         import torch.distributed as dist
 
