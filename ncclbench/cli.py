@@ -345,7 +345,7 @@ def run_as_rank(plan, info, spec) -> int:
 
     from ncclbench import launch
     from ncclbench.output import Reporter
-    from ncclbench.runner import run_rank
+    from ncclbench.runner import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
 
@@ -354,7 +354,7 @@ def run_as_rank(plan, info, spec) -> int:
         return Reporter(run_info, replace(spec, expected_rows=plan.expected_rows(run_info.nranks)),
                         peak_line_for=peak_line_for)
 
-    return run_rank([plan], info, make_report)
+    return leave_launched_rank(info, run_rank([plan], info, make_report))
 
 
 def topology_context(plan):

@@ -6,7 +6,9 @@ kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
-report's header is written, before the sweep) | slow_device (every rank's timed duration
+report's header is written, before the sweep) | term_at_exit (one SIGTERM while the rank's
+interpreter shuts down after its outcome is decided, as torchrun's agent sends to the ranks
+left when one has died) | slow_device (every rank's timed duration
 multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored).
 Set-up failures on one rank only: no_gpu (the rank finds no GPU of its own) | device_fail (a
 CUDA error while its device is set up) | device_stall (S seconds in it) | comm_fail (an error while the communicator starts) |
@@ -115,6 +117,25 @@ def after_report(rank: int) -> None:
     if f is not None and f.applies(rank):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # a handler that raises does so here
+
+
+class _TermAtExit:
+    """Held in a module global: its __del__ runs when the interpreter clears modules, after
+    Python has put back the default signal handlers."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+
+
+_at_exit = []
+
+
+def after_outcome(rank: int) -> None:
+    """Called once the rank's outcome is decided and written (term_at_exit)."""
+    f = active("term_at_exit")
+    if f is not None and f.applies(rank):
+        _at_exit.append(_TermAtExit())
 
 
 def device_time_factor() -> float:

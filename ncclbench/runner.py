@@ -314,6 +314,18 @@ def run_rank(plans, launch, make_report, epilogue=None) -> int:
         raise Interrupted(interruption_message(exc)) from None
 
 
+def leave_launched_rank(launch, code: int) -> int:
+    """A launched rank's process ends here, with its outcome's code, once the outcome is
+    written. Python puts back the default signal handlers while its interpreter shuts down,
+    and that shutdown (torch's process groups, the modules) can take a while: a launcher's
+    SIGTERM landing then (torchrun's agent sends one to every rank left when another
+    failed) killed the rank, and its code (3, 7) read as -15. A run in the caller's own
+    process (not launched) returns."""
+    if launch.launched:
+        hard_exit(int(code))
+    return code
+
+
 def _run_plans(plans, launch, make_report, epilogue) -> int:
     from ncclbench.backends import create_backend
 
@@ -376,6 +388,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         # the rank at once with it (never with an earlier plan's code).
         exit_on_termination_signals(outcome)
         backend.close()
+        faults.after_outcome(launch.rank)
     return outcome
 
 

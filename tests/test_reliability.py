@@ -443,6 +443,26 @@ def test_a_set_up_failure_on_one_rank_under_torchrun_itself(tmp_path, fault, cod
     assert not list((tmp_path / "store").glob("*.json"))
 
 
+@pytest.mark.parametrize("launcher", ["-g", "torchrun"])
+def test_a_sigterm_while_a_rank_shuts_down_keeps_its_code(tmp_path, launcher):
+    """Rank 0 has written its verdict (wrong results: 7) and gets SIGTERM while its
+    interpreter shuts down, as torchrun's agent sends to the ranks left when another rank
+    failed: it still exits 7 (before: Python's default handler, put back at shutdown, killed
+    it, -15 under torchrun, read as 3 by the -g launcher)."""
+    args = ["allreduce", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1", "--no-save"]
+    env = {"NCCLBENCH_FAULT": "term_at_exit:rank=0;corrupt:rank=1"}
+    if launcher == "-g":
+        r = run_cli(["allreduce", "-g", "2"] + args[1:], env=env, timeout=180)
+        assert r.returncode == 7, r.stderr[-3000:]
+        return
+    torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench"] + args,
+                       capture_output=True, text=True, timeout=180, env=dict(os.environ, NCCL_NVLS_ENABLE="0", **env))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "7" in re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M), r.stderr[-3000:]
+    assert "-15" not in re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M), r.stderr[-3000:]
+
+
 def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):
     """Rank 1 stays in its device set-up: at -T the others say so in one line and every
     rank leaves with the timeout code."""
