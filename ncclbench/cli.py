@@ -474,6 +474,12 @@ def main(argv: list[str] | None = None) -> None:
                 or (per_node and os.environ.get("LOCAL_RANK") == "0"):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
             print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
+        if getattr(exc, "launched_rank", False):
+            # at once: the launcher's SIGTERM to the ranks left would otherwise kill the
+            # rank while its interpreter shuts down (Python's handlers reset), its code lost
+            from ncclbench.watchdog import hard_exit
+
+            hard_exit(int(exc.exit_code))
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         print("ncclbench: interrupted", file=sys.stderr)

@@ -2,7 +2,7 @@
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
 corrupt_graph (under -G: one wrong element written by the check's CUDA graph itself) |
-kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
+kill | stall | error (a CUDA error raised in the sweep) | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
@@ -51,7 +51,7 @@ def active(*kinds: str) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall", "terms", "ints")
+    f = active("kill", "stall", "terms", "ints", "error")
     if f is None or not f.applies(rank, size):
         return
     if f.kind in ("terms", "ints"):
@@ -66,6 +66,8 @@ def before_size(rank: int, size: int) -> None:
         subprocess.Popen(["sh", "-c", script],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(5)  # the sweep stops during this sleep (if not, the test sees the size after it)
+    if f.kind == "error":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT error)")
     if f.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if f.kind == "stall":

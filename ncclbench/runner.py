@@ -309,9 +309,13 @@ def run_rank(plans, launch, make_report, epilogue=None) -> int:
     or one stopped), before the teardown, on every rank: a suite prints its summary there.
     Returns the most serious exit code."""
     try:
-        return _run_plans(plans, launch, make_report, epilogue)
-    except KeyboardInterrupt as exc:  # before the backend was up: nothing measured yet
-        raise Interrupted(interruption_message(exc)) from None
+        try:
+            return _run_plans(plans, launch, make_report, epilogue)
+        except KeyboardInterrupt as exc:  # before the backend was up: nothing measured yet
+            raise Interrupted(interruption_message(exc)) from None
+    except BenchError as exc:
+        exc.launched_rank = launch.launched  # the CLI then ends the process at once (leave_launched_rank)
+        raise
 
 
 def leave_launched_rank(launch, code: int) -> int:
