@@ -197,8 +197,11 @@ class InputPattern:
             terms.update(special=(at // s["G"]) % size, m=3 + h % (s["M"] - 2))
         elif kind == "extreme":
             # g neighbouring codebook entries from a random base, rotated among the members
-            # one step per element: the result varies and its holder changes every element
-            terms.update(base=1 + (h // s["g"]) % (s["K"] - s["g"]), turn=at % s["g"],
+            # one step each time their group is active: the result varies and every member
+            # holds it once in g of its active elements (turning with `at` itself would tie
+            # the turn to the group wherever G and g share a factor: at 1024 ranks each
+            # group's extreme would stay with one member)
+            terms.update(base=1 + (h // s["g"]) % (s["K"] - s["g"]), turn=(at // s["G"]) % s["g"],
                          book=_codebook_tensor(self.dtype, str(idx.device)))
         elif kind == "add":
             terms["turn"] = h % s["U"]

@@ -364,7 +364,7 @@ def run_as_rank(plan, info, spec) -> int:
 
     from ncclbench import launch
     from ncclbench.output import Reporter
-    from ncclbench.runner import run_rank
+    from ncclbench.runner import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
 
@@ -373,7 +373,7 @@ def run_as_rank(plan, info, spec) -> int:
         return Reporter(run_info, replace(spec, expected_rows=plan.expected_rows(run_info.nranks)),
                         peak_line_for=peak_line_for)
 
-    return run_rank([plan], info, make_report)
+    return leave_launched_rank(info, run_rank([plan], info, make_report))
 
 
 def topology_context(plan):
@@ -493,6 +493,12 @@ def main(argv: list[str] | None = None) -> None:
                 or (per_node and os.environ.get("LOCAL_RANK") == "0"):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
             print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
+        if getattr(exc, "launched_rank", False):
+            # at once: the launcher's SIGTERM to the ranks left would otherwise kill the
+            # rank while its interpreter shuts down (Python's handlers reset), its code lost
+            from ncclbench.watchdog import hard_exit
+
+            hard_exit(int(exc.exit_code))
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         print("ncclbench: interrupted", file=sys.stderr)

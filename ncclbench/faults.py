@@ -2,11 +2,13 @@
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
 corrupt_graph (under -G: one wrong element written by the check's CUDA graph itself) |
-kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
+kill | stall | error (a CUDA error raised in the sweep) | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
-report's header is written, before the sweep) | slow_device (every rank's timed duration
+report's header is written, before the sweep) | term_at_exit (one SIGTERM while the rank's
+interpreter shuts down after its outcome is decided, as torchrun's agent sends to the ranks
+left when one has died) | slow_device (every rank's timed duration
 multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored).
 Set-up failures on one rank only: no_gpu (the rank finds no GPU of its own) | device_fail (a
 CUDA error while its device is set up) | device_stall (S seconds in it) | comm_fail (an error while the communicator starts) |
@@ -49,7 +51,7 @@ def active(*kinds: str) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall", "terms", "ints")
+    f = active("kill", "stall", "terms", "ints", "error")
     if f is None or not f.applies(rank, size):
         return
     if f.kind in ("terms", "ints"):
@@ -64,6 +66,8 @@ def before_size(rank: int, size: int) -> None:
         subprocess.Popen(["sh", "-c", script],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(5)  # the sweep stops during this sleep (if not, the test sees the size after it)
+    if f.kind == "error":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT error)")
     if f.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if f.kind == "stall":
@@ -115,6 +119,25 @@ def after_report(rank: int) -> None:
     if f is not None and f.applies(rank):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # a handler that raises does so here
+
+
+class _TermAtExit:
+    """Held in a module global: its __del__ runs when the interpreter clears modules, after
+    Python has put back the default signal handlers."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+
+
+_at_exit = []
+
+
+def after_outcome(rank: int) -> None:
+    """Called once the rank's outcome is decided and written (term_at_exit)."""
+    f = active("term_at_exit")
+    if f is not None and f.applies(rank):
+        _at_exit.append(_TermAtExit())
 
 
 def device_time_factor() -> float:

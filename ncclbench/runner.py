@@ -310,9 +310,25 @@ def run_rank(plans, launch, make_report, epilogue=None) -> int:
     or one stopped), before the teardown, on every rank: a suite prints its summary there.
     Returns the most serious exit code."""
     try:
-        return _run_plans(plans, launch, make_report, epilogue)
-    except KeyboardInterrupt as exc:  # before the backend was up: nothing measured yet
-        raise Interrupted(interruption_message(exc)) from None
+        try:
+            return _run_plans(plans, launch, make_report, epilogue)
+        except KeyboardInterrupt as exc:  # before the backend was up: nothing measured yet
+            raise Interrupted(interruption_message(exc)) from None
+    except BenchError as exc:
+        exc.launched_rank = launch.launched  # the CLI then ends the process at once (leave_launched_rank)
+        raise
+
+
+def leave_launched_rank(launch, code: int) -> int:
+    """A launched rank's process ends here, with its outcome's code, once the outcome is
+    written. Python puts back the default signal handlers while its interpreter shuts down,
+    and that shutdown (torch's process groups, the modules) can take a while: a launcher's
+    SIGTERM landing then (torchrun's agent sends one to every rank left when another
+    failed) killed the rank, and its code (3, 7) read as -15. A run in the caller's own
+    process (not launched) returns."""
+    if launch.launched:
+        hard_exit(int(code))
+    return code
 
 
 def _run_plans(plans, launch, make_report, epilogue) -> int:
@@ -377,6 +393,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         # the rank at once with it (never with an earlier plan's code).
         exit_on_termination_signals(outcome)
         backend.close()
+        faults.after_outcome(launch.rank)
     return outcome
 
 

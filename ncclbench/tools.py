@@ -114,7 +114,7 @@ def _run_group(plans, labels, info, spec, suite_file) -> int:
 
     from ncclbench import cli, launch
     from ncclbench.output import Reporter
-    from ncclbench.runner import run_rank
+    from ncclbench.runner import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
     reporters = []
@@ -133,7 +133,7 @@ def _run_group(plans, labels, info, spec, suite_file) -> int:
             for line in summary_lines(suite_file, labels, reporters):
                 print(line, flush=True)
 
-    return run_rank(plans, info, make_report, epilogue=print_summary)
+    return leave_launched_rank(info, run_rank(plans, info, make_report, epilogue=print_summary))
 
 
 def summary_lines(suite_file, labels, reporters) -> list[str]:

@@ -289,6 +289,11 @@ def test_terminated_before_the_sweep_is_one_line_per_node(rank, local_rank, expe
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(backends, "create_backend", terminated)
+
+    def hard_exit(code):  # a launched rank's exit, which here would end pytest itself
+        raise SystemExit(code)
+
+    monkeypatch.setattr("ncclbench.watchdog.hard_exit", hard_exit)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", "--backend", "gloo", "--no-save", "-b", "8", "-e", "8"])
     assert exc.value.code == 130
@@ -442,6 +447,43 @@ def test_a_set_up_failure_on_one_rank_under_torchrun_itself(tmp_path, fault, cod
     assert re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M) == [str(code)] * 2, r.stderr[-3000:]
     assert not [ln for ln in r.stderr.splitlines() if ln.startswith("  File ") and "/ncclbench/" in ln]
     assert not list((tmp_path / "store").glob("*.json"))
+
+
+@pytest.mark.parametrize("launcher", ["-g", "torchrun"])
+def test_a_sigterm_while_a_rank_shuts_down_keeps_its_code(tmp_path, launcher):
+    """Rank 0 has written its verdict (wrong results: 7) and gets SIGTERM while its
+    interpreter shuts down, as torchrun's agent sends to the ranks left when another rank
+    failed: it still exits 7 (before: Python's default handler, put back at shutdown, killed
+    it, -15 under torchrun, read as 3 by the -g launcher)."""
+    args = ["allreduce", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1", "--no-save"]
+    env = {"NCCLBENCH_FAULT": "term_at_exit:rank=0;corrupt:rank=1"}
+    if launcher == "-g":
+        r = run_cli(["allreduce", "-g", "2"] + args[1:], env=env, timeout=180)
+        assert r.returncode == 7, r.stderr[-3000:]
+        return
+    torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench"] + args,
+                       capture_output=True, text=True, timeout=180, env=dict(os.environ, NCCL_NVLS_ENABLE="0", **env))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "7" in re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M), r.stderr[-3000:]
+    assert "-15" not in re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M), r.stderr[-3000:]
+
+
+def test_an_error_in_the_sweep_on_one_rank_under_torchrun(tmp_path):
+    """Rank 1 alone raises a CUDA error mid-sweep: it says so, rank 0 keeps the rows done,
+    and both ranks exit 3 (before: the rank still shutting down when torchrun's agent
+    terminated it showed -15 instead)."""
+    torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    cmd = [torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench", "allreduce", "--backend", "gloo",
+           "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-w", "1", "-T", "60", "-J", str(tmp_path / "r.json"),
+           "--no-save"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, NCCL_NVLS_ENABLE="0", NCCLBENCH_FAULT="error:rank=1,size=16384"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "[rank 1] RuntimeError: CUDA error" in r.stderr, r.stderr[-3000:]
+    assert sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M)) == ["3", "3"], r.stderr[-3000:]
+    assert len(table_rows(r.stdout)) == 4  # 1K to 8K
+    assert json.loads((tmp_path / "r.json").read_text())["ncclbench"]["status"] == "error"
 
 
 def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):
