@@ -50,6 +50,13 @@ class TimeoutExpired(BenchError):
     exit_code = ExitCode.TIMEOUT
 
 
+class PreflightError(BenchError):
+    """A preflight check failed (ncclbench.preflight): one line naming the group, collective
+    and rank or host. Exit code 1 like a regression; 7 when data arrived wrong; 4 on a timeout."""
+
+    exit_code = ExitCode.REGRESSION
+
+
 class Interrupted(BenchError):
     """Ctrl-C or SIGTERM before a report began (nothing of it measured): one line, exit 130."""
 

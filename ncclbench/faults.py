@@ -5,8 +5,11 @@ kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
-report's header is written, before the sweep).
-Unset in normal use; nothing here runs then."""
+report's header is written, before the sweep) | slow (`slow:rank=R,us=U`: the process of
+global rank R, that is torch.distributed's rank, sleeps U microseconds after each op it
+issues on a group the Python API adopted, and in each preflight pair exchange: a slow node).
+`rank` is the engine's rank (in the Python API: the rank within the measured group), except
+for `slow`. Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ def active(*kinds: str) -> Fault | None:
         kind, _, rest = text.strip().partition(":")
         if kind in kinds:
             fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
-            return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
-                         float(fields.get("seconds", 3600)))
+            seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
+            return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None, seconds)
     return None
 
 
@@ -93,3 +96,24 @@ def after_report(rank: int) -> None:
     if f is not None and f.applies(rank):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # a handler that raises does so here
+
+
+def op_delay(global_rank: int) -> float:
+    """Seconds this process sleeps after each op it issues (`slow`), 0.0 without the fault."""
+    f = active("slow")
+    return f.seconds if f is not None and f.applies(global_rank) else 0.0
+
+
+def slowed(bind, delay_s: float, synchronize):
+    """`bind` (a backend's op binder) whose ops wait for the device and then sleep `delay_s`:
+    work this rank adds to every op, as a slow node does. Only installed when `slow` is set,
+    so the measured path of a normal run has no trace of it."""
+    def slow_bind(*args, **kwargs):
+        call = bind(*args, **kwargs)
+
+        def slow_call():
+            call()
+            synchronize()
+            time.sleep(delay_s)
+        return slow_call
+    return slow_bind

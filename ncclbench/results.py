@@ -17,6 +17,7 @@ class PlacementResult:
     nwrong: int | None      # None: not checked (N/A in nccl-tests, or -c 0 shows 0 there)
     host_us: float = 0.0    # host time spent issuing one op (launch cost), mean over ranks
     per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
+    rank_us: tuple[float, ...] = ()  # each rank's own time per op, in rank order (time_us combines them)
 
 
 @dataclass

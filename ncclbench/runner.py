@@ -237,8 +237,10 @@ class RankRunner:
             per_iter = None
             if plan.per_iter:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
+            own = host_s if plan.report_cputime else device_s  # each rank's own time, kept for preflight
             cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
-                                         host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter))
+                                         host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
+                                         rank_us=tuple(t * 1e6 for t in own)))
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
             notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].time_us)
@@ -332,6 +334,43 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
     return outcome
 
 
+class RankHooks:
+    """How one rank's run meets the process around it. These are the command line's: the
+    rank owns its process, so termination signals stop the sweep in order, a timeout ends
+    the process (a rank stuck inside a collective cannot be unstuck from Python), and errors
+    are said on stderr. The Python API runs inside a user's job and overrides them
+    (ncclbench.api)."""
+
+    def board(self, backend) -> ProgressBoard:
+        return ProgressBoard(default_store(), backend.rank, backend.nranks)
+
+    def stop_on_signals(self) -> None:
+        stop_on_termination_signals()
+
+    def hold_signals(self) -> None:
+        hold_termination_signals()
+
+    def held_signals(self) -> list[int]:
+        return _held_signals
+
+    def say(self, message: str) -> None:
+        print(error_line(None, message), file=sys.stderr, flush=True)
+
+    def timed_out(self, what: str, behind: list[int], timeout_s: float, rank: int, finish) -> None:
+        """The -T watchdog fired on `rank` during `what`; `behind`: the ranks that never
+        reached it. `finish(message)` (rank 0 only, else None) writes the report's trailer.
+        Runs on the watchdog's thread."""
+        late = [r for r in behind if r != rank]
+        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
+        if finish is not None:
+            try:
+                finish(message)
+            finally:
+                self.say(message)
+        hard_exit(ExitCode.TIMEOUT)
+
+
 _held_signals: list[int] = []
 
 
@@ -399,7 +438,10 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
-def run_plan(plan, backend, launch, make_report) -> RunSummary:
+def run_plan(plan, backend, launch, make_report, hooks: RankHooks | None = None) -> RunSummary:
+    """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
+    `hooks`: how the run meets the process around it (default: the command line's)."""
+    hooks = hooks or RankHooks()
     report = None
     rows: list[ResultRow] = []
     status, errors = "ok", []
@@ -410,30 +452,24 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     notes = [n for n in [runner.group_note, backend.prepare_registration(plan.local_register)] if n]
     buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
     notes += [n for n in [backend.register_buffers()] if n]
-    board = ProgressBoard(default_store(), backend.rank, backend.nranks)
+    board = hooks.board(backend)
     memory = backend.memory_usage() if plan.memory_report else None
     # From the report's first line to the sweep's start a signal is noted, not raised: the
     # sweep then stops before it begins and the report still gets its trailer.
-    hold_termination_signals()
+    hooks.hold_signals()
     if backend.rank == 0:
         info = build_run_info(plan, backend, devices)
         info.notes += notes
         report = make_report(plan, info)
     faults.after_report(backend.rank)
 
+    def finish_on_timeout(message: str) -> None:
+        report.finish(RunSummary(list(rows), complete=False, status="timeout", errors=[message]))
+
     def on_timeout(what: str) -> None:
-        step = int(what.split("|", 1)[0])
-        late = [r for r in board.behind(step) if r != backend.rank]
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
-        message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
-                   f"(-T) on rank {backend.rank}{who}")
-        if report is not None:
-            summary = RunSummary(list(rows), complete=False, status="timeout", errors=[message])
-            try:
-                report.finish(summary)
-            finally:
-                print(error_line(None, message), file=sys.stderr, flush=True)
-        hard_exit(ExitCode.TIMEOUT)
+        step, label = what.split("|", 1)
+        hooks.timed_out(label, board.behind(int(step)), plan.timeout_s, backend.rank,
+                        finish_on_timeout if report is not None else None)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
 
@@ -463,15 +499,15 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
 
     try:
         try:
-            stop_on_termination_signals()
-            if _held_signals:  # noted while the report began
-                raise _interrupt_for(_held_signals[0])
+            hooks.stop_on_signals()
+            if hooks.held_signals():  # noted while the report began
+                raise _interrupt_for(hooks.held_signals()[0])
             sweep(buffers)
         finally:
             # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
             # while a lost peer's error is handled cannot escape that handler.
-            hold_termination_signals()
+            hooks.hold_signals()
     except KeyboardInterrupt as exc:
         status = "interrupted"
         errors = [interruption_message(exc)]
@@ -501,10 +537,10 @@ def run_plan(plan, backend, launch, make_report) -> RunSummary:
     if report is not None:
         report.finish(summary)
         for err in summary.errors:
-            print(error_line(None, err), file=sys.stderr, flush=True)
+            hooks.say(err)
         verdict = failed_verdict(summary, plan)
         if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
-            print(error_line(None, verdict), file=sys.stderr, flush=True)
+            hooks.say(verdict)
     return summary
 
 
