@@ -243,9 +243,10 @@ class Preflight:
 
         mine = []
         for coll in self.setup["collectives"]:
-            rows = self._measure(dim, coll, plan["sizes"], iters=plan["iters"], warmup_iters=2, check=1)
+            rows = self._measure(dim, coll, plan["sizes"], iters=plan["iters"], warmup_iters=2, check=1,
+                                 per_iter_timing=1)
             if rows.has_rows:
-                mine += [Cell(dim, tuple(rows.ranks), row.collective, row.size, placement, cell.busbw,
+                mine += [Cell(dim, tuple(rows.ranks), row.collective, row.size, placement, _median_busbw(cell),
                               tuple(cell.rank_us), cell.nwrong)
                          for row in rows for placement, cell in row.placements()]
         everyone = self.world.exchange(mine, f"preflight: gathering the {dim} numbers", self.timeout_s)
@@ -450,6 +451,13 @@ def _both(first, second):
 
     return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups},
                        ranks={r: h for r, h in second.ranks.items() if r in first.ranks})
+
+
+def _median_busbw(cell) -> float:
+    """busbw at the median iteration's time (-I: the slowest rank's, per iteration) rather than
+    the mean: one iteration held up by something else on the host does not make a group slow."""
+    p50 = (cell.per_iter or {}).get("p50_us")
+    return cell.busbw * cell.time_us / p50 if p50 and cell.time_us else cell.busbw
 
 
 def _pow2_floor(n: int) -> int:

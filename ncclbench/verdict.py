@@ -130,8 +130,11 @@ def parse_floor(spec, tolerance="10%") -> Floor:
     if spec is None:
         return Floor()
     text = str(spec).strip()
-    if isinstance(spec, (int, float)) or re.fullmatch(r"[0-9.]+(e[+-]?\d+)?", text, re.IGNORECASE):
+    try:
         value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
         if not math.isfinite(value) or value <= 0:
             raise PlanError(f"min_peak_busbw must be a positive number of GB/s, a percentage or a file (got {spec!r})")
         return Floor("gbps", value)
