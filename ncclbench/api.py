@@ -220,15 +220,19 @@ class Session:
     def abort(self) -> None:
         """Abort the group's NCCL communicator: ranks waiting in it raise instead of hanging
         until the group's own timeout (whose expiry tears the process down by default)."""
-        if self.backend_name == "nccl":
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):
+            if self.engine_backend() == "nccl":
                 self.pg.abort()
 
     @contextlib.contextmanager
     def op_timeout(self, timeout_s: float):
         """A gloo group's own timeout lowered to `timeout_s` + GLOO_GRACE_S for the call: a
         gloo collective cannot be aborted, only timed out. NCCL groups are left alone."""
-        if timeout_s <= 0 or self.engine_backend() != "gloo":
+        try:
+            gloo = timeout_s > 0 and self.engine_backend() == "gloo"
+        except PlanError:  # a backend ncclbench does not run: the call refuses it elsewhere
+            gloo = False
+        if not gloo:
             yield
             return
         from datetime import timedelta
@@ -258,7 +262,8 @@ class Session:
         dog.arm(what)
         try:
             out = [None] * self.size
-            self.dist.all_gather_object(out, obj, group=self.group)
+            with self.op_timeout(timeout_s):
+                self.dist.all_gather_object(out, obj, group=self.group)
             return out
         except Exception as exc:  # noqa: BLE001 - a broken group: one line, the timeout's if there was one
             self.raise_if_timed_out()
@@ -274,6 +279,8 @@ class Session:
             value, failure = build(), None
         except BenchError as exc:
             value, failure = None, (type(exc).__name__, str(exc), int(exc.exit_code))
+        except Exception as exc:  # noqa: BLE001 - e.g. a value of the wrong type: still one line everywhere
+            value, failure = None, ("PlanError", f"{type(exc).__name__}: {first_line(exc)}", int(ExitCode.USAGE))
         everyone = self.exchange(failure, what, timeout_s)
         failed = [(r, f) for r, f in enumerate(everyone) if f is not None]
         if not failed:
@@ -424,8 +431,7 @@ def run_engine(plan, session: Session, all_ranks: bool = False) -> "Rows":
         report = collected[0]
         mine = (report.summary.status, failed_verdict(report.summary, plan),
                 (report.info, report.summary) if all_ranks else None)
-    status, verdict, shared = session.exchange(mine, f"{plan.coll.name}: sharing the verdict",
-                                               plan.timeout_s or DEFAULT_TIMEOUT_S)[0]
+    status, verdict, shared = session.exchange(mine, f"{plan.coll.name}: sharing the verdict", plan.timeout_s)[0]
     session.forget()
     if collected:
         shared = (collected[0].info, collected[0].summary)

@@ -29,11 +29,14 @@ import click
 from ncclbench.clitypes import GetoptCommand
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, TimeoutExpired, first_line
 
+DEFAULT_TIMEOUT_S = 600.0  # for agreeing on the inputs, before the timeout asked for is known to be valid
+
 PREFLIGHT_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 GPU_MAX_BYTES = 256 << 20   # busbw has settled on NVLink and InfiniBand by here
 CPU_MAX_BYTES = 1 << 20     # gloo: large enough to be bandwidth-bound, small enough to stay quick
 MIN_BYTES = 64 << 10
 PAIR_MAX_BYTES = 64 << 20
+PAIR_ITERS = 20
 MAIN_SHARE = 0.6            # of the budget for the first measurement (the rest: repeat and pairs)
 ITERS_RANGE = (5, 50)
 OPS_AROUND_TIMED = 8        # per size and placement: warm-up, untimed op, aligning ops, check
@@ -92,8 +95,8 @@ class Preflight:
     def __init__(self, groups, floor, budget_s, band, collectives, tolerance, datatype, timeout, json_path,
                  exit_on_timeout: bool = False):
         self.args = dict(groups=groups, floor=floor, budget_s=budget_s, band=band, collectives=collectives,
-                         tolerance=tolerance, datatype=datatype)
-        self.timeout_s = float(timeout) if timeout is not None else max(60.0, 3.0 * float(budget_s or 0))
+                         tolerance=tolerance, datatype=datatype, timeout=timeout)
+        self.timeout_s = DEFAULT_TIMEOUT_S  # until the inputs are checked
         self.json_path, self.exit_on_timeout = json_path, exit_on_timeout
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
@@ -109,6 +112,7 @@ class Preflight:
         self._clock = time.monotonic()
         try:
             self.setup = self.world.agree(self._check_inputs, "preflight: checking the inputs", self.timeout_s)
+            self.timeout_s = self.setup["timeout"]
             self._gather_facts()
             self._phase("set-up")
             report = self._measure_and_judge()
@@ -125,16 +129,20 @@ class Preflight:
         self._clock = now
 
     def _check_inputs(self) -> dict:
+        from ncclbench.backends.torch_dist import group_backend_name
         from ncclbench.collectives import lookup
         from ncclbench.dtypes import resolve_dtypes
         from ncclbench.verdict import parse_floor, read_baseline
 
         a = self.args
-        budget = float(a["budget_s"])
-        if not budget > 0:
-            raise PlanError(f"budget_s must be a positive number of seconds (got {a['budget_s']!r})")
-        if not self.timeout_s >= 0:
-            raise PlanError(f"timeout must be >= 0 seconds (got {self.timeout_s!r})")
+        try:
+            budget = float(a["budget_s"])
+            timeout = max(60.0, 3.0 * budget) if a["timeout"] is None else float(a["timeout"])
+        except (TypeError, ValueError):
+            raise PlanError(f"budget_s and timeout must be numbers of seconds (got {a['budget_s']!r}, "
+                            f"{a['timeout']!r})") from None
+        if not 0 < budget < 1e6 or not 0 <= timeout < 1e6:
+            raise PlanError(f"budget_s must be above 0 and timeout at least 0 seconds (got {budget:g}, {timeout:g})")
         try:
             datatype = resolve_dtypes(a["datatype"])[0].name
             collectives = [lookup(c).name for c in ([a["collectives"]] if isinstance(a["collectives"], str)
@@ -143,16 +151,16 @@ class Preflight:
             raise PlanError(f"preflight: {first_line(exc)}") from None
         floor = parse_floor(a["floor"], a["tolerance"])
         baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
-        return dict(dims=resolve_groups(a["groups"]), floor=floor, baseline=baseline, band=parse_band(a["band"]),
-                    collectives=collectives, datatype=datatype, budget=budget)
+        dims = resolve_groups(a["groups"])
+        backends = {name: group_backend_name(self.world.dist, g) for name, g in dims}
+        return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=parse_band(a["band"]),
+                    collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
     def _gather_facts(self) -> None:
         """Who is where: every rank's host, device, groups and settings; the topology of each
         host (probed once per host, GPU groups only)."""
-        from ncclbench.api import Session
-
         s, dist = self.setup, self.world.dist
-        backends = {name: Session(g).engine_backend() for name, g in s["dims"]}
+        backends = s["backends"]
         fingerprint = (tuple(name for name, _ in s["dims"]), s["floor"], s["band"], tuple(s["collectives"]),
                        s["datatype"], s["budget"], self.timeout_s)
         mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "fingerprint": fingerprint,
@@ -286,6 +294,7 @@ class Preflight:
                           key=lambda r: (-sum(r in g for (_d, g) in slow), r))
         bad, fine = self._localise(suspects, slow) if suspects else ({}, set())
         self._phase("pairs")
+        bad.update(self._mesh_culprit(slow, bad, fine))
         failures, host_evidence, links = self._explain(slow, flagged_ranks, bad, fine, wrong)
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
                                  bad_links=links, wrong_results=any(wrong.values()), notes=self.notes)
@@ -303,7 +312,8 @@ class Preflight:
         slow: dict = {}
         for d, found in rel.items():
             for g, hits in found.groups.items():
-                (coll, size, placement), busbw, frac = max(hits, key=lambda h: h[2])
+                # the largest size's evidence: where busbw means the most
+                (coll, size, placement), busbw, frac = max(hits, key=lambda h: (h[0][1], h[2]))
                 slow.setdefault((d, g), []).append(
                     f"{coll} {size} B {placement}: {busbw:.3g} GB/s, {100 * frac:.0f}% below the other {d} groups")
         for d, failing in absolute.items():
@@ -331,6 +341,25 @@ class Preflight:
         repeats = [self._pairs(rounds, nbytes) for _ in range(2)]
         return judge_pairs(repeats, suspects, self.host, self.setup["band"])
 
+    def _mesh_culprit(self, slow: dict, bad: dict, fine: set) -> dict:
+        """{rank: evidence} for the one rank that is in a slow group of every dimension with
+        slow groups (two or more): a slow node slows each group it is in, its peers are slow
+        in one dimension only. Used when the pair rounds neither accused nor cleared it (on
+        a noisy host they may not settle either way)."""
+        dims = sorted({d for d, _ in slow})
+        if len(dims) < 2:
+            return {}
+        common = set(self.host)
+        for d in dims:
+            common &= {r for (dd, g) in slow if dd == d for r in g}
+        if len(common) != 1 or bad:
+            return {}
+        r = next(iter(common))
+        if r in fine:
+            return {}
+        groups = ", ".join(self._name(d, g) for (d, g) in slow if r in g)
+        return {r: f"is the only rank in a slow group of every dimension ({groups}); the pair rounds did not settle it"}
+
     def _pairs(self, rounds: list, nbytes: int) -> dict:
         """One pass of the rounds with the engine of `ncclbench pairs` on the default group;
         {(a, b): GB/s per direction}."""
@@ -345,7 +374,7 @@ class Preflight:
                           exit_on_timeout=self.exit_on_timeout)
         backend = TorchBackend.adopt(None)
         limit = self.timeout_s * len(rounds)
-        plan = PairsPlan(nbytes, 10, 2, backend.name, limit, None, None, None)
+        plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None)
         board = session.board("e")
         board.reach(1)
         dog = SizeWatchdog(limit, lambda what: session.timed_out(what, board.behind(1), limit, session.rank))
@@ -386,8 +415,9 @@ class Preflight:
             head = f"{self._name(d, g)} on {_hosts_text(g, self.host)}: {lines[0]}"
             if culprits:
                 who = ", ".join(f"rank {r} ({self.host[r]})" for r in culprits)
-                failures.append(f"{head}; {who} slow with known-good partners: drain "
-                                f"{', '.join(sorted({self.host[r] for r in culprits}))}")
+                why = ("slow with known-good partners" if all(bad[r].startswith("with rank") for r in culprits)
+                       else "in a slow group of every dimension")
+                failures.append(f"{head}; {who} {why}: drain {', '.join(sorted({self.host[r] for r in culprits}))}")
                 for r in culprits:
                     note(r, f"{self._name(d, g)}: {lines[0]}")
             elif all(r in fine for r in g):

@@ -124,7 +124,7 @@ def test_preflight_passes_then_names_a_planted_slow_rank(tmp_path):
         assert rec["healthy"]["groups"] == 4
         slow = rec["slow"]
         assert not slow["passed"] and slow["bad_ranks"] == [1], slow
-        assert "rank 1 (" in slow["failures"][0] and slow["exit_code"] == 1
+        assert "rank 1 (" in slow["failures"][0] and "drain" in slow["failures"][0] and slow["exit_code"] == 1
         assert slow["raised"][0] == "PreflightError" and "rank 1" in slow["raised"][1]
         assert slow == recs[0]["slow"]  # the same verdict on every rank
         for key in ("sum_after_healthy", "sum_after_slow", "sum_after_bad_baseline", "sum_end"):
@@ -133,7 +133,7 @@ def test_preflight_passes_then_names_a_planted_slow_rank(tmp_path):
         assert rec["rank1_baseline"][0] == "PlanError" and "(on rank(s) 1)" in rec["rank1_baseline"][1]
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["passed"] is False and doc["drain"] and doc["bad_ranks"] == [1]
-    assert any("rank 1 with rank" in e for h in doc["hosts"] for e in h["evidence"])
+    assert any(e.startswith("rank 1 ") for h in doc["hosts"] for e in h["evidence"])
 
 
 def test_command_times_out_on_a_stalled_rank(tmp_path):
@@ -145,3 +145,17 @@ def test_command_times_out_on_a_stalled_rank(tmp_path):
     assert len(errors) == 1 and "rank(s) 1 never reached it" in errors[0], r.stderr
     doc = json.loads(report.read_text())
     assert doc["timed_out"] and doc["drain"] and doc["hosts"][0]["ranks"] == [1]
+
+
+def test_the_rank_in_a_slow_group_of_every_dimension_is_named():
+    """A 2x2 mesh with one slow rank: its tp group and its dp group are slow, and it is the
+    only rank in both; with one dimension there is no such evidence."""
+    from ncclbench.preflight_check import Preflight
+
+    p = Preflight.__new__(Preflight)
+    p.host = {0: "a", 1: "a", 2: "b", 3: "b"}
+    p.instances = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+    slow = {("tp", (0, 1)): ["x"], ("dp", (1, 3)): ["y"]}
+    assert list(p._mesh_culprit(slow, {}, set())) == [1]
+    assert p._mesh_culprit(slow, {}, {1}) == {}  # cleared by the pair rounds
+    assert p._mesh_culprit({("tp", (0, 1)): ["x"]}, {}, set()) == {}

@@ -65,6 +65,12 @@ def group_backend_name(dist, group) -> str:
     import torch
 
     text = str(dist.get_backend(group)).lower()
+    pg = group if group is not None else dist.GroupMember.WORLD
+    for device in getattr(pg, "_device_types", []):  # a DeviceMesh's groups say "undefined" above
+        try:
+            text += f",{device.type}:{pg._get_backend(device).name().lower()}"
+        except Exception:  # noqa: BLE001 - a torch without these: the name above is all there is
+            pass
     if "nccl" in text and torch.cuda.is_available():
         return "nccl"
     if "gloo" in text:
