@@ -115,12 +115,12 @@ _calls: dict[str, int] = {}
 _calls_lock = threading.Lock()
 
 
-class Session:
+class GroupCall:
     """One API call on one process group: its ranks, its progress boards and timeout mark in
     the job's rendezvous store (keys of its own, so that calls and groups never mix), and
     the agreement and sharing of small objects among its ranks under a watchdog."""
 
-    def __init__(self, group=None, label: str | None = None, parent: "Session | None" = None,
+    def __init__(self, group=None, label: str | None = None, parent: "GroupCall | None" = None,
                  exit_on_timeout: bool = False):
         import torch.distributed as dist
 
@@ -143,8 +143,8 @@ class Session:
         self.parent, self.exit_on_timeout = parent, exit_on_timeout
         self.before_exit = None  # callable(message) run on rank 0 before a timeout ends the process
         with _calls_lock:
-            call = _calls[self.pg.group_name] = _calls.get(self.pg.group_name, 0) + 1
-        self.store = _store(f"ncclbench/api/{self.pg.group_name}/{call}/")
+            index = _calls[self.pg.group_name] = _calls.get(self.pg.group_name, 0) + 1
+        self.store = _store(f"ncclbench/api/{self.pg.group_name}/{index}/")
         self._boards: dict[str, object] = {}
         self.backend_name = None
 
@@ -180,12 +180,12 @@ class Session:
         message = self.mark(message)
         if self.exit_on_timeout:  # a batch job's own process: end it, as the command line's -T does
             if self.dist.get_rank() == 0:
-                session = self
-                while session is not None:  # e.g. preflight's report file, before the process ends
-                    if session.before_exit is not None:
+                call = self
+                while call is not None:  # e.g. preflight's report file, before the process ends
+                    if call.before_exit is not None:
                         with contextlib.suppress(Exception):
-                            session.before_exit(message)
-                    session = session.parent
+                            call.before_exit(message)
+                    call = call.parent
                 print(error_line(None, message), file=sys.stderr, flush=True)
             else:
                 time.sleep(0.5)  # rank 0's watchdog fires at the same moment: it speaks first
@@ -203,13 +203,13 @@ class Session:
         return kept
 
     def timeout_message(self) -> str | None:
-        session = self
-        while session is not None:
-            if session.store is not None:
+        call = self
+        while call is not None:
+            if call.store is not None:
                 with contextlib.suppress(Exception):
-                    if session.store.check(["timeout"]):
-                        return session.store.get("timeout").decode()
-            session = session.parent
+                    if call.store.check(["timeout"]):
+                        return call.store.get("timeout").decode()
+            call = call.parent
         return None
 
     def raise_if_timed_out(self) -> None:
@@ -312,14 +312,14 @@ def _store(prefix: str, base=None):
 
 class _Board(ProgressBoard):
     """A progress board that also stops a rank arriving after a timeout (it would wait in a
-    collective its peers have given up on), with a step counter for Session.exchange."""
+    collective its peers have given up on), with a step counter for GroupCall.exchange."""
 
-    def __init__(self, session: Session, store, rank: int, nranks: int):
+    def __init__(self, call: GroupCall, store, rank: int, nranks: int):
         super().__init__(store, rank, nranks)
-        self.session, self.step = session, 0
+        self.call, self.step = call, 0
 
     def reach(self, step: int) -> None:
-        self.session.raise_if_timed_out()
+        self.call.raise_if_timed_out()
         super().reach(step)
 
     def forget(self) -> None:
@@ -337,11 +337,11 @@ class _ApiHooks(RankHooks):
     """The engine inside a caller's process: signals stay the caller's, errors are raised
     rather than printed, and a timeout unblocks the ranks instead of ending the process."""
 
-    def __init__(self, session: Session):
-        self.session, self.said = session, []
+    def __init__(self, call: GroupCall):
+        self.call, self.said = call, []
 
     def board(self, backend):
-        return self.session.board("e")
+        return self.call.board("e")
 
     def stop_on_signals(self) -> None:
         pass
@@ -356,7 +356,7 @@ class _ApiHooks(RankHooks):
         self.said.append(message)
 
     def timed_out(self, what, behind, timeout_s, rank, finish) -> None:
-        self.session.timed_out(what, behind, timeout_s, rank)
+        self.call.timed_out(what, behind, timeout_s, rank)
 
 
 class _Collector:
@@ -398,11 +398,11 @@ def _own_stream(backend, stream_null: bool):
         caller.wait_stream(stream)
 
 
-def run_engine(plan, session: Session, all_ranks: bool = False) -> "Rows":
-    """`plan` through the command line's engine (runner.run_plan) on the session's group."""
+def run_engine(plan, call: GroupCall, all_ranks: bool = False) -> "Rows":
+    """`plan` through the command line's engine (runner.run_plan) on the call's group."""
     from ncclbench.backends.torch_dist import TorchBackend
 
-    backend = TorchBackend.adopt(session.group)
+    backend = TorchBackend.adopt(call.group)
     collected: list[_Collector] = []
 
     def make_report(plan, info):
@@ -411,17 +411,17 @@ def run_engine(plan, session: Session, all_ranks: bool = False) -> "Rows":
         return collected[-1]
 
     try:
-        with session.op_timeout(plan.timeout_s), _own_stream(backend, plan.stream_null):
-            summary = run_plan(plan, backend, None, make_report, _ApiHooks(session))
+        with call.op_timeout(plan.timeout_s), _own_stream(backend, plan.stream_null):
+            summary = run_plan(plan, backend, None, make_report, _ApiHooks(call))
     except BenchError:
-        session.raise_if_timed_out()
+        call.raise_if_timed_out()
         raise
     except Exception as exc:  # noqa: BLE001 - whatever torch raised: one line
-        session.raise_if_timed_out()
+        call.raise_if_timed_out()
         raise CollectiveError(f"{type(exc).__name__}: {first_line(exc)}") from exc
     finally:
         backend.close()
-    session.raise_if_timed_out()
+    call.raise_if_timed_out()
     if summary.status == "interrupted":
         raise KeyboardInterrupt
     if summary.status == "error":
@@ -431,12 +431,12 @@ def run_engine(plan, session: Session, all_ranks: bool = False) -> "Rows":
         report = collected[0]
         mine = (report.summary.status, failed_verdict(report.summary, plan),
                 (report.info, report.summary) if all_ranks else None)
-    status, verdict, shared = session.exchange(mine, f"{plan.coll.name}: sharing the verdict", plan.timeout_s)[0]
-    session.forget()
+    status, verdict, shared = call.exchange(mine, f"{plan.coll.name}: sharing the verdict", plan.timeout_s)[0]
+    call.forget()
     if collected:
         shared = (collected[0].info, collected[0].summary)
     info, summary = shared if shared is not None else (None, None)
-    return Rows(plan, status, verdict, info, summary, session.global_ranks, session.dist.get_rank())
+    return Rows(plan, status, verdict, info, summary, call.global_ranks, call.dist.get_rank())
 
 
 def measure(collective: str, sizes=DEFAULT_SIZES, group=None, *, all_ranks: bool = False, **options) -> "Rows":
@@ -453,15 +453,15 @@ def measure(collective: str, sizes=DEFAULT_SIZES, group=None, *, all_ranks: bool
 
 
 def _measure(collective, sizes, group, options: dict, all_ranks: bool = False, label: str | None = None,
-             parent: Session | None = None, exit_on_timeout: bool = False) -> "Rows":
-    session = Session(group, label, parent, exit_on_timeout)
+             parent: GroupCall | None = None, exit_on_timeout: bool = False) -> "Rows":
+    call = GroupCall(group, label, parent, exit_on_timeout)
     timeout_s = _timeout_hint(options)
 
     def build():
-        return plan_for(collective, sizes, options, session.engine_backend(), session.size)
+        return plan_for(collective, sizes, options, call.engine_backend(), call.size)
 
-    plan = session.agree(build, f"measure({collective!r}): agreeing on the plan", timeout_s)
-    return run_engine(plan, session, all_ranks)
+    plan = call.agree(build, f"measure({collective!r}): agreeing on the plan", timeout_s)
+    return run_engine(plan, call, all_ranks)
 
 
 def _timeout_hint(options: dict) -> float:

@@ -101,12 +101,13 @@ class Preflight:
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
         self.notes: list[str] = []
+        self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
 
     # ---- the phases ----
     def run(self):
-        from ncclbench.api import Session
+        from ncclbench.api import GroupCall
 
-        self.world = Session(None, "the job's default group", exit_on_timeout=self.exit_on_timeout)
+        self.world = GroupCall(None, "the job's default group", exit_on_timeout=self.exit_on_timeout)
         if self.json_path:
             self.world.before_exit = lambda message: self._timed_out(message).to_json(self.json_path)
         self._clock = time.monotonic()
@@ -297,7 +298,8 @@ class Preflight:
         bad.update(self._mesh_culprit(slow, bad, fine))
         failures, host_evidence, links = self._explain(slow, flagged_ranks, bad, fine, wrong)
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
-                                 bad_links=links, wrong_results=any(wrong.values()), notes=self.notes)
+                                 bad_links=links, wrong_results=any(wrong.values()) or bool(self.pair_wrong),
+                                 notes=self.notes)
         report.hosts = self._host_verdicts(host_evidence, bad)
         report.groups = self._group_records(runs, peaks, slow, wrong)
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
@@ -364,37 +366,37 @@ class Preflight:
         """One pass of the rounds with the engine of `ncclbench pairs` on the default group;
         {(a, b): GB/s per direction}."""
         from ncclbench import faults
-        from ncclbench.api import Session, _own_stream
+        from ncclbench.api import GroupCall, _own_stream
         from ncclbench.backends.torch_dist import TorchBackend
         from ncclbench.pairs import PairsPlan, measure_rounds
         from ncclbench.verdict import pair_busbw
         from ncclbench.watchdog import SizeWatchdog
 
-        session = Session(None, "the preflight pair exchanges", parent=self.world,
-                          exit_on_timeout=self.exit_on_timeout)
+        call = GroupCall(None, "the preflight pair exchanges", parent=self.world, exit_on_timeout=self.exit_on_timeout)
         backend = TorchBackend.adopt(None)
         limit = self.timeout_s * len(rounds)
         plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None)
-        board = session.board("e")
+        board = call.board("e")
         board.reach(1)
-        dog = SizeWatchdog(limit, lambda what: session.timed_out(what, board.behind(1), limit, session.rank))
+        dog = SizeWatchdog(limit, lambda what: call.timed_out(what, board.behind(1), limit, call.rank))
         dog.arm(f"{len(rounds)} round(s) of pair exchanges")
         try:
-            with session.op_timeout(limit), _own_stream(backend, False):
-                times, _wrong = measure_rounds(backend, plan, rounds, faults.op_delay(session.global_ranks[session.rank]))
+            with call.op_timeout(limit), _own_stream(backend, False):
+                times, wrong = measure_rounds(backend, plan, rounds, faults.op_delay(call.global_ranks[call.rank]))
         except BenchError:
-            session.raise_if_timed_out()
+            call.raise_if_timed_out()
             raise
         except Exception as exc:  # noqa: BLE001 - one line
-            session.raise_if_timed_out()
+            call.raise_if_timed_out()
             raise CollectiveError(f"preflight pair exchange failed: {type(exc).__name__}: {first_line(exc)}") from exc
         finally:
             dog.stop()
             backend.close()
-        session.raise_if_timed_out()
-        everyone = self.world.exchange(times, "preflight: gathering the pair times", self.timeout_s)
-        session.forget()
-        return pair_busbw(everyone, nbytes)
+        call.raise_if_timed_out()
+        everyone = self.world.exchange((times, wrong), "preflight: gathering the pair times", self.timeout_s)
+        call.forget()
+        self.pair_wrong |= {(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers}
+        return pair_busbw([t for t, _w in everyone], nbytes)
 
     def _explain(self, slow, flagged_ranks, bad, fine, wrong) -> tuple[list, dict, list]:
         """Failure lines (worst news first), {host: [evidence]}, bad links."""
@@ -432,6 +434,11 @@ class Preflight:
                     note(r, f"{self._name(d, g)} (not localised): {lines[0]}")
         for r, line in sorted(bad.items()):
             note(r, f"rank {r} {line}")
+        for a, b in sorted(self.pair_wrong):
+            failures.insert(0, f"wrong data between rank {a} ({self.host[a]}) and rank {b} ({self.host[b]}) "
+                               "in the pair exchanges")
+            note(a, failures[0])
+            note(b, failures[0])
         return failures, evidence, links
 
     def _host_verdicts(self, evidence: dict, bad: dict) -> list[dict]:
@@ -518,12 +525,15 @@ def _free_memory(backends: dict):
     return torch.cuda.mem_get_info()[0]
 
 
-def _topology_facts() -> dict:
+def _topology_facts() -> dict | None:
     """This host's GPU links, NVLink peak and RDMA NICs, for the transport lines."""
     from ncclbench import topo
     from ncclbench.verdict import nic_rate_gbps
 
-    t = topo.probe(include_nics=True)
+    try:
+        t = topo.probe(include_nics=True)
+    except Exception:  # noqa: BLE001 - context only: without it the transport lines say less
+        return None
     nics = [{"name": n.name, "layer": p.link_layer, "state": p.state, "rate_gbps": nic_rate_gbps(p.rate)}
             for n in t.nics for p in n.ports]
     return {"codes": t.link_matrix if t.gpu_order == "cuda" else None, "nvlink_peak": topo.link_peak_gbps(t),
