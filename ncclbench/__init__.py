@@ -17,6 +17,7 @@ _LAZY = {
     "CollectiveError": "ncclbench.errors",
     "TimeoutExpired": "ncclbench.errors",
     "PreflightError": "ncclbench.errors",
+    "RankFailures": "ncclbench.errors",
     "Interrupted": "ncclbench.errors",
     "ExitCode": "ncclbench.errors",
 }

@@ -412,7 +412,7 @@ def run_engine(plan, call: GroupCall, all_ranks: bool = False) -> "Rows":
 
     try:
         with call.op_timeout(plan.timeout_s), _own_stream(backend, plan.stream_null):
-            summary = run_plan(plan, backend, None, make_report, _ApiHooks(call))
+            summary = run_plan(plan, backend, make_report, _ApiHooks(call))
     except BenchError:
         call.raise_if_timed_out()
         raise
@@ -522,8 +522,8 @@ class Rows(Sequence):
         return frame
 
     def per_rank(self):
-        """Each rank's own time per op (the rows combine them across ranks as `average` says):
-        one row per size, placement and rank, with the rank's global number and host."""
+        """Each rank's own timed duration per op (the rows' bandwidths combine them across ranks
+        as `average` says): one row per size, placement and rank, with its global rank and host."""
         import pandas as pd
 
         hosts = {d.rank: d.hostname for d in self.info.devices} if self.info else {}

@@ -13,7 +13,7 @@ import click
 from ncclbench import __version__
 from ncclbench.clitypes import GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
-from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, error_line
+from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 # the option table and its conversion into a Plan, shared with the Python API
 from ncclbench.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, collective_options,  # noqa: F401
                                options_for, split_spec_text)
@@ -24,7 +24,7 @@ def validate_for_backend(plan, nranks: int | None) -> None:
     plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
 
 
-def choose_backend(requested: str | None, launched: bool) -> str:
+def choose_backend(requested: str | None) -> str:
     from ncclbench.launch import visible_gpu_count
 
     if requested:
@@ -70,7 +70,7 @@ def run_collective(coll_name: str, o: dict) -> int:
     argv = sys.argv[1:]
     info = launch.detect()
     launched = info.launcher != "none"
-    backend = choose_backend(o["backend"], launched)
+    backend = choose_backend(o["backend"])
     nranks = info.world_size if launched else (1 if o["ngpus"] is None else o["ngpus"]) * o.get("nnodes", 1)
     plan = build_plan(coll_name, o, backend, argv, nranks)
     if launched:
@@ -203,6 +203,7 @@ def _register_optional_commands():
                           ("ncclbench.plot", ("plot_command",)),
                           ("ncclbench.tools", ("show_command", "suite_command")),
                           ("ncclbench.pairs", ("pairs_command",)),
+                          ("ncclbench.tune.cli", ("tune_command",)),
                           ("ncclbench.preflight_check", ("preflight_command",))):
         try:
             mod = importlib.import_module(module)
@@ -235,6 +236,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except RankFailures as exc:  # every rank knows; one of them has said why
+        # Left at once: a launcher tearing the ranks down sends SIGTERM, and one landing while
+        # the interpreter finalizes (Python's handlers already reset) would replace the code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(exc.exit_code))
     except BenchError as exc:
         # identical plan errors on every rank: rank 0 speaks for all; an interruption is said
         # once per node (the first local rank), so that every node's log shows it

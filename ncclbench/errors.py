@@ -47,7 +47,20 @@ class CollectiveError(BenchError):
 
 
 class TimeoutExpired(BenchError):
+    """A step did not finish within its timeout (the Python API's `timeout`, -T): every rank
+    that can still run raises it with the same message, naming the ranks that never arrived."""
+
     exit_code = ExitCode.TIMEOUT
+
+
+class RankFailures(BenchError):
+    """Set-up failed on some ranks; every rank knows it and leaves with the same code. The
+    lines (one per distinct failure) were already printed by the one rank that speaks for
+    all, so nothing is printed again."""
+
+    def __init__(self, lines: list[str], exit_code: int):
+        super().__init__("; ".join(lines), exit_code)
+        self.lines = lines
 
 
 class PreflightError(BenchError):

@@ -5,9 +5,15 @@ kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
-report's header is written, before the sweep) | slow (`slow:rank=R,us=U`: the process of
-global rank R, that is torch.distributed's rank, sleeps U microseconds after each op it
-issues on a group the Python API adopted, and in each preflight pair exchange: a slow node).
+report's header is written, before the sweep) | slow_device (every rank's timed duration
+multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored) |
+slow (`slow:rank=R,us=U`: the process of global rank R, that is torch.distributed's rank,
+sleeps U microseconds after each op it issues on a group the Python API adopted, and in each
+preflight pair exchange: a slow node).
+Set-up failures on one rank only: no_gpu (the rank finds no GPU of its own) | device_fail (a
+CUDA error while its device is set up) | device_stall (S seconds in it) | comm_fail (an error while the communicator starts) |
+plan_fail (the free-memory check finds no memory free) | alloc_fail (the buffers cannot be
+allocated, as when another process holds the memory).
 `rank` is the engine's rank (in the Python API: the rank within the measured group), except
 for `slow`. Unset in normal use; nothing here runs then."""
 
@@ -27,6 +33,7 @@ class Fault:
     rank: int
     size: int | None = None
     seconds: float = 3600.0
+    factor: float = 1.0
 
     def applies(self, rank: int, size: int | None = None) -> bool:
         return rank == self.rank and (self.size is None or size is None or size >= self.size)
@@ -39,7 +46,8 @@ def active(*kinds: str) -> Fault | None:
         if kind in kinds:
             fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
             seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
-            return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None, seconds)
+            return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
+                         seconds, float(fields.get("factor", 1)))
     return None
 
 
@@ -96,6 +104,47 @@ def after_report(rank: int) -> None:
     if f is not None and f.applies(rank):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # a handler that raises does so here
+
+
+def device_time_factor() -> float:
+    """What the timed (device) durations are multiplied by (slow_device)."""
+    f = active("slow_device")
+    return f.factor if f is not None else 1.0
+
+
+def device_setup(launch) -> None:
+    """Called before this rank sets up its device."""
+    f = active("device_stall")
+    if f is not None and f.applies(launch.rank):
+        time.sleep(f.seconds)
+    f = active("no_gpu")
+    if f is not None and f.applies(launch.rank):
+        from ncclbench.backends.torch_dist import gpu_for_rank
+
+        gpu_for_rank(launch, 0)  # the real check, as on a node where no GPU is visible
+    f = active("device_fail")
+    if f is not None and f.applies(launch.rank):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT device_fail)")
+
+
+def communicator_setup(rank: int) -> None:
+    """Called before this rank starts its communicator."""
+    f = active("comm_fail")
+    if f is not None and f.applies(rank):
+        raise RuntimeError("NCCL error: unhandled system error (NCCLBENCH_FAULT comm_fail)")
+
+
+def free_memory(rank: int, free: int | None) -> int | None:
+    """The free device memory this rank's check sees (plan_fail: none)."""
+    f = active("plan_fail")
+    return 0 if f is not None and f.applies(rank) else free
+
+
+def before_alloc(rank: int, nbytes: int) -> None:
+    """Called before this rank allocates its buffers."""
+    f = active("alloc_fail")
+    if f is not None and f.applies(rank):
+        raise RuntimeError(f"out of memory: tried to allocate {nbytes} bytes (NCCLBENCH_FAULT alloc_fail)")
 
 
 def op_delay(global_rank: int) -> float:

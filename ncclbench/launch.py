@@ -63,7 +63,6 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     from torch.distributed.run import parse_args, run
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
-    os.environ.setdefault("NCCL_NVLS_ENABLE", os.environ.get("NCCL_NVLS_ENABLE", "0"))
     os.environ[SPAWNED_ENV] = "1"
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0"]

@@ -76,8 +76,8 @@ DEFAULT_MASTER_PORT = 29500  # torch's conventional default
 # ranges sites commonly reserve for srun / MPI (12000-12999, 60000+).
 DERIVED_PORT_BASE = 20000
 DERIVED_PORT_SPAN = 10000
-# parse_nodelist refuses to expand beyond this (a typo like n[1-100000000] would
-# otherwise eat the memory of every rank at once).
+# Host and task lists longer than this are refused (a typo like n[1-100000000] would
+# otherwise eat the memory of every rank at once); python-hostlist has the same bound.
 MAX_NODELIST_HOSTS = 100_000
 
 _FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
@@ -614,70 +614,30 @@ def check_gpu_for_local_rank(info: LaunchInfo, visible_gpu_count: int,
 # SLURM syntax
 # ---------------------------------------------------------------------------
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_HOST_PATTERN = re.compile(r"(?:[^\[\]]*\[[^\[\]]+\])*[^\[\]]*")  # text, [ranges], text, ...
-_HOST_PIECE = re.compile(r"([^\[\]]*)(?:\[([^\[\]]*)\])?")     # one literal + optional bracket
-
-
 def parse_nodelist(text: str) -> list[str]:
     """Expand a SLURM host list, e.g. "gpu[01-04,07]", "a[1-2],b3", "rack1-n[001-003]",
-    "r[1-2]-n[1-2]" (several brackets expand like nested loops, the first outermost).
-    Zero padding follows the lower bound ("[08-10]" -> 08 09 10). ValueError if malformed."""
+    "r[1-2]-n[1-2]" (several brackets expand like nested loops, the first outermost), with
+    python-hostlist, as `scontrol show hostnames` would. Zero padding follows the lower bound
+    ("[08-10]" -> 08 09 10). ValueError if malformed."""
     if text is None or not text.strip():
         raise ValueError("empty node list")
-    hosts: list[str] = []
-    for item in _split_top_level(text.strip()):
-        if not item:
-            raise ValueError(f"empty entry in {text!r}")
-        if any(ch.isspace() for ch in item):
-            raise ValueError(f"whitespace in {item!r}")
-        if not _HOST_PATTERN.fullmatch(item):
-            raise ValueError(f"empty brackets in {item!r}")
-        expanded = [""]
-        for literal, bracket in _HOST_PIECE.findall(item):
-            choices = _expand_bracket(bracket, item) if bracket else [""]
-            if len(hosts) + len(expanded) * len(choices) > MAX_NODELIST_HOSTS:
-                raise ValueError(f"{text!r} expands to more than {MAX_NODELIST_HOSTS} hosts")
-            expanded = [prefix + literal + choice for prefix in expanded for choice in choices]
-        hosts.extend(expanded)
+    text = text.strip()
+    if any(ch.isspace() for ch in text):
+        raise ValueError(f"whitespace in {text!r}")
+    if ",," in text or text.startswith(",") or text.endswith(","):  # hostlist would skip the gap
+        raise ValueError(f"empty entry in {text!r}")
+    try:
+        import hostlist  # python-hostlist; imported here so that only SLURM launches need it
+    except ImportError:
+        raise LaunchEnvError("reading a SLURM node list needs the python-hostlist package "
+                             "(pip install python-hostlist)") from None
+    try:
+        hosts = hostlist.expand_hostlist(text, allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"{exc} in {text!r}") from None
+    if len(hosts) > MAX_NODELIST_HOSTS:
+        raise ValueError(f"{text!r} expands to more than {MAX_NODELIST_HOSTS} hosts")
     return hosts
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"nested brackets in {text!r}")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced brackets in {text!r}")
-        elif ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"unbalanced brackets in {text!r}")
-    items.append(text[start:])
-    return items
-
-
-def _expand_bracket(body: str, item: str) -> list[str]:
-    out: list[str] = []
-    for part in body.split(","):
-        match = _RANGE.fullmatch(part)
-        if not match:
-            raise ValueError(f"bad range {part!r} in {item!r}")
-        low_text, high_text = match.group(1), match.group(2) or match.group(1)
-        low, high = int(low_text), int(high_text)
-        if high < low:
-            raise ValueError(f"range {part!r} in {item!r} runs backwards")
-        if len(out) + high - low + 1 > MAX_NODELIST_HOSTS:
-            raise ValueError(f"{item!r} expands to more than {MAX_NODELIST_HOSTS} hosts")
-        out.extend(str(n).zfill(len(low_text)) for n in range(low, high + 1))
-    return out
 
 
 def parse_tasks_per_node(text: str) -> list[int]:

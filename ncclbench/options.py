@@ -45,7 +45,9 @@ def collective_options(f):
         click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=0), default=1, show_default=True, help="Repeat the sweep N times (0: until Ctrl-C)."),
         click.option("-p", "--parallel_init", "parallel_init", type=click.IntRange(0, 1), default=0, help="Accepted for nccl-tests compatibility (one process per GPU)."),
         click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True, help="Check results N times, fresh inputs each time (0: off)."),
-        _flag("-z", "--blocking", "Wait for each op before launching the next."),
+        click.option("-z", "--blocking", type=click.IntRange(0, 3), default=0, show_default=True,
+                     help="1: wait and barrier after each op; 2: wait after each op; 3: wait and barrier after each "
+                          "iteration of -m ops, barriers not timed (nccl-tests' -z)."),
         click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True, help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max."),
         click.option("-T", "--timeout", type=FiniteFloat(min=0, max=MAX_TIMEOUT_S), default=600.0, show_default=True, help="Seconds one size may take before the run is aborted; 0: no timeout (nccl-tests' default)."),
         _flag("-S", "--report_timestamps", "Append a timestamp to each row."),
@@ -112,7 +114,8 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
     if factor is not None and factor <= 1:
         raise _fail(f"step factor must be > 1 (got {factor:g})")
     if o["cudagraph"] and o["blocking"]:
-        raise _fail("-G (CUDA graphs) and -z (blocking) cannot be combined")
+        raise _fail(f"-G (CUDA graphs) and -z {o['blocking']} cannot be combined: a wait or a barrier between "
+                    "ops cannot be captured in a graph")
     samples, which = (o["cudagraph"], "-G replays") if o["cudagraph"] else (o["iters"], "-n iterations")
     if o["per_iter_timing"] and o["per_iter_skip"] >= samples:
         raise _fail(f"-K {o['per_iter_skip']} would skip every one of the {samples} {which} the -I summary is made of")
@@ -138,7 +141,7 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
         collective=coll_name, split=split, min_bytes=o["minbytes"], max_bytes=o["maxbytes"], step_bytes=o["stepbytes"],
         step_factor=factor or 1.0, dtypes=dtypes, ops=ops, root=root, iters=o["iters"],
         warmup_iters=o["warmup_iters"], agg_iters=o["agg_iters"], run_cycles=o["run_cycles"], check=o["check"],
-        blocking=bool(o["blocking"]), average=o["average"], timeout_s=o["timeout"],
+        blocking=o["blocking"], average=o["average"], timeout_s=o["timeout"],
         report_timestamps=bool(o["report_timestamps"]), graph_replays=o["cudagraph"],
         report_cputime=bool(o["report_cputime"]), per_iter=bool(o["per_iter_timing"]),
         per_iter_skip=o["per_iter_skip"], unalign=o.get("unalign", 0), local_register=o.get("local_register", 0), stream_null=bool(o.get("stream_null")),

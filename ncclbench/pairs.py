@@ -410,7 +410,7 @@ def run_pairs(o: dict) -> int:
     argv = sys.argv[1:]
     info = launch.detect()
     launched = info.launcher != "none"
-    backend = choose_backend(o["backend"], launched)
+    backend = choose_backend(o["backend"])
     plan = build_plan(o, backend)
     if launched:
         if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):

@@ -27,7 +27,7 @@ class Plan:
     agg_iters: int = 1
     run_cycles: int = 1            # 0: until interrupted
     check: int = 1
-    blocking: bool = False
+    blocking: int = 0              # -z: nccl-tests' 0-3 (timing.py)
     average: int = 1
     timeout_s: float = 600.0
     report_timestamps: bool = False
@@ -69,7 +69,7 @@ class Plan:
 
     def timing_settings(self) -> TimingSettings:
         return TimingSettings(iters=self.iters, agg=self.agg_iters, mode=self.mode,
-                              graph_replays=self.graph_replays, per_iter=self.per_iter)
+                              graph_replays=self.graph_replays, per_iter=self.per_iter, blocking=self.blocking)
 
     @property
     def averaging(self) -> Average:

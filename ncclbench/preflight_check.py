@@ -637,7 +637,7 @@ def preflight_command(**o):
     from ncclbench.output import check_writable
 
     info = launch.detect()
-    o["backend"] = choose_backend(o["backend"], info.launched)
+    o["backend"] = choose_backend(o["backend"])
     if o["json_path"]:
         check_writable(o["json_path"], "JSON file")
     if info.launched:

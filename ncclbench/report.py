@@ -18,6 +18,15 @@ _UNITS_ITER = ("#        (B)    (elements)                               (us)  (
                "     (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%) ")
 
 
+# nccl-tests' header line per -z mode (files written before -z had modes hold only
+# blocking_collectives "true", which meant mode 2)
+_BLOCKING_LINES = {
+    1: "# Blocking Enabled: wait and barrier after each inner iteration (-m) ",
+    2: "# Blocking Enabled: wait after each inner iteration (-m), no barrier ",
+    3: "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier ",
+}
+
+
 def test_name(collective: str) -> str:
     return f"{collective}_perf"
 
@@ -67,14 +76,16 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
         f"step: {format_step(info)} warmup iters: {c['warmup_iters']} iters: {c['iterations']} "
         f"agg iters: {c['aggregated_iterations']} validation: {c['validation']} graph: {c['graph']} unalign: {c.get('unalign', 0)}",
     ]
-    if c.get("blocking_collectives") == "true":
-        lines.append("# Blocking Enabled: wait after each inner iteration (-m), no barrier ")
+    blocking = _BLOCKING_LINES.get(c.get("blocking_mode", 2 if c.get("blocking_collectives") == "true" else 0))
+    if blocking:
+        lines.append(blocking)
     if per_iter:
         lines.append(f"# Per-Iteration Report: {info.timing} timing; i_* uses max over process rows"
                      + (f"; summary skips first {skip} iterations" if skip else "") + " ")
     nodes = len(info.hosts)
     lines.append(f"# Backend: {info.backend} ({info.nccl_text}), timing: {info.mode} ({info.timing}), "
                  f"{info.nranks} ranks on {nodes} node{'s' if nodes != 1 else ''} ({', '.join(info.hosts)})")
+    lines.append(f"# NCCL environment: {nccl_environment(info.env)}")
     if info.topology:
         lines.append(f"# Topology: {info.topology}")
     lines.extend(f"# Note: {n}" for n in info.notes)
@@ -84,6 +95,13 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
                      f"device {d.device:2d} [{d.device_hex}] {d.device_info}")
     lines.append("#")
     return lines + _table_head(per_iter, info.report_cputime, timestamps)
+
+
+def nccl_environment(env: list[str]) -> str:
+    """The NCCL_* settings the ranks ran with (nccl-tests' own NCCL_TESTS_* are not NCCL's),
+    so that two runs are compared knowingly; ncclbench sets none itself."""
+    nccl = [e for e in env if e.startswith("NCCL_") and not e.startswith("NCCL_TESTS_")]
+    return " ".join(nccl) if nccl else "NCCL defaults (no NCCL_* set)"
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:
@@ -161,7 +179,15 @@ def launch_bound_sizes(info: RunInfo, summary: RunSummary) -> list[int]:
     if info.mode != "eager" or info.backend != "nccl":
         return []
     return sorted({r.size for r in summary.rows
-                   if r.size and 0 < r.out_of_place.time_us <= 1.2 * r.out_of_place.host_us})
+                   if r.size and 0 < _timed_us(info, r.out_of_place) <= 1.2 * r.out_of_place.host_us})
+
+
+def _timed_us(info: RunInfo, p: PlacementResult) -> float:
+    """The timed (device) duration per op; 0 when unknown (a -C run read back from JSON
+    holds only the host time)."""
+    if p.device_us is not None:
+        return p.device_us
+    return 0.0 if info.report_cputime else p.time_us
 
 
 def host_cost_us(summary: RunSummary) -> float:

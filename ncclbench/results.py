@@ -17,7 +17,8 @@ class PlacementResult:
     nwrong: int | None      # None: not checked (N/A in nccl-tests, or -c 0 shows 0 there)
     host_us: float = 0.0    # host time spent issuing one op (launch cost), mean over ranks
     per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
-    rank_us: tuple[float, ...] = ()  # each rank's own time per op, in rank order (time_us combines them)
+    device_us: float | None = None  # timed duration per op (what the bandwidths come from); None when read back
+    rank_us: tuple[float, ...] = ()  # each rank's own timed duration per op, in rank order (bandwidths combine them)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
                               error_line, first_line, interruption_message)
+from ncclbench.guard import SetupBoard, attempt, ranks_text, verdict
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -24,15 +25,20 @@ def now() -> str:
     return _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def memory_text(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 class Buffers:
     """Send and receive memory allocated once for the largest size, typed per dtype."""
 
     def __init__(self, backend, send_bytes: int, recv_bytes: int, unalign: int = 0):
         try:
+            faults.before_alloc(backend.rank, send_bytes + recv_bytes)
             self.send_raw = backend.alloc_bytes(send_bytes)
             self.recv_raw = backend.alloc_bytes(recv_bytes)
         except (RuntimeError, MemoryError) as exc:  # torch's CPU and CUDA out-of-memory errors
-            raise PlanError(f"cannot allocate the buffers ({(send_bytes + recv_bytes) / 2**30:.1f} GiB): "
+            raise PlanError(f"cannot allocate the buffers ({memory_text(send_bytes + recv_bytes)}): "
                             f"{first_line(exc, 200)}; lower -e") from None
         self.unalign = unalign
 
@@ -49,8 +55,7 @@ class Slots:
     slices of the big buffers, as nccl-tests shifts each op, so repeated small ops do not
     hit the same cache lines."""
 
-    def __init__(self, coll: Collective, layout, send_t, recv_t, in_place: bool,
-                 use_recv_as_send: bool, rank: int, nslots: int):
+    def __init__(self, layout, send_t, recv_t, in_place: bool, use_recv_as_send: bool, rank: int, nslots: int):
         self.views = []
         span = max(layout.send_count, layout.recv_count, 1)
         if in_place:
@@ -101,10 +106,9 @@ def count_wrong(view, coll: Collective, ctx: CheckContext, dtype: DType, op: str
 
 
 class RankRunner:
-    def __init__(self, plan, backend, launch):
+    def __init__(self, plan, backend):
         self.plan = plan
         self.backend = backend
-        self.launch = launch
         self.coll = plan.coll
         self.rank = backend.group_rank
         self.nranks = backend.group_size
@@ -113,10 +117,14 @@ class RankRunner:
 
     def _group_ops(self):
         """(factory of one NCCL group around each iteration's ops, or None; a header note or
-        None). With -m > 1 (not -z) ops are grouped where the backend can, as nccl-tests
-        does; the note says when it cannot."""
-        if self.plan.agg_iters < 2 or self.plan.mode is TimingMode.BLOCKING:
+        None). With -m > 1 ops are grouped where the backend can, as nccl-tests does; the
+        note says when they are not."""
+        if self.plan.agg_iters < 2:
             return None, None
+        if self.plan.blocking in (1, 2):
+            return None, (f"-z {self.plan.blocking} -m {self.plan.agg_iters}: each op is waited for on its own, "
+                          "not grouped (nccl-tests groups them, and its wait inside the open group finds nothing "
+                          "launched yet)")
         group, reason = self.backend.op_group(self.coll.name)
         if group is None:
             return None, f"-m {self.plan.agg_iters}: ops issued one by one, not in one NCCL group per iteration ({reason})"
@@ -142,12 +150,12 @@ class RankRunner:
         p = self.plan
         p.check_runnable(self.nranks)  # with the group size the backend actually formed
         send, recv = p.buffer_bytes(self.nranks)
-        free = self.backend.free_memory()
+        free = faults.free_memory(self.backend.rank, self.backend.free_memory())
         if free is not None and send + recv + (2 << 30) > free:
             fit = p.largest_fitting_size(self.nranks, free - (2 << 30))
             hint = f"largest size that fits: -e {fit}" if fit else "not even the smallest size fits"
-            raise PlanError(f"buffers need {(send + recv) / 2**30:.1f} GiB but the GPU has "
-                            f"{free / 2**30:.1f} GiB free ({hint})")
+            raise PlanError(f"buffers need {memory_text(send + recv)} but the GPU has "
+                            f"{memory_text(free)} free ({hint})")
 
     def device_record(self) -> DeviceRecord:
         info = self.backend.device_info()
@@ -173,8 +181,7 @@ class RankRunner:
 
     def _slots(self, layout, send_t, recv_t, in_place, nslots):
         out_of_place_missing = self.coll.name in self.backend.in_place_only
-        return Slots(self.coll, layout, send_t, recv_t, in_place, out_of_place_missing and not in_place,
-                     self.rank, nslots)
+        return Slots(layout, send_t, recv_t, in_place, out_of_place_missing and not in_place, self.rank, nslots)
 
     def measure_size(self, buffers, dtype, op, root, size):
         """This rank's (timing, wrong) for both placements of one size."""
@@ -231,19 +238,22 @@ class RankRunner:
             device_s = [r[placement][0] for r in per_rank]
             host_s = [r[placement][1] for r in per_rank]
             wrongs = [r[placement][3] for r in per_rank]
-            seconds = combine(host_s if plan.report_cputime else device_s, plan.averaging)
+            # Bandwidth always from the timed duration of the ops; -C swaps only the time
+            # column, as nccl-tests does (getBw gets deltaSec, the column cputimeSec).
+            seconds = combine(device_s, plan.averaging)
+            shown = combine(host_s, plan.averaging) if plan.report_cputime else seconds
             algbw, busbw = self.coll.bandwidths(layout, dtype.itemsize, self.nranks, seconds)
             nwrong = None if any(w is None for w in wrongs) else sum(wrongs)
             per_iter = None
             if plan.per_iter:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
-            own = host_s if plan.report_cputime else device_s  # each rank's own time, kept for preflight
-            cells.append(PlacementResult(seconds * 1e6, algbw, busbw, nwrong,
+            cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
-                                         rank_us=tuple(t * 1e6 for t in own)))
+                                         device_us=seconds * 1e6,
+                                         rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
-            notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].time_us)
+            notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].device_us)
         return ResultRow(self.coll.name, layout.printed_bytes(dtype.itemsize), layout.param_count,
                          dtype.name, self.coll.printed_op if self.coll.printed_op is not None else op,
                          root, cells[0], cells[1],
@@ -285,8 +295,19 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
 
     stop_on_termination_signals()
     timeout_s = 0 if any(p.timeout_s <= 0 for p in plans) else max(p.timeout_s for p in plans)
+
+    def guard(store):
+        board = SetupBoard(store, launch.rank, launch.world_size, timeout_s,
+                           held=_held_interrupt, hold=hold_termination_signals)
+
+        def run(step, what, fn):
+            value = board.run(step, what, fn)
+            stop_on_termination_signals()  # the step succeeded everywhere: interruptible again
+            return value
+        return run
+
     try:
-        backend = create_backend(plans[0].backend, launch, timeout_s, plans[0].stream_null)
+        backend = create_backend(plans[0].backend, launch, timeout_s, plans[0].stream_null, guard=guard)
     except (BenchError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - rendezvous timeouts, busy ports, unknown hosts: one line
@@ -304,7 +325,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         for plan in plans:
             stop_on_termination_signals()  # a plan's set-up can wait on its peers: interruptible
             try:
-                summary = run_plan(plan, backend, launch, make_report)
+                summary = run_plan(plan, backend, make_report)
             except KeyboardInterrupt as exc:  # before this plan's report began: none of it measured
                 if backend.rank == 0:
                     print(error_line(None, interruption_message(exc)), file=sys.stderr, flush=True)
@@ -358,8 +379,8 @@ class RankHooks:
 
     def timed_out(self, what: str, behind: list[int], timeout_s: float, rank: int, finish) -> None:
         """The -T watchdog fired on `rank` during `what`; `behind`: the ranks that never
-        reached it. `finish(message)` (rank 0 only, else None) writes the report's trailer.
-        Runs on the watchdog's thread."""
+        reached it. `finish(message)` (rank 0 once its report began, else None) writes the
+        report's trailer. Runs on the watchdog's thread."""
         late = [r for r in behind if r != rank]
         who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
         message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
@@ -368,6 +389,8 @@ class RankHooks:
                 finish(message)
             finally:
                 self.say(message)
+        elif rank == 0:  # still setting up: no report to finish
+            self.say(message)
         hard_exit(ExitCode.TIMEOUT)
 
 
@@ -416,6 +439,11 @@ def stop_on_termination_signals() -> None:
     _on_termination_signals(stop)
 
 
+def _held_interrupt() -> KeyboardInterrupt | None:
+    """The interrupt a stop signal noted meanwhile stands for, if one was."""
+    return _interrupt_for(_held_signals[0]) if _held_signals else None
+
+
 def _interrupt_for(signum: int) -> KeyboardInterrupt:
     import signal
 
@@ -438,30 +466,16 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
-def run_plan(plan, backend, launch, make_report, hooks: RankHooks | None = None) -> RunSummary:
+def run_plan(plan, backend, make_report, hooks: RankHooks | None = None) -> RunSummary:
     """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
     `hooks`: how the run meets the process around it (default: the command line's)."""
     hooks = hooks or RankHooks()
     report = None
     rows: list[ResultRow] = []
     status, errors = "ok", []
-    runner = RankRunner(plan, backend, launch)
+    runner = RankRunner(plan, backend)
     runner.agree_on_plan()
-    runner.validate()
-    devices = backend.all_gather_object(runner.device_record())
-    notes = [n for n in [runner.group_note, backend.prepare_registration(plan.local_register)] if n]
-    buffers = Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
-    notes += [n for n in [backend.register_buffers()] if n]
     board = hooks.board(backend)
-    memory = backend.memory_usage() if plan.memory_report else None
-    # From the report's first line to the sweep's start a signal is noted, not raised: the
-    # sweep then stops before it begins and the report still gets its trailer.
-    hooks.hold_signals()
-    if backend.rank == 0:
-        info = build_run_info(plan, backend, devices)
-        info.notes += notes
-        report = make_report(plan, info)
-    faults.after_report(backend.rank)
 
     def finish_on_timeout(message: str) -> None:
         report.finish(RunSummary(list(rows), complete=False, status="timeout", errors=[message]))
@@ -472,6 +486,20 @@ def run_plan(plan, backend, launch, make_report, hooks: RankHooks | None = None)
                         finish_on_timeout if report is not None else None)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
+    try:
+        devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
+    except BaseException:
+        watchdog.stop()
+        raise
+    memory = backend.memory_usage() if plan.memory_report else None
+    # From the report's first line to the sweep's start a signal is noted, not raised: the
+    # sweep then stops before it begins and the report still gets its trailer.
+    hooks.hold_signals()
+    if backend.rank == 0:
+        info = build_run_info(plan, backend, devices)
+        info.notes += notes
+        report = make_report(plan, info)
+    faults.after_report(backend.rank)
 
     def sweep(buffers) -> None:
         step = 0
@@ -544,6 +572,64 @@ def run_plan(plan, backend, launch, make_report, hooks: RankHooks | None = None)
     return summary
 
 
+def set_up(plan, backend, runner, board, watchdog, hooks: RankHooks | None = None):
+    """(every rank's DeviceRecord, header notes, this rank's Buffers). The steps that can
+    fail on some ranks only (the memory check, the allocation) run guarded on every rank
+    and their outcomes are exchanged, so that all ranks leave together (RankFailures, the
+    reasons said once by rank 0) instead of the failing rank alone."""
+    hooks = hooks or RankHooks()
+    board.reach(-1)
+    watchdog.arm("0|setting up the run (memory check, buffers)")
+
+    def local():
+        runner.validate()
+        record = runner.device_record()
+        note = backend.prepare_registration(plan.local_register)
+        return record, note, Buffers(backend, *plan.buffer_bytes(runner.nranks), plan.unalign)
+
+    mine, failure = attempt(local, backend.rank, "setting up the run")
+    record, note, buffers = mine or (None, None, None)
+    board.reach(0)
+    hooks.hold_signals()  # from here the outcome is decided: a launcher's SIGTERM must not replace it
+    try:
+        everyone = backend.all_gather_object((record, failure, nccl_environ()))
+    except Exception as exc:  # noqa: BLE001 - a peer lost while the ranks compare their set-up
+        raise CollectiveError(f"a rank was lost while the ranks set up the run: {type(exc).__name__}: "
+                              f"{first_line(exc)}") from None
+    watchdog.disarm()
+    failed = verdict([f for _, f, _ in everyone if f is not None], backend.nranks)
+    if failed is not None:
+        if backend.rank == 0:
+            for line in failed.lines:
+                hooks.say(line)
+        raise failed
+    hooks.stop_on_signals()
+    if hooks.held_signals():
+        raise _interrupt_for(hooks.held_signals()[0])
+    notes = [n for n in [runner.group_note, note, environ_note([env for _, _, env in everyone])] if n]
+    notes += [n for n in [backend.register_buffers()] if n]
+    return [r for r, _, _ in everyone], notes, buffers
+
+
+def nccl_environ() -> tuple[str, ...]:
+    """This rank's NCCL settings (nccl-tests' NCCL_TESTS_* are not NCCL's)."""
+    return tuple(sorted(f"{k}={v}" for k, v in os.environ.items()
+                        if k.startswith("NCCL_") and not k.startswith("NCCL_TESTS_")))
+
+
+def environ_note(envs: list[tuple[str, ...]]) -> str | None:
+    """A header note naming the ranks whose NCCL settings differ from rank 0's (the header's
+    `# NCCL environment` line and the JSON's env are rank 0's)."""
+    others: dict[tuple[str, ...], list[int]] = {}
+    for rank, env in enumerate(envs):
+        if env != envs[0]:
+            others.setdefault(env, []).append(rank)
+    if not others:
+        return None
+    return "NCCL environment differs by rank: " + "; ".join(
+        f"{ranks_text(ranks)}: {' '.join(env) or 'no NCCL_* set'}" for env, ranks in others.items())
+
+
 def failed_verdict(summary: RunSummary, plan) -> str | None:
     """One line for a run that measured everything but failed its checks (exit 7)."""
     if summary.status == "wrong_results":
@@ -612,7 +698,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
             plan.step_bytes if plan.step_factor == 1 else _integral(plan.step_factor),
         "warmup_iters": plan.warmup_iters, "iterations": plan.iters,
         "aggregated_iterations": plan.agg_iters, "validation": plan.check, "graph": plan.graph_replays,
-        "blocking_collectives": "true" if plan.blocking else "false",
+        "blocking_collectives": "true" if plan.blocking else "false", "blocking_mode": plan.blocking,
         "per_iter_timing": "true" if plan.per_iter else "false", "per_iter_skip": plan.per_iter_skip,
         "parallel_init": "false", "unalign": plan.unalign, "min_bw": plan.min_bw, "min_peak_bw": plan.min_peak_bw,
     }

@@ -14,7 +14,7 @@ RUN_KEYS = {
     "report_cputime", "per_iter_timing", "per_iter_skip", "min_bw", "min_peak_bw", "unalign", "memory_report",
     "local_register", "stream_null",
 }
-ENTRY_KEYS = RUN_KEYS | {"collective", "label", "env"}
+ENTRY_KEYS = RUN_KEYS | {"collective", "label", "env", "tune"}
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,7 @@ class SuiteRun:
     collective: str
     options: dict               # RUN_KEYS values (raw, validated later by build_plan)
     env: tuple = field(default=())  # sorted (name, value) pairs
-
-    @property
-    def env_dict(self) -> dict:
-        return dict(self.env)
+    tune: dict | None = None        # `tune:` settings: run `ncclbench tune` on this entry (ncclbench.tune.suite)
 
 
 def parse_overrides(items) -> dict:
@@ -102,7 +99,11 @@ def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
         options.update({k: v for k, v in entry.items() if k in RUN_KEYS})
         options.update(overrides or {})
         label = str(entry.get("label") or _default_label(coll.command, options, env))
-        runs.append(SuiteRun(i, label, coll.name, options, tuple(sorted((k, str(v)) for k, v in env.items()))))
+        tune = entry.get("tune") or None
+        if tune is not None and tune is not True and not isinstance(tune, dict):
+            raise PlanError(f"suite {path}: {where}: tune must be true or a mapping of tune settings")
+        runs.append(SuiteRun(i, label, coll.name, options, tuple(sorted((k, str(v)) for k, v in env.items())),
+                             {} if tune is True else tune))
     return runs
 
 

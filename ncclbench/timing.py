@@ -9,7 +9,14 @@ graph replayed that many times between the marks (after one untimed replay: a gr
 first launch also uploads it).
 Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G.
 With `agg` > 1 each iteration's ops go in one group (`group()`, the backend's NCCL group),
-as nccl-tests wraps them in ncclGroupStart/End; -z waits after every op, so it does not."""
+as nccl-tests wraps them in ncclGroupStart/End.
+
+-z (`blocking`), nccl-tests 2.19.6's four modes: 0 ops issued back to back; 1 wait for each
+op, then a host barrier; 2 wait for each op, no barrier; 3 each outer iteration (its `agg`
+ops, grouped) between its own pair of marks, then a wait, the stop mark, and a barrier
+outside the marks, so the time excludes the barriers. Modes 1 and 2 time the whole loop,
+waits (and barriers) included, and group nothing: a wait inside an open NCCL group would
+find nothing launched yet."""
 
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
+
+from ncclbench import faults
 
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
@@ -33,7 +42,7 @@ ALIGN_OPS = 4
 class TimingMode(str, enum.Enum):
     EAGER = "eager"        # ops launched one by one from the host
     GRAPH = "graph"        # CUDA graph replay (-G)
-    BLOCKING = "blocking"  # -z: wait for each op before launching the next
+    BLOCKING = "blocking"  # -z 1, 2 or 3: waits (and barriers) inside the timed loop
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,11 @@ class TimingSettings:
     mode: TimingMode = TimingMode.EAGER
     graph_replays: int = 0
     per_iter: bool = False
+    blocking: int = 0      # nccl-tests' -z value (1, 2 or 3 exactly when mode is BLOCKING)
+
+    def __post_init__(self):
+        if (self.mode is TimingMode.BLOCKING) != (self.blocking in (1, 2, 3)):
+            raise ValueError(f"-z {self.blocking} does not go with timing mode {self.mode.value}")
 
 
 @dataclass
@@ -62,30 +76,39 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _measure(backend, run_op, settings, group)
+        timing = _measure(backend, run_op, settings, group)
     finally:
         if collecting:
             gc.enable()
+    slow = faults.device_time_factor()
+    if slow != 1.0:
+        timing = Timing(timing.device_s * slow, timing.host_s, [v * slow for v in timing.per_iter_s])
+    return timing
 
 
 def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, group) -> Timing:
     agg = settings.agg
     steps = max(settings.graph_replays, 1) if settings.mode is TimingMode.GRAPH else settings.iters
+    paired = settings.blocking == 3
     # The marks are made before the ranks line up: making them (creating and first-recording
     # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning ops and the start mark
     # let the ranks drift apart again, and one rank's first timed op waited for the others.
-    pool = backend.markers(steps + 1 if settings.per_iter else 2)
+    pool = backend.markers(2 * steps if paired else steps + 1 if settings.per_iter else 2)
     run_op(0)
     backend.synchronize()
     _line_up(backend, run_op)
 
     if agg == 1 and settings.mode is TimingMode.EAGER:
         step = run_op  # the common case without a wrapper call per op (eager host cost)
-    elif settings.mode is TimingMode.BLOCKING:
+    elif settings.blocking in (1, 2):
+        with_barrier = settings.blocking == 1
+
         def step(it):
             for a in range(agg):
                 run_op(it * agg + a)
                 backend.synchronize()
+                if with_barrier:
+                    backend.barrier()
     else:
         open_group = group if group is not None and agg > 1 else contextlib.nullcontext
 
@@ -105,6 +128,8 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
         _line_up(backend, run_op)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
         return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, settings.per_iter)
+    if paired:
+        return _paired_loop(backend, pool, steps, step, agg, settings.per_iter)
     return _marked_loop(backend, pool, steps, step, agg, settings.per_iter)
 
 
@@ -134,6 +159,26 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     total_ops = steps * ops_per_step
     samples = [backend.elapsed(a, b) / ops_per_step for a, b in zip(marks, marks[1:])] if per_iter else []
     return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, samples)
+
+
+def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,
+                 per_iter: bool) -> Timing:
+    """-z 3: each `step(k)` between its own start and stop marks (the stop after waiting for
+    the step), then a barrier outside the marks. The time is the sum of the marked spans;
+    the host time, nccl-tests' collOnlySec: issue and wait of each step, barriers left out."""
+    spans, host_s = [], 0.0
+    for k in range(steps):
+        t0 = time.perf_counter()
+        start = backend.mark(pool[2 * k])
+        step(k)
+        backend.synchronize()
+        stop = backend.mark(pool[2 * k + 1])
+        host_s += time.perf_counter() - t0
+        spans.append((start, stop))
+        backend.barrier()
+    backend.synchronize()
+    samples = [backend.elapsed(a, b) / ops_per_step for a, b in spans]
+    return Timing(sum(samples) / steps, host_s / (steps * ops_per_step), samples if per_iter else [])
 
 
 class Average(enum.IntEnum):

@@ -29,11 +29,16 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     from ncclbench import cli, launch
     from ncclbench.suite import env_groups, load_suite, parse_overrides
 
-    runs = load_suite(suite_file, parse_overrides(overrides))
+    from ncclbench.tune.suite import run_tune_entries, tune_entries
+
+    runs, tunes = tune_entries(suite_file, load_suite(suite_file, parse_overrides(overrides)), ngpus, backend,
+                               ranks_of_a_group=group_index is not None)
+    if not runs:
+        sys.exit(int(run_tune_entries(tunes)))
     groups = env_groups(runs)
     info = launch.detect()
     launched = info.launcher != "none"
-    chosen = cli.choose_backend(backend, launched)
+    chosen = cli.choose_backend(backend)
     common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
               "quiet": quiet}
     nranks = info.world_size if launched else (ngpus or 1)
@@ -48,6 +53,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
             except PlanError as exc:
                 raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}): {exc}") from None
             plans.append(plan)
+        _one_stream_per_launch(suite_file, members, plans)
         plans_by_group.append(plans)
 
     if launched:
@@ -84,7 +90,21 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
             worst = code
         if code in (ExitCode.INTERRUPTED,):
             break
+    if worst != ExitCode.INTERRUPTED and tunes:
+        worst = run_tune_entries(tunes) or worst
     sys.exit(int(worst))
+
+
+def _one_stream_per_launch(suite_file, members, plans) -> None:
+    """The stream (-y, stream_null) is chosen once per launch, when the backend starts: an
+    entry that asks for another one than the launch's first entry is refused, not ignored."""
+    for run, plan in zip(members, plans):
+        if plan.stream_null != plans[0].stream_null:
+            raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}) sets stream_null "
+                            f"{int(plan.stream_null)} but runs[{members[0].index}] ({members[0].label}), launched "
+                            f"with it, sets {int(plans[0].stream_null)}: the stream is chosen once per launch; "
+                            "put the entries of each stream_null in a suite of their own, or set it for all "
+                            "with --set stream_null=N")
 
 
 def _run_group(plans, labels, info, spec, suite_file) -> int:

@@ -14,11 +14,17 @@ REFERENCE = FIXTURES / "nccl-tests"
 ROW_RE = re.compile(r"^\s+\d+\s+\d+\s")
 
 
+BENCHMARKS = ROOT / "benchmarks"
+
+
 def load_script(name: str):
-    """scripts/<name>.py imported as a module (the scripts are not part of the package)."""
+    """benchmarks/<name>.py imported as a module (the maintainers' scripts are not part of the
+    package; they import each other by name, as they do when run from that folder)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there while the class is made
     spec.loader.exec_module(module)
@@ -59,7 +65,9 @@ def cli_command() -> list[str]:
 
 
 def run_cli(args, env=None, timeout=240, cwd=None):
-    """Run the real `ncclbench` console script in a fresh process."""
+    """Run the real `ncclbench` console script in a fresh process. NVLink SHARP stays off
+    (NCCL_NVLS_ENABLE=0, a rule of the GPU hosts the GPU tests run on) unless `env` says
+    otherwise; a name that `env` maps to None is removed."""
     cmd = cli_command()
     full_env = dict(os.environ)
     full_env.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -67,8 +75,11 @@ def run_cli(args, env=None, timeout=240, cwd=None):
     full_env.pop("WORLD_SIZE", None)
     full_env.pop("LOCAL_RANK", None)
     full_env.pop("TORCHELASTIC_RUN_ID", None)
-    if env:
-        full_env.update(env)
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd)
 

@@ -182,3 +182,25 @@ def test_measure_on_one_gpu_matches_the_command_line(tmp_path):
     assert api[keys].to_dict("records") == cli[keys].to_dict("records")
     ratio = (api["time_us"] / cli["time_us"]).round(3).tolist()
     print("time_us api/cli per row:", ratio)
+
+
+def test_api_vs_cli_script_builds_the_same_plan_and_its_table(tmp_path):
+    """benchmarks/api_vs_cli.py: the command line's options for measure()'s sizes, and the
+    table of medians from alternating runs' CSVs."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("api_vs_cli", ROOT / "benchmarks" / "api_vs_cli.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = SimpleNamespace(collective="all_gather", sizes="1M:64M:x8", iters=7, warmup=2, nproc=2)
+    argv = script.cli_args(args, tmp_path / "c.csv")
+    assert argv[:5] == ["all_gather", "-b", str(1 << 20), "-e", str(64 << 20)]
+    assert argv[argv.index("-f") + 1] == "8"
+    assert argv[argv.index("-n") + 1] == "7" and argv[argv.index("-g") + 1] == "2"
+    for kind, time_us in (("cli", 100.0), ("api", 110.0)):
+        for k in range(2):
+            pd.DataFrame([{"size_bytes": 1024, "placement": "out_of_place", "time_us": time_us + k,
+                           "algbw_gbps": 1.0, "busbw_gbps": 0.5}]).to_csv(tmp_path / f"{kind}_{k}.csv", index=False)
+    lines = script.table(tmp_path, 2)
+    assert lines[-1].startswith("| 1024 | out_of_place | 100.50 | 110.50 | 1.100 |")

@@ -56,7 +56,9 @@ CASES = [
      "more than 100000 sizes"),
     ("threads", ["allreduce", "-t", "2"], "nthreads"),
     ("graph on gloo", ["allreduce", "--backend", "gloo", "-G", "5"], "gloo"),
-    ("graph and blocking", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "1"], "cannot be combined"),
+    ("graph and blocking", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "1"], "cannot be captured"),
+    ("graph and blocking per iteration", ["allreduce", "--backend", "gloo", "-G", "5", "-z", "3"], "-z 3 cannot"),
+    ("blocking mode beyond nccl-tests'", ["allreduce", "-z", "4"], "blocking"),
     ("sendrecv alone", ["sendrecv", "--backend", "gloo", "-g", "1"], "at least 2 ranks"),
     ("json dir missing", ["allreduce", "--backend", "gloo", "-J", "/nonexistent/dir/r.json"], "does not exist"),
     ("csv dir missing", ["allreduce", "--backend", "gloo", "--csv", "/nonexistent/dir/r.csv"], "does not exist"),
@@ -163,6 +165,20 @@ def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
     assert str(path) in err[0] and words in err[0]
 
 
+def test_a_suite_entry_asking_for_another_stream_than_its_launch_is_refused(capsys, tmp_path):
+    """The stream is chosen when the backend starts, once per launch: an entry with another
+    stream_null than the launch's first entry is refused before anything starts (it used to
+    run on the first entry's stream, silently)."""
+    path = tmp_path / "streams.yaml"
+    path.write_text("runs:\n  - allreduce\n  - collective: allgather\n    stream_null: 1\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["suite", str(path), "--backend", "nccl", "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "runs[1] (allgather) sets stream_null 1 but runs[0] (allreduce), launched with it, sets 0" in err[0]
+    assert not psutil.Process().children()
+
+
 @pytest.mark.parametrize("item,words", [("sizes=3", "unknown key 'sizes'"), ("iters", "expected KEY=VALUE"),
                                         ("iters=[1, 2]", "not a single value"), ("iters=", "not a single value"),
                                         ("iters=abc", "'abc' is not a valid integer"), ("iters=0", "x>=1"),
@@ -242,12 +258,12 @@ def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
     plan = Plan("all_reduce", min_bytes=8, max_bytes=4 << 30, step_factor=4.0, backend="nccl")
     backend = FakeGpuBackend(group_rank=0, group_size=4, rank=0, nranks=4)
     with pytest.raises(PlanError) as exc:
-        RankRunner(plan, backend, None).validate()
+        RankRunner(plan, backend).validate()
     text = str(exc.value)
     assert "buffers need 4.0 GiB" in text and "3.0 GiB free" in text
     assert "largest size that fits: -e 536870912" in text  # 2 x 512 MiB + 2 GiB reserve = 3 GiB
     small = Plan("all_reduce", min_bytes=8, max_bytes=64 << 20, step_factor=4.0, backend="nccl")
-    RankRunner(small, backend, None).validate()  # fits: no error
+    RankRunner(small, backend).validate()  # fits: no error
 
 
 def test_first_line_of_an_error():

@@ -355,6 +355,16 @@ def test_sbatch_script_runs_one_job(slurm_cluster, tmp_path):
     assert_one_good_table(text, 2)
 
 
+@pytest.mark.parametrize("name", ["ncclbench.sbatch", "ncclbench-torchrun.sbatch"])
+def test_sbatch_templates_pass_test_only(slurm_cluster, tmp_path, name):
+    """Both SLURM templates as shipped: sbatch --test-only accepts their #SBATCH lines on a
+    real controller (it schedules nothing)."""
+    proc = subprocess.run([slurm_cluster.tool("sbatch"), "--test-only", str(ROOT / "scripts" / "slurm" / name)],
+                          capture_output=True, text=True, env=slurm_cluster.env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + slurm_cluster.logs()
+    assert "to start at" in proc.stdout + proc.stderr  # "sbatch: Job <id> to start at <time> using ..."
+
+
 # ---------------------------------------------------------------------------
 # Two torchrun "nodes" on loopback
 # ---------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def test_cputime_timestamps_blocking_and_unchecked_cells_read_like_nccl_tests(tm
     head = next(ln for ln in lines if ln.startswith("#       size"))
     assert head.split()[6] == "cputime" and head.split().count("cputime") == 2 and "time" not in head.split()
     assert head.endswith("  timestamp") and lines[lines.index(head) + 1].endswith("  %Y-%m-%d %H:%M:%S")
-    assert "# Blocking Enabled: wait after each inner iteration (-m), no barrier " in lines
+    assert "# Blocking Enabled: wait and barrier after each inner iteration (-m) " in lines
     per_iter = next(ln for ln in lines if ln.startswith("# Per-Iteration Report"))
     assert per_iter.endswith("i_* uses max over process rows ") and "skips" not in per_iter
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ OK$", r.stdout, re.M)
@@ -299,3 +299,63 @@ def test_long_option_prefixes_like_getopt_long():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "minBytes 1024 maxBytes 2048" in r.stdout and "warmup iters: 0 iters: 3 " in r.stdout
     assert [row[0] for row in table_rows(r.stdout)] == ["1024", "2048"]
+
+
+@pytest.mark.parametrize("cputime", [0, 1])
+def test_cputime_prints_host_time_but_bandwidth_from_the_timed_duration(tmp_path, cputime):
+    """A 'device' 50 x slower than the host issues its ops (fault injection): without -C
+    the printed time is the timed duration and algbw x time = bytes; with -C 1 the time is
+    the host's issue time (cpu_time in JSON) while algbw still comes from the timed
+    duration, so algbw x time is some 50 x short of the bytes (nccl-tests: getBw gets
+    deltaSec whatever -C says)."""
+    out = tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1M", "-e", "1M", "-n", "4", "-C", str(cputime),
+                 "--no-save", "-J", str(out)], env={"NCCLBENCH_FAULT": "slow_device:factor=50"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    cell = json.loads(out.read_text())["results"][0]["out_of_place"]
+    time_us = cell["cpu_time" if cputime else "time"]
+    moved = cell["alg_bw"] * 1e3 * time_us / (1 << 20)  # 1 when the time is what the bandwidth came from
+    if cputime:
+        assert moved < 0.1, cell
+    else:
+        assert moved == pytest.approx(1, rel=1e-6), cell
+    assert cell["bus_bw"] == pytest.approx(cell["alg_bw"])  # 2 ranks: factor 2(n-1)/n = 1
+
+
+@pytest.mark.parametrize("mode,line", [
+    (1, "# Blocking Enabled: wait and barrier after each inner iteration (-m) "),
+    (2, "# Blocking Enabled: wait after each inner iteration (-m), no barrier "),
+    (3, "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier "),
+])
+def test_each_blocking_mode_runs_and_says_so_as_nccl_tests(tmp_path, mode, line):
+    out = tmp_path / "r.json"
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-m", "2",
+                 "-I", "1", "-z", str(mode), "--no-save", "-J", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert line in r.stdout.splitlines()
+    grouped_note = f"# Note: -z {mode} -m 2: each op is waited for on its own, not grouped"
+    assert (grouped_note in r.stdout) == (mode in (1, 2))
+    doc = json.loads(out.read_text())
+    assert doc["config"]["blocking_collectives"] == "true" and doc["config"]["blocking_mode"] == mode
+    assert [res["out_of_place"]["nwrong"] for res in doc["results"]] == [0, 0]
+    assert all(len(res["out_of_place_per_iter"]["times_us"]) == 3 for res in doc["results"])
+    shown = run_cli(["show", str(out)])
+    assert shown.returncode == 0 and line in shown.stdout.splitlines(), shown.stderr
+
+
+def test_ncclbench_sets_no_nccl_variable_and_names_those_the_ranks_ran_with(tmp_path):
+    """A self-spawned run starts from NCCL's defaults (it used to set NCCL_NVLS_ENABLE=0,
+    which turns NCCL's fastest all_reduce off on NVSwitch systems while torchrun, srun and
+    mpirun runs kept it on); header and JSON name the NCCL_* variables the user set."""
+    unset = {name: None for name in os.environ if name.startswith("NCCL_")}
+    unset["NCCL_NVLS_ENABLE"] = None
+    for extra, expected in (({}, "# NCCL environment: NCCL defaults (no NCCL_* set)"),
+                            ({"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
+                             "# NCCL environment: NCCL_ALGO=Ring NCCL_PROTO=Simple")):
+        out = tmp_path / f"r{len(extra)}.json"
+        r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "1", "--no-save",
+                     "-J", str(out)], env={**unset, **extra})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert expected in r.stdout.splitlines()
+        nccl = [e for e in json.loads(out.read_text())["env"] if e.startswith("NCCL_")]
+        assert nccl == [f"{k}={v}" for k, v in sorted(extra.items())]

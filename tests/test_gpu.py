@@ -173,3 +173,52 @@ def test_stopped_launcher_ends_gpu_ranks_with_their_rows(backend, how, tmp_path)
     checked = pd.read_csv(tmp_path / "r.csv").dropna(subset=["nwrong"])
     assert len(checked) >= 12 and (checked.nwrong == 0).all()
     assert not wait_gone(str(tmp_path), 30)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_cputime_changes_the_time_column_not_the_bandwidth(backend, tmp_path):
+    """1 GiB all_gather on one GPU (a 1 GiB copy): -C 1 prints the host's issue time, far
+    below the copy's duration, and the same bandwidth as -C 0 within noise (both from the
+    timed duration). Before, -C 1 divided the bytes by the issue time (74,727 GB/s on an
+    H100)."""
+    cells = {}
+    for cputime in (0, 1):
+        out = tmp_path / f"c{cputime}.json"
+        r = run_cli(["allgather", "-g", "1", "--backend", backend, "-b", "1G", "-e", "1G", "-n", "20", "-w", "5",
+                     "-C", str(cputime), "--no-save", "-J", str(out)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "# NCCL environment: NCCL_NVLS_ENABLE=0" in r.stdout.splitlines()  # the tests' own setting
+        cells[cputime] = json.loads(out.read_text())["results"][0]["out_of_place"]
+    assert 0.8 < cells[1]["alg_bw"] / cells[0]["alg_bw"] < 1.25, cells
+    assert cells[1]["cpu_time"] < 0.5 * cells[0]["time"], cells
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+@pytest.mark.parametrize("blocking", [1, 2, 3])
+def test_each_blocking_mode(backend, blocking):
+    n = min(_gpus(), 2)
+    r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "8", "-e", "1M", "-f", "32", "-n", "5",
+                 "-m", "2", "-I", "1", "-z", str(blocking), "--no-save"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "# Blocking Enabled:" in r.stdout
+    rows = table_rows(r.stdout)
+    assert len(rows) == 4 and all(row[8] == "0" for row in rows)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+@pytest.mark.parametrize("fault,code,reason", [
+    ("device_fail", 3, "setting up the device: RuntimeError: CUDA error"),
+    ("comm_fail", 3, "communicator: RuntimeError: NCCL error"),
+    ("alloc_fail", 2, "cannot allocate the buffers"),
+])
+def test_a_set_up_failure_is_one_line_and_its_code(backend, fault, code, reason, tmp_path):
+    """On every rank with one GPU, on rank 1 only with two: one line with the reason, the
+    failure's code, no traceback, no result file."""
+    n = min(_gpus(), 2)
+    r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "4M", "-e", "4M", "-T", "60",
+                 "--results-dir", str(tmp_path / "store")], env={"NCCLBENCH_FAULT": f"{fault}:rank={n - 1}"})
+    assert r.returncode == code, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench:")]
+    assert len(lines) == 1 and reason in lines[0], r.stderr[-3000:]
+    assert (f"rank {n - 1} on " in lines[0]) == (n > 1)
+    assert "Traceback" not in r.stderr and not list((tmp_path / "store").glob("*.json"))

@@ -700,6 +700,14 @@ def test_parse_nodelist_rejects(text):
         parse_nodelist(text)
 
 
+def test_parse_nodelist_without_python_hostlist_is_one_clear_error(monkeypatch):
+    """Installed with --no-deps, ncclbench still runs everywhere but a SLURM step, which
+    says what is missing."""
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # import hostlist -> ImportError
+    with pytest.raises(LaunchEnvError, match="needs the python-hostlist package"):
+        parse_nodelist("gpu[01-02]")
+
+
 @pytest.mark.parametrize("text, counts", [
     ("8(x2)", [8, 8]),
     ("4,3", [4, 3]),

@@ -250,3 +250,12 @@ def test_an_output_error_ranks_below_every_measured_failure():
     from ncclbench.runner import _severity
 
     assert _severity(ExitCode.OK) < _severity(ExitCode.OUTPUT_ERROR) < _severity(ExitCode.WRONG_RESULTS)
+
+
+def test_ranks_whose_nccl_settings_differ_from_rank_0s_are_named():
+    from ncclbench.runner import environ_note
+
+    same = ("NCCL_ALGO=Ring",)
+    assert environ_note([same, same, same]) is None
+    assert environ_note([same, (), same, ("NCCL_ALGO=Tree",), ("NCCL_ALGO=Tree",)]) == (
+        "NCCL environment differs by rank: rank 1: no NCCL_* set; ranks 3,4: NCCL_ALGO=Tree")

@@ -4,8 +4,10 @@ valid partial files with the sizes done, and no process left behind."""
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 import types
 
@@ -383,3 +385,100 @@ def test_the_launcher_outlives_its_ranks_after_repeated_signals(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["ncclbench"]["status"] == "interrupted"
     assert exited_after > 1.0  # it waited for rank 0's remaining linger, not only the signals
     assert not wait_gone(str(tmp_path))
+
+
+# ---- a failure on some ranks only, heard by all ------------------------------------------------
+RANK1_FAULTS = [
+    # (fault on rank 1, exit code, words of rank 1's reason)
+    ("alloc_fail", 2, "cannot allocate the buffers (8.0 MiB): out of memory"),
+    ("plan_fail", 2, "buffers need 8.0 MiB but the GPU has 0.0 MiB free"),
+    ("no_gpu", 5, "local rank 1 has no GPU"),
+    ("device_fail", 3, "setting up the device: RuntimeError: CUDA error"),
+    ("comm_fail", 3, "starting the gloo communicator: RuntimeError: NCCL error"),
+]
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("ncclbench:")]
+
+
+@pytest.mark.parametrize("fault,code,reason", RANK1_FAULTS, ids=[f[0] for f in RANK1_FAULTS])
+def test_a_set_up_failure_on_one_rank_is_said_once_and_every_rank_leaves_with_its_code(tmp_path, fault, code,
+                                                                                        reason):
+    """Rank 1 alone fails while the run sets up (its GPU, its communicator, the memory
+    check, the allocation): one line naming rank 1, its host and its reason, the code of
+    that kind of failure, no traceback, and no result file for a run that never started
+    (before: rank 0 failed on with 'Connection reset by peer', exit 3, rank 1's reason
+    unsaid and 'results saved'; or a traceback and exit 1)."""
+    store = tmp_path / "store"
+    start = time.time()
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "4M", "-e", "4M", "-n", "2", "-T", "60",
+                 "--results-dir", str(store), "-J", str(tmp_path / "r.json")],
+                env={"NCCLBENCH_FAULT": f"{fault}:rank=1"}, timeout=180)
+    assert r.returncode == code, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("ncclbench: error: rank 1 on ") and reason in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and table_rows(r.stdout) == [] and "saved" not in r.stdout + r.stderr
+    assert not (tmp_path / "r.json").exists() and not list(store.glob("*.json"))
+    assert time.time() - start < 60  # well within -T: nobody waits for the failed rank
+    assert not wait_gone(str(tmp_path))
+
+
+@pytest.mark.parametrize("fault,code,reason", [RANK1_FAULTS[0], RANK1_FAULTS[2], RANK1_FAULTS[4]],
+                         ids=["alloc_fail", "no_gpu", "comm_fail"])
+def test_a_set_up_failure_on_one_rank_under_torchrun_itself(tmp_path, fault, code, reason):
+    """The same under an outside torchrun: rank 1's reason once, both ranks exit with the
+    failure's code (torchrun itself exits 1 and prints its own summary), no traceback from
+    the ranks."""
+    torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    cmd = [torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench", "allreduce", "--backend", "gloo",
+           "-b", "4M", "-e", "4M", "-n", "2", "-T", "60", "--results-dir", str(tmp_path / "store")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, NCCL_NVLS_ENABLE="0", NCCLBENCH_FAULT=f"{fault}:rank=1"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("ncclbench: error: rank 1 on ") and reason in lines[0], r.stderr
+    assert re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M) == [str(code)] * 2, r.stderr[-3000:]
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith("  File ") and "/ncclbench/" in ln]
+    assert not list((tmp_path / "store").glob("*.json"))
+
+
+def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):
+    """Rank 1 stays in its device set-up: at -T the others say so in one line and every
+    rank leaves with the timeout code."""
+    start = time.time()
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-T", "5", "--no-save"],
+                env={"NCCLBENCH_FAULT": "device_stall:rank=1,seconds=300"}, timeout=180)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert _error_lines(r.stderr) == ["ncclbench: error: rank 1 did not finish setting up the device within 5 s (-T)"]
+    assert time.time() - start < 5 + 60
+    assert not wait_gone(str(tmp_path))
+
+
+def test_failures_on_several_ranks_are_each_said_with_the_most_severe_code():
+    """No GPU on rank 0, a CUDA error on rank 2: both said, the run ends with the CUDA
+    error's 3 rather than the missing GPU's 5."""
+    r = run_cli(["allreduce", "-g", "3", "--backend", "gloo", "-b", "4M", "-e", "4M", "--no-save"],
+                env={"NCCLBENCH_FAULT": "no_gpu:rank=0;device_fail:rank=2"}, timeout=180)
+    assert r.returncode == 3, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 2 and "rank 0 on " in lines[0] and "rank 2 on " in lines[1], r.stderr
+
+
+def test_the_verdict_of_a_set_up_step():
+    from ncclbench.guard import Failure, ranks_text, verdict
+
+    assert [ranks_text(r) for r in ([3], [1, 4], [0, 1, 2, 3, 9], [5, 6])] == \
+        ["rank 3", "ranks 1,4", "ranks 0-3,9", "ranks 5,6"]
+    same = [Failure(r, "h", 2, "root 5 does not exist") for r in range(4)]
+    assert verdict(same, 4).lines == ["root 5 does not exist"]  # found on every rank: said once, as is
+    assert verdict(same[1:], 4).lines == ["ranks 1-3 on h: root 5 does not exist"]
+    mixed = [Failure(2, "b", 3, "CUDA error"), Failure(0, "a", 5, "no GPU"), Failure(1, "a", 2, "no memory")]
+    v = verdict(mixed, 4)
+    assert v.lines == ["rank 0 on a: no GPU", "rank 1 on a: no memory", "rank 2 on b: CUDA error"]
+    assert v.exit_code == 3  # a CUDA/NCCL error outranks a missing GPU and a plan that does not fit
+    late = verdict([], 4, missing=[2], what="setting up the device", timeout_s=5)
+    assert late.lines == ["rank 2 did not finish setting up the device within 5 s (-T)"] and late.exit_code == 4
+    many = verdict([Failure(r, "h", 2, f"reason {r}") for r in range(20)], 64)
+    assert len(many.lines) == 9 and many.lines[-1] == "ranks 8-19 failed too (other reasons)"
+    assert verdict([], 4) is None

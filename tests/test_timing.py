@@ -1,5 +1,6 @@
 """The timing engine's loop structure, driven by a fake backend whose clock is the
-number of ops issued (1 us each): how many ops each mark brackets, per mode."""
+number of ops issued (1 us each): how many ops each mark brackets, per mode; and what a
+row's time and bandwidth columns are made of."""
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_graph_without_per_iter_uses_two_marks():
 
 
 def test_blocking_waits_after_every_op_and_plain_eager_only_at_the_ends():
-    _, b = run(TimingSettings(iters=4, agg=2, mode=TimingMode.BLOCKING))
+    _, b = run(TimingSettings(iters=4, agg=2, mode=TimingMode.BLOCKING, blocking=2))
     blocking_syncs = b.syncs
     t, b = run(TimingSettings(iters=4, agg=1))
     assert blocking_syncs - b.syncs == 8  # one per timed op
@@ -100,10 +101,11 @@ def test_agg_ops_of_each_iteration_are_issued_inside_one_group():
     assert t.device_s == pytest.approx(1e-6)
 
 
-def test_no_group_for_single_ops_nor_for_blocking():
+@pytest.mark.parametrize("blocking", [1, 2])
+def test_no_group_for_single_ops_nor_for_waits_after_each_op(blocking):
     _, _, log = run_grouped(TimingSettings(iters=3, agg=1))
     assert log == []
-    _, b, log = run_grouped(TimingSettings(iters=3, agg=2, mode=TimingMode.BLOCKING))
+    _, b, log = run_grouped(TimingSettings(iters=3, agg=2, mode=TimingMode.BLOCKING, blocking=blocking))
     assert log == [] and b.ops == UNTIMED + 6
 
 
@@ -179,3 +181,109 @@ def test_per_iteration_statistics_reproduce_the_reference_json():
             assert ours["times_us"] == pytest.approx(ref["times_us"], abs=2e-6)
             checked += 1
     assert checked == 2 * len(doc["results"]) >= 8
+
+
+# ---- -z, nccl-tests 2.19.6's four modes ------------------------------------------------------
+class CallLog(CountingBackend):
+    """Logs every call the engine makes; a barrier costs BARRIER_US on the 'device' clock, as
+    waiting for the slowest rank does on a real one."""
+
+    BARRIER_US = 100
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def mark(self, marker):
+        self.log.append("mark")
+        return self.ops
+
+    def synchronize(self):
+        self.log.append("sync")
+
+    def barrier(self):
+        self.log.append("barrier")
+        self.ops += self.BARRIER_US
+
+
+def run_logged(settings):
+    b = CallLog()
+
+    def op(_k):
+        b.log.append("op")
+        b.ops += 1
+
+    def group():
+        return RecordingGroup(b, b.log)
+    timing = measure(b, op, settings, group)
+    first_mark = b.log.index("mark")
+    return timing, b, b.log[first_mark:]
+
+
+def test_z0_issues_the_ops_back_to_back_between_two_marks():
+    t, _, timed = run_logged(TimingSettings(iters=3))
+    assert timed == ["mark", "op", "op", "op", "mark", "sync"]
+    assert t.device_s == pytest.approx(1e-6)
+
+
+def test_z1_waits_and_holds_a_barrier_after_every_op_and_times_them():
+    t, _, timed = run_logged(TimingSettings(iters=2, agg=2, mode=TimingMode.BLOCKING, blocking=1))
+    assert timed == ["mark"] + ["op", "sync", "barrier"] * 4 + ["mark", "sync"]
+    # the barriers' wait is inside the timed loop, as nccl-tests says of -z 1
+    assert t.device_s == pytest.approx((1 + CallLog.BARRIER_US) * 1e-6)
+
+
+def test_z2_waits_after_every_op_without_barrier():
+    t, _, timed = run_logged(TimingSettings(iters=2, agg=2, mode=TimingMode.BLOCKING, blocking=2))
+    assert timed == ["mark"] + ["op", "sync"] * 4 + ["mark", "sync"]
+    assert t.device_s == pytest.approx(1e-6)
+
+
+def test_z3_marks_each_grouped_iteration_and_leaves_its_barrier_untimed():
+    t, b, timed = run_logged(TimingSettings(iters=3, agg=2, mode=TimingMode.BLOCKING, blocking=3, per_iter=True))
+    one = ["mark", ("start", None), "op", "op", ("end", None), "sync", "mark", "barrier"]
+    assert [e if isinstance(e, str) else (e[0], None) for e in timed] == one * 3 + ["sync"]
+    assert b.made == 6  # a start and a stop mark per iteration
+    assert t.device_s == pytest.approx(1e-6)  # the barriers (100 us each) are not in the time
+    assert t.per_iter_s == [pytest.approx(1e-6)] * 3
+
+
+def test_z3_without_per_iteration_columns_still_times_each_iteration_apart():
+    t, b, _ = run_logged(TimingSettings(iters=4, mode=TimingMode.BLOCKING, blocking=3))
+    assert b.made == 8 and t.per_iter_s == [] and t.device_s == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize("mode,blocking", [(TimingMode.BLOCKING, 0), (TimingMode.EAGER, 2), (TimingMode.GRAPH, 3),
+                                           (TimingMode.BLOCKING, 4)])
+def test_a_blocking_value_must_match_the_mode(mode, blocking):
+    with pytest.raises(ValueError):
+        TimingSettings(mode=mode, blocking=blocking)
+
+
+# ---- -C: the time column changes, the bandwidth does not --------------------------------------
+def _row(report_cputime: bool, per_rank):
+    from types import SimpleNamespace
+
+    from ncclbench.dtypes import DTYPES
+    from ncclbench.plan import Plan
+    from ncclbench.runner import RankRunner
+
+    plan = Plan("all_reduce", min_bytes=1 << 20, max_bytes=1 << 20, report_cputime=report_cputime)
+    runner = RankRunner(plan, SimpleNamespace(group_rank=0, group_size=2))
+    layout = plan.layout(1 << 20, 4, 2)
+    return runner.to_row(per_rank, layout, DTYPES["float"], "sum", -1)
+
+
+def test_cputime_swaps_the_time_column_only():
+    """Two ranks whose ops took 700 us on the device while the host issued them in 15 us
+    (nccl-tests: getBw gets deltaSec, the printed time is cputimeSec under -C)."""
+    per_rank = [[(700e-6, 15e-6, [], 0), (710e-6, 14e-6, [], 0)],
+                [(720e-6, 17e-6, [], 0), (730e-6, 16e-6, [], 0)]]
+    device, host = _row(False, per_rank), _row(True, per_rank)
+    for d, h in zip((device.out_of_place, device.in_place), (host.out_of_place, host.in_place)):
+        assert (h.algbw, h.busbw) == (d.algbw, d.busbw)
+        assert h.device_us == d.device_us == d.time_us
+    assert device.out_of_place.time_us == pytest.approx(710.0)
+    assert host.out_of_place.time_us == pytest.approx(16.0)
+    assert device.out_of_place.algbw == pytest.approx((1 << 20) / 710e-6 / 1e9)
+

@@ -19,15 +19,53 @@ def process_group_timeout(timeout_s: float):
     return timedelta(seconds=timeout_s + 30) if timeout_s > 0 else timedelta(days=1)
 
 
-def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False):
+def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False, guard=None):
     """Start the backend for this rank; `launch` is a LaunchInfo, already consistent.
-    `stream_null`: run on the legacy default stream instead of a stream of our own (-y)."""
+    `stream_null`: run on the legacy default stream instead of a stream of our own (-y).
+    `guard(store)`, when given, is called with the rendezvous store (torch's env://
+    rendezvous, made first, before any device work) and returns `run(step, what, fn)`,
+    which runs each set-up step that can fail on some ranks only (the GPU, the
+    communicator) so that every rank learns how it went on the others."""
     if name in ("nccl", "gloo"):
-        from ncclbench.backends.torch_dist import TorchBackend
+        from ncclbench.backends.torch_dist import TorchBackend as backend_class
+    elif name == "cupy":
+        from ncclbench.backends.cupy_nccl import CupyBackend as backend_class
+    else:
+        raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if guard is None:
+        return backend_class(name, launch, timeout_s, stream_null)
+    from ncclbench import faults
 
-        return TorchBackend(name, launch, timeout_s, stream_null)
-    if name == "cupy":
-        from ncclbench.backends.cupy_nccl import CupyBackend
+    store = meeting_store(launch, timeout_s)
+    run = guard(store)
 
-        return CupyBackend(launch, timeout_s, stream_null)
-    raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    def device():
+        faults.device_setup(launch)
+        return backend_class.prepare_device(name, launch, stream_null)
+
+    def communicator():
+        faults.communicator_setup(launch.rank)
+        return backend_class(name, launch, timeout_s, stream_null, device=dev, store=store)
+
+    dev = run("device", "setting up the device", device)
+    return run("communicator", f"starting the {name} communicator", communicator)
+
+
+def meeting_store(launch, timeout_s: float):
+    """torch's env:// rendezvous (MASTER_ADDR/MASTER_PORT), as init_process_group makes it,
+    done before the backend so that a rank whose GPU set-up fails can say so to the others."""
+    import torch.distributed as dist
+
+    timeout = process_group_timeout(timeout_s)
+    store, _rank, _size = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    return store
+
+
+def process_group_store(store):
+    """The store init_process_group would make of the rendezvous (same key prefix)."""
+    if store is None:
+        return {}
+    import torch.distributed as dist
+
+    return {"store": dist.PrefixStore("default_pg", store)}

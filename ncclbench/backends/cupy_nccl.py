@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from ncclbench.backends import process_group_timeout
+from ncclbench.backends import process_group_store, process_group_timeout
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
 from ncclbench.checkdata import premul_scalar
 from ncclbench.errors import PlanError
@@ -99,19 +99,27 @@ def import_nccl():
 class CupyBackend(TorchBackend):
     in_place_only = frozenset()
 
-    def __init__(self, launch, timeout_s: float, stream_null: bool = False):
+    @staticmethod
+    def prepare_device(name: str, launch, stream_null: bool = False):
+        import torch
+
+        import_nccl()
+        device = setup_gpu(torch, launch, "cupy", stream_null)
+        import cupy
+
+        cupy.cuda.Device(device.index).use()
+        return device
+
+    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False, device=None, store=None):
         import torch
         import torch.distributed as dist
 
         self.nccl = import_nccl()
         self.torch, self.dist, self.name = torch, dist, "cupy"
         self.rank, self.nranks, self.local_rank = launch.rank, launch.world_size, launch.local_rank
-        self.device = setup_gpu(torch, launch, "cupy", stream_null)
-        import cupy
-
-        cupy.cuda.Device(self.device.index).use()
+        self.device = device if device is not None else self.prepare_device(name, launch, stream_null)
         dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks,
-                                timeout=process_group_timeout(timeout_s))
+                                timeout=process_group_timeout(timeout_s), **process_group_store(store))
         self.control = None
         self.group = None
         self.group_rank, self.group_size, self.group_index = self.rank, self.nranks, 0

@@ -12,9 +12,9 @@ import os
 import time
 import warnings
 
-from ncclbench.backends import process_group_timeout
+from ncclbench.backends import process_group_store, process_group_timeout
 from ncclbench.checkdata import premul_scalar
-from ncclbench.errors import PlanError, first_line
+from ncclbench.errors import ExitCode, PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
@@ -25,7 +25,7 @@ _INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
 _FP8_TYPES = {"f8e4m3", "f8e5m2"}
 # ProcessGroupNCCL makes a premul-sum op for half, float, double and bfloat16 only (a
 # TypeError otherwise), and its bfloat16 one gave wrong sums (1014 of 1024 elements, torch
-# 2.11 + NCCL 2.28.9, scripts/probe_dtypes.py) where CuPy's was right.
+# 2.11 + NCCL 2.28.9, benchmarks/probe_dtypes.py) where CuPy's was right.
 _PREMUL_TYPES = {"half", "float", "double"}
 
 
@@ -48,7 +48,7 @@ def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | N
         return (f"torch.distributed's NCCL process group runs mulsum (premul-sum) right only for half, float "
                 f"and double, not {dtype}; use --backend cupy")
     if backend == "nccl" and op == "mulsum" and collective == "reduce_scatter" and nranks == 1:
-        # scripts/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
+        # benchmarks/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
         # x 0.5 on one rank (torch 2.11); all_reduce and reduce applied the factor
         return ("torch's reduce_scatter_tensor ignores the premul-sum factor in a one-rank group (measured, "
                 "torch 2.11); use --backend cupy or 2 or more ranks")
@@ -98,7 +98,7 @@ def gpu_for_rank(launch, visible: int) -> int:
     try:
         return gpu_index_for_local_rank(launch, visible)
     except LaunchEnvError as exc:
-        raise PlanError(str(exc)) from None
+        raise PlanError(str(exc), ExitCode.BAD_GPU_COUNT) from None
 
 
 def setup_gpu(torch, launch, backend: str, stream_null: bool):
@@ -106,7 +106,8 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
     our own, as nccl-tests does, rather than the legacy default stream that synchronizes
     with every other stream (-y 1 keeps the default stream)."""
     if not torch.cuda.is_available():
-        raise PlanError(f"backend {backend} needs CUDA GPUs and none is visible; use --backend gloo")
+        raise PlanError(f"backend {backend} needs CUDA GPUs and none is visible; use --backend gloo",
+                        ExitCode.BAD_GPU_COUNT)
     device = torch.device("cuda", gpu_for_rank(launch, torch.cuda.device_count()))
     torch.cuda.set_device(device)
     if not stream_null:
@@ -117,29 +118,37 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
 class TorchBackend:
     in_place_only = frozenset({"all_reduce", "broadcast", "reduce"})
 
-    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False):
+    @staticmethod
+    def prepare_device(name: str, launch, stream_null: bool = False):
+        """This rank's device, made current (the part of the set-up that needs no peer)."""
+        import torch
+
+        return setup_gpu(torch, launch, name, stream_null) if name == "nccl" else torch.device("cpu")
+
+    def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False, device=None, store=None):
         import torch
         import torch.distributed as dist
 
         self.torch = torch
         self.dist = dist
         self.name = name
+        self._timeout = process_group_timeout(timeout_s)
         self.rank = launch.rank
         self.nranks = launch.world_size
         self.local_rank = launch.local_rank
         timeout = process_group_timeout(timeout_s)
+        self.device = device if device is not None else self.prepare_device(name, launch, stream_null)
         if name == "nccl":
-            self.device = setup_gpu(torch, launch, name, stream_null)
             self._mem_start = torch.cuda.mem_get_info(self.device)
             # device_id: eager communicator creation, so the first timed op does not pay for
             # it and CUDA-graph capture works.
             dist.init_process_group("nccl", rank=self.rank, world_size=self.nranks,
-                                    timeout=timeout, device_id=self.device)
+                                    timeout=timeout, device_id=self.device, **process_group_store(store))
             self.control = dist.new_group(backend="gloo", timeout=timeout)
             self._mem_after_init = torch.cuda.mem_get_info(self.device)
         else:
-            self.device = torch.device("cpu")
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout)
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.nranks, timeout=timeout,
+                                    **process_group_store(store))
             self.control = None  # the world group is already host-side
         self.group = None  # None = world; a split sets a subgroup
         self.group_rank = self.rank
@@ -193,6 +202,30 @@ class TorchBackend:
             if self.rank in ranks:
                 self.group, self.group_index = group, index
                 self.group_rank, self.group_size = ranks.index(self.rank), len(ranks)
+
+    def renew_communicator(self, channels: int | None = None) -> None:
+        """Run the collectives on a fresh communicator over every rank (the one this made
+        before is destroyed first). NCCL reads NCCL_ALGO and NCCL_PROTO from the environment
+        at each communicator's init (src/graph/tuning.cc), so a caller sets them first.
+        `channels`: the communicator's minCTAs = maxCTAs (ncclConfig_t), NCCL's channel
+        limit for this communicator alone (NCCL_MIN/MAX_NCHANNELS are read once per process)."""
+        import inspect
+
+        previous = getattr(self, "_renewed", None)
+        if previous is not None:
+            self.group, self._renewed = None, None
+            self.dist.destroy_process_group(previous)
+        kwargs = {"timeout": self._timeout}
+        if self.name == "nccl":
+            if channels:
+                options = self.dist.ProcessGroupNCCL.Options()
+                options.config.min_ctas = channels
+                options.config.max_ctas = channels
+                kwargs["pg_options"] = options
+            if "device_id" in inspect.signature(self.dist.new_group).parameters:
+                kwargs["device_id"] = self.device  # created now, not at the first collective
+        self._renewed = self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
+        self.group = self._renewed
 
     # ---- description -------------------------------------------------------------
     @property
@@ -333,7 +366,7 @@ class TorchBackend:
     def gather(self, send, recv, root):
         # As nccl-tests builds it: every rank sends to the root, the root receives from
         # every rank including itself, all in one NCCL group (batch_isend_irecv). Measured
-        # on 2 H200s (scripts/rooted_paths.py, docs/BENCHMARKS.md): dist.gather copies the
+        # on 2 H200s (docs/BENCHMARKS.md): dist.gather copies the
         # root's own chunk serially first (0.93 x nccl-tests at 2 GiB) and all_to_all_single
         # with one-sided splits lags at 128-512 MiB (0.91-0.94 x); this path is within 1 %.
         # gloo cannot send to itself: there the one-sided all_to_all_single does it.
@@ -393,7 +426,7 @@ class TorchBackend:
         """dst <- src on the collective's stream: cudaMemcpyAsync eagerly, as nccl-tests
         does; inside a CUDA graph capture an elementwise kernel, because a captured
         device-to-device memcpy node ran at ~1385 GB/s against ~2130 eagerly from 512 MiB
-        on an H200 (scripts/graph_copy_probe.py; hypercube -G 2 GiB on 2 GPUs lost 7 %)."""
+        on an H200 (docs/BENCHMARKS.md; hypercube -G 2 GiB on 2 GPUs lost 7 %)."""
         if self.is_gpu and self.torch.cuda.is_current_stream_capturing():
             byte_copy(self.torch, dst, src)
         else:

@@ -3,7 +3,7 @@ does the Python API measure what the CLI measures? Runs them alternately (`--rep
 times each, so drift on a shared host hits both) and prints a markdown table of the median
 time and bandwidth per size and placement, with the ratio API / CLI.
 
-    NCCL_NVLS_ENABLE=0 python scripts/api_vs_cli.py --collective all_gather --sizes 1M:1G:x4 --nproc 1
+    NCCL_NVLS_ENABLE=0 python benchmarks/api_vs_cli.py --collective all_gather --sizes 1M:1G:x4 --nproc 1
 
 (One GPU: busbw is 0 for every collective at one rank, so time and algbw are compared.)
 The rank side (`--rank-side`) is this same file under torchrun."""

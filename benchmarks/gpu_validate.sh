@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# Validation run on a lent multi-GPU machine (the device tool). One call does everything;
-# logs land in $OUT (packed into $OUT/logs.tgz). Stages are chosen with STAGES, e.g.
-#   STAGES="env probe full_nccl full_cupy latency topo pytest" bash scripts/gpu_validate.sh
-# Other stages: hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
-# reliab (killed and stalled rank, wall times), hostcost (plain torch and CuPy loops),
-# register (-R 0/1/2), full_nccl_graph / full_cupy_graph (-G 1 sweeps from 32 MiB),
-# a2av (alltoallv: spread 1, spread 0, a matrix file; both backends), split (--split on GPUs),
-# hostprof (host time of one small all_reduce, broken down), cycles (-N 3 small sweeps, twice),
-# agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), tstall (torch eager's host stalls),
-# single (the options on one GPU, both backends),
-# pin (ranks pinned to their own CPUs or not: small all_reduce, both backends),
-# targets (scripts/speed_targets.py on this folder: the Speed issue's verdicts, printed; put it last).
+# Validation run on a GPU host: installs this checkout, runs the chosen stages, and packs
+# their logs into $OUT/logs.tgz; benchmarks/report.py turns such a folder into the tables of
+# docs/BENCHMARKS.md. Stages are chosen with STAGES, e.g.
+#   STAGES="env full_nccl full_cupy latency topo pytest report" bash benchmarks/gpu_validate.sh
+# Stages: env (GPUs, driver, versions, commit), probe (dtype x op support, benchmarks/probe_dtypes.py),
+# premul (torch's premul-sum per float type, benchmarks/torch_premul_probe.py),
+# full_nccl / full_cupy (every collective, configs/full.yaml), full_nccl_graph / full_cupy_graph
+# (-G 1 sweeps from 32 MiB), latency (small all_reduce, eager and -G 100, both backends),
+# topo (topo, p2p, pairs), hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
+# reliab (killed and stalled rank, wall times), register (-R 0/1/2), a2av (alltoallv: spread 1,
+# spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
+# twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
+# GPU, both backends), pytest (the GPU tests), targets (benchmarks/speed_targets.py on this
+# folder), report (benchmarks/report.py on this folder, into report.md). Put targets and report last.
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
-# COLLS (collectives of the full_* stages), TAG (suffix of the latency logs).
+# COLLS (collectives of the full_* stages), TAG (suffix of the latency logs), COMMIT (the code's
+# commit when this copy has no .git), REFDIR (nccl-tests files for this host type).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# A rule of the validation hosts, not a default of ncclbench: NVLink multicast (NVLS) stays off
+# there, for this script and every rank it starts.
+export NCCL_NVLS_ENABLE=0
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ncclbench-out}
 LOG=$OUT/logs; mkdir -p "$LOG"
 STAGES=${STAGES:-"env probe full_nccl full_cupy latency topo pytest"}
 NP=${NP:-$(nvidia-smi -L | wc -l)}
 MAXBYTES=${MAXBYTES:-4G}
 PY=${PY:-python3}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+REFDIR=${REFDIR:-tests/fixtures/nccl-tests/h200-${NP}gpu-nvswitch}
+[ -d "$REFDIR" ] || REFDIR=tests/fixtures/nccl-tests/h200-4gpu-nvswitch
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -30,11 +39,15 @@ for stage in $STAGES; do
   stamp "stage $stage"
   case $stage in
     env)
-      { nvidia-smi; nvidia-smi topo -m; $PY -c 'import torch,cupy; print(torch.__version__, torch.cuda.nccl.version(), cupy.__version__)'; } >"$LOG/env.txt" 2>&1 ;;
+      { echo "commit $COMMIT"; nvidia-smi -L; nvidia-smi; nvidia-smi topo -m
+        $PY -c 'import torch, cupy; print("torch", torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())), "CuPy", cupy.__version__)'
+      } >"$LOG/env.txt" 2>&1 ;;
     probe)
       pnp=$(( NP < 2 ? NP : 2 ))
-      torchrun --nproc-per-node $pnp scripts/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
-      torchrun --nproc-per-node $pnp scripts/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
+      torchrun --nproc-per-node $pnp benchmarks/probe_dtypes.py torch >"$LOG/probe_torch.txt" 2>&1
+      torchrun --nproc-per-node $pnp benchmarks/probe_dtypes.py cupy >"$LOG/probe_cupy.txt" 2>&1 ;;
+    premul)
+      torchrun --nproc-per-node 1 benchmarks/torch_premul_probe.py >"$LOG/premul.txt" 2>&1 ;;
     full_nccl|full_cupy|full_nccl_graph|full_cupy_graph)
       b=${stage#full_}; b=${b%_graph}; name=${stage#full_}
       cp configs/full.yaml "$LOG/$name.yaml"
@@ -62,7 +75,10 @@ for stage in $STAGES; do
     topo)
       timeout 60 ncclbench topo >"$LOG/topo.txt" 2>&1
       timeout 60 ncclbench topo --json >"$LOG/topo.json" 2>"$LOG/topo_json.err"
-      timeout 120 ncclbench p2p --json "$LOG/p2p.json" --csv "$LOG/p2p.csv" >"$LOG/p2p.txt" 2>&1 ;;
+      timeout 120 ncclbench p2p --json "$LOG/p2p.json" --csv "$LOG/p2p.csv" >"$LOG/p2p.txt" 2>&1
+      if [ "$NP" -ge 2 ]; then
+        timeout 120 ncclbench pairs -g "$NP" -b 256M --json "$LOG/pairs.json" >"$LOG/pairs.txt" 2>&1
+      fi ;;
     hyper)
       for b in nccl cupy; do
         timeout 120 ncclbench hypercube -g "$NP" --backend $b -b 8 -e "$MAXBYTES" -f 4 --no-save \
@@ -84,28 +100,6 @@ for stage in $STAGES; do
         rc=$?; s1=$(date +%s.%N)
         $PY -c "print('$f exit $rc wall %.1f s' % ($s1 - $s0))" >>"$LOG/reliab.txt"
         sleep 3; ps -eo pid,args | grep "[N]CCLBENCH\|-m ncclbench" >>"$LOG/reliab.txt" || echo "no ncclbench process left" >>"$LOG/reliab.txt"
-      done ;;
-    hostcost)
-      { torchrun --nproc-per-node "$NP" scripts/host_cost.py; torchrun --nproc-per-node "$NP" scripts/host_cost.py --own-stream
-        torchrun --nproc-per-node "$NP" scripts/host_cost.py --cupy; } >"$LOG/hostcost.txt" 2>&1 ;;
-    hostprof)  # where a small all_reduce's host time goes (scripts/host_profile.py)
-      { torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
-        NCCL_GRAPH_MIXING_SUPPORT=0 torchrun --nproc-per-node "$NP" scripts/host_profile.py cupy
-        torchrun --nproc-per-node "$NP" scripts/host_profile.py torch; } >"$LOG/hostprof.txt" 2>&1 ;;
-    tstall)  # torch eager's long host stalls: period and what their length follows (scripts/torch_stall_probe.py)
-      for k in 1 2; do timeout 120 torchrun --nproc-per-node "$NP" scripts/torch_stall_probe.py; done >"$LOG/tstall.txt" 2>&1 ;;
-    pin)  # does pinning each rank to its own CPUs change small-message times? (scripts/pinned_rank.py)
-      for k in 1 2 3 4; do
-        for pin in none 4 1; do
-          PIN=$pin timeout 60 torchrun --standalone --nproc-per-node "$NP" scripts/pinned_rank.py allreduce --backend cupy \
-            -b 8 -e 4K -f 8 -n 200 -N 2 -I 1 --no-save >"$LOG/pin_cupy_${pin}_$k.txt" 2>&1
-        done
-      done
-      for k in 1 2; do
-        for pin in none 4; do
-          PIN=$pin timeout 60 torchrun --standalone --nproc-per-node "$NP" scripts/pinned_rank.py allreduce --backend nccl \
-            -b 8 -e 4K -f 8 -n 200 -N 2 -C 1 --no-save >"$LOG/pin_nccl_${pin}_$k.txt" 2>&1
-        done
       done ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
@@ -169,9 +163,12 @@ for stage in $STAGES; do
       done
       NCCLBENCH_FAULT="corrupt:rank=0,size=1024" timeout 60 ncclbench allreduce -g 1 -b 8 -e 4K -f 2 --no-save \
         >"$LOG/single_fault.txt" 2>&1; echo "fault exit $?" >>"$LOG/single.txt" ;;
-    targets)  # the Speed issue's verdicts from this folder's full_* and latency logs, also on stdout
-      $PY scripts/speed_targets.py "$LOG" --reference-dir "tests/fixtures/nccl-tests/h200-${NP}gpu-nvswitch" \
-        --np "$NP" --tag "${TAG:-}" 2>&1 | tee "$LOG/targets${TAG:-}.md" ;;
+    targets)  # the speed targets' verdicts from this folder's full_* and latency logs, also on stdout
+      $PY benchmarks/speed_targets.py "$LOG" --reference-dir "$REFDIR" --np "$NP" --tag "${TAG:-}" 2>&1 \
+        | tee "$LOG/targets${TAG:-}.md" ;;
+    report)  # docs/BENCHMARKS.md's tables from this folder
+      $PY benchmarks/report.py "$LOG" --reference-dir "$REFDIR" --np "$NP" --tag "${TAG:-}" >"$LOG/report.md" \
+        2>"$LOG/report.err" ;;
     *)
       # any other word runs as a shell command line from the EXTRA_<word> variable
       var="EXTRA_$stage"; eval "${!var:-true}" >"$LOG/extra_$stage.txt" 2>&1 ;;

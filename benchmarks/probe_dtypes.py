@@ -1,7 +1,7 @@
 """Which dtype x op pairs each backend really runs (torchrun, 1 or more ranks). Prints one line
 per pair; used to keep `unsupported_reason` honest on a new torch/NCCL/CuPy.
 
-    torchrun --nproc-per-node N scripts/probe_dtypes.py [torch|cupy]
+    torchrun --nproc-per-node N benchmarks/probe_dtypes.py [torch|cupy]
 """
 
 import os

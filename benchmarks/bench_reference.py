@@ -5,13 +5,13 @@ Either runs a fresh sweep (--run) or reads result files (JSON/CSV/text from nccl
 then matches every row with the reference nccl-tests output and prints markdown:
 
   # run all collectives on 4 GPUs with the CuPy backend and compare with the 4-GPU reference
-  python scripts/bench_reference.py --run all -g 4 --backend cupy \\
-      --reference-dir ../shared/reference/nccl-tests/h200-4gpu-nvswitch
+  python benchmarks/bench_reference.py --run all -g 4 --backend cupy \\
+      --reference-dir tests/fixtures/nccl-tests/h200-4gpu-nvswitch
   # small-message latency under CUDA graphs against the reference -G 100 file
-  python scripts/bench_reference.py --run allreduce -g 4 --backend nccl --extra "-b 8 -e 1M -f 8 -G 100" \\
-      --reference ../shared/reference/nccl-tests/h200-4gpu-nvswitch/all_reduce_np4_small_graph.txt --metric time
+  python benchmarks/bench_reference.py --run allreduce -g 4 --backend nccl --extra "-b 8 -e 1M -f 8 -G 100" \\
+      --reference tests/fixtures/nccl-tests/h200-4gpu-nvswitch/all_reduce_np4_small_graph.txt --metric time
   # existing results
-  python scripts/bench_reference.py results/run.json --reference-dir ... --np 4
+  python benchmarks/bench_reference.py results/run.json --reference-dir ... --np 4
 """
 
 from __future__ import annotations

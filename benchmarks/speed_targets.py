@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Issue 3's speed targets, checked in one go from a gpu_validate.sh log folder.
+"""ncclbench's speed targets against nccl-tests, checked in one go from a gpu_validate.sh log folder.
 
-    python scripts/speed_targets.py LOGDIR --reference-dir ../shared/reference/nccl-tests/h200-4gpu-nvswitch --np 4
-    python scripts/speed_targets.py LOGDIR --reference-dir ... --np 4 --tag _b   # the second latency run
+    python benchmarks/speed_targets.py LOGDIR --reference-dir tests/fixtures/nccl-tests/h200-4gpu-nvswitch --np 4
+    python benchmarks/speed_targets.py LOGDIR --reference-dir ... --np 4 --tag _b   # the second latency run
 
 Reads what the stages wrote (full_{nccl,cupy}[_graph]_npN.csv, small_{nccl,cupy}_{eager,graph}_npN<tag>.json)
 and the nccl-tests reference files, and prints one markdown line per target:
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,12 @@ class Verdict:
         return f"| {self.target} | {self.status} | {worst} | {self.rows} | {self.where} |"
 
 
-def _find(logdir: Path, stem: str) -> Path | None:
+def verdict_table(verdicts: list[Verdict]) -> list[str]:
+    return ["| target | verdict | worst ratio | rows | worst row / notes |",
+            "| --- | --- | ---: | ---: | --- |"] + [v.line() for v in verdicts]
+
+
+def find_log(logdir: Path, stem: str) -> Path | None:
     for ext in (".csv", ".json", ".txt"):
         path = logdir / f"{stem}{ext}"
         if path.exists():
@@ -96,7 +102,7 @@ def busbw_verdicts(logdir: Path, refdir: Path, np_: int) -> list[Verdict]:
     verdicts = []
     for mode, title in MODES.items():
         target = f"busbw >= 64 MiB, {title}: >= {1 - BUSBW_THRESHOLD:.2f} x"
-        path = _find(logdir, f"full_{mode}_np{np_}")
+        path = find_log(logdir, f"full_{mode}_np{np_}")
         if path is None:
             verdicts.append(Verdict(target, "NOT MEASURED", None, f"no full_{mode}_np{np_}.csv"))
             continue
@@ -118,15 +124,15 @@ def busbw_verdicts(logdir: Path, refdir: Path, np_: int) -> list[Verdict]:
     return verdicts
 
 
-def _median_host_us(path: Path) -> float | None:
+def median_host_us(path: Path) -> float | None:
     """Median host time per call (ncclbench's JSON `host_us`, out-of-place), if the file has it."""
     if path.suffix != ".json":
         return None
     doc = json.loads(path.read_text())
-    hosts = sorted(r["host_us"]["out_of_place"] for r in doc.get("results", [])
-                   if isinstance(r.get("host_us"), dict) and r["host_us"].get("out_of_place") is not None
-                   and 0 < r.get("size", 0) <= SMALL_MAX_SIZE)
-    return hosts[len(hosts) // 2] if hosts else None
+    hosts = [r["host_us"]["out_of_place"] for r in doc.get("results", [])
+             if isinstance(r.get("host_us"), dict) and r["host_us"].get("out_of_place") is not None
+             and 0 < r.get("size", 0) <= SMALL_MAX_SIZE]
+    return statistics.median(hosts) if hosts else None
 
 
 def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Verdict]:
@@ -138,7 +144,7 @@ def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Ver
     for backend, mode, is_target in cases:
         title = f"{'CuPy' if backend == 'cupy' else 'torch NCCL'} {'-G' if mode == 'graph' else 'eager'}"
         target = f"all_reduce 8 B - 4 KiB time, {title}: " + (f"<= {1 + TIME_THRESHOLD:.2f} x" if is_target else "report")
-        path = _find(logdir, f"small_{backend}_{mode}_np{np_}{tag}")
+        path = find_log(logdir, f"small_{backend}_{mode}_np{np_}{tag}")
         if path is None or not refs[mode].exists():
             missing = f"small_{backend}_{mode}_np{np_}{tag}.json" if path is None else str(refs[mode])
             verdicts.append(Verdict(target, "NOT MEASURED", None, f"no {missing}"))
@@ -146,7 +152,7 @@ def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Ver
         comparison = _compare(read_results(refs[mode]), read_results(path), "time", TIME_THRESHOLD,
                               max_size=SMALL_MAX_SIZE)
         verdict = _judge(target, [comparison], "time")
-        host = _median_host_us(path)
+        host = median_host_us(path)
         if host is not None:
             verdict.where += f"; host time per call (median) {host:.1f} us"
         if not is_target and verdict.status != "NOT MEASURED":
@@ -155,35 +161,41 @@ def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Ver
     return verdicts
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def log_folder_args(argv, doc: str) -> argparse.Namespace:
+    """LOGDIR --reference-dir DIR [--np N] [--tag T], as this script and report.py take them;
+    a folder that is not there ends the program with one line and exit 2."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logdir", type=Path, help="a gpu_validate.sh log folder ($OUT/logs)")
-    ap.add_argument("--reference-dir", type=Path, required=True, help="nccl-tests files for this rank count")
+    ap.add_argument("--reference-dir", type=Path, required=True, help="nccl-tests files for this host type")
     ap.add_argument("--np", type=int, default=4, help="rank count of the run and the reference files")
     ap.add_argument("--tag", default="", help="TAG of the latency logs (e.g. _b)")
     args = ap.parse_args(argv)
     for folder, what in ((args.logdir, "log folder"), (args.reference_dir, "reference folder")):
         if not folder.is_dir():
-            print(f"speed_targets.py: error: {what} {folder} is not a folder", file=sys.stderr)
-            return 2
+            ap.exit(2, f"{ap.prog}: error: {what} {folder} is not a folder\n")
+    return args
 
+
+def read_errors() -> tuple[type[Exception], ...]:
+    """What an unreadable or malformed log file raises (one error line, exit 2)."""
     from ncclbench.resultsio import ResultsFormatError
 
+    return ResultsFormatError, OSError, ValueError, KeyError
+
+
+def main(argv=None) -> int:
+    args = log_folder_args(argv, __doc__)
     try:
         verdicts = busbw_verdicts(args.logdir, args.reference_dir, args.np)
         verdicts += latency_verdicts(args.logdir, args.reference_dir, args.np, args.tag)
-    except (ResultsFormatError, OSError, ValueError, KeyError) as exc:
+    except read_errors() as exc:
         print(f"speed_targets.py: error: {exc}", file=sys.stderr)
         return 2
-    print("| target | verdict | worst ratio | rows | worst row / notes |")
-    print("| --- | --- | ---: | ---: | --- |")
-    for v in verdicts:
-        print(v.line())
+    print("\n".join(verdict_table(verdicts)))
     judged = [v for v in verdicts if v.status != "report"]
     met = sum(v.status == "met" for v in judged)
     print(f"\n{met} of {len(judged)} targets met")
     return 0 if met == len(judged) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ factor, and a bfloat16 tensor factor raises "expected scalar type Float". That i
 ncclbench refuses mulsum on bfloat16 with --backend nccl (CuPy's premul-sum is right).
 The reduce_scatter_tensor and reduce lines show whether those apply the factor too.
 
-    torchrun --nproc-per-node 1 scripts/torch_premul_probe.py
+    torchrun --nproc-per-node 1 benchmarks/torch_premul_probe.py
 """
 import torch
 import torch.distributed as dist

@@ -1,0 +1,223 @@
+"""From what the launches left on disk (raw ncclbench JSON per item, NCCL's debug logs of
+the probe) to verdicts, ranges and the rows of the two NCCL files. No torch here."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+
+from ncclbench.dtypes import DTYPES
+from ncclbench.tune import nccl_log
+from ncclbench.tune.files import ConfigRow, PerfRow
+from ncclbench.tune.plan import ALGO, COLLECTIVES, Combination
+from ncclbench.tune.ranges import Series, Verdict, judge, win_ranges
+
+REFUSAL_WORDS = ("no algorithm/protocol available", "invalid usage", "ncclInvalidUsage", "invalid argument")
+
+
+@dataclass
+class ItemResult:
+    """What rank 0 said about one work item (or what the launcher inferred)."""
+
+    status: str                  # ok | wrong_results | refused | error | timeout | crashed | interrupted | not run
+    errors: list[str] = field(default_factory=list)
+    comm_ready: bool = False
+    pid: int | None = None
+
+
+def describe(result: ItemResult) -> str:
+    """`refused by NCCL` for an error NCCL reported as a usage error, else the status."""
+    text = " ".join(result.errors)
+    if result.status == "error" and any(w.lower() in text.lower() for w in REFUSAL_WORDS):
+        return "refused by NCCL"
+    return {"refused": "refused by NCCL", "wrong_results": "wrong results", "ok": "ok"}.get(result.status, result.status)
+
+
+# ---- the probe: what NCCL chose -------------------------------------------------------------
+def probe_logs(folder: str) -> dict[int, nccl_log.Log]:
+    """pid -> parsed debug log of that process (file names end in .<pid>.log)."""
+    out = {}
+    for path in glob.glob(os.path.join(folder, "nccl.*.log")):
+        try:
+            pid = int(path.rsplit(".", 2)[-2])
+            with open(path, encoding="utf-8", errors="replace") as f:
+                out[pid] = nccl_log.parse_log(f.read())
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def attribute_choices(items: list[dict], results: dict[int, ItemResult], logs: dict[int, nccl_log.Log],
+                      world_comm: dict[int, bool]):
+    """item index -> (nccl_log.Init, [Choice]) for every item whose communicator came up, matched in order
+    to the communicators in rank 0's log of its launch (one launch, one rank-0 process,
+    one log); `world_comm`: pid -> whether that process made its world communicator first."""
+    out: dict[int, list] = {}
+    by_pid: dict[int, list[int]] = {}
+    crashed: dict[int, int] = {}
+    for item in items:
+        r = results.get(item["index"])
+        if r is None or r.pid is None:
+            continue
+        if r.comm_ready:
+            by_pid.setdefault(r.pid, []).append(item["index"])
+        elif r.status in ("crashed", "timeout", "interrupted"):
+            crashed[r.pid] = 1   # the launch's last item: its communicator may have come up
+    for pid, indexes in by_pid.items():
+        log = logs.get(pid)
+        skip = 1 if world_comm.get(pid) else 0
+        comms = nccl_log.communicators_for(log, skip, len(indexes), crashed.get(pid, 0)) if log else None
+        if comms is None and skip and log and len(log.communicators) == len(indexes):
+            comms = nccl_log.communicators_for(log, 0, len(indexes))  # the world's was not created at start after all
+        if comms is not None:
+            out.update(zip(indexes, comms))
+    return out
+
+
+def log_bytes(count: int, dtype: str) -> int:
+    """The bytes NCCL's TUNING line shows for a row: its count times the type's size."""
+    return count * DTYPES[dtype].itemsize
+
+
+def setting_at(choices, collective: str, nbytes: int) -> tuple | None:
+    """(algo, proto, channels) NCCL ran most often at this size, or None if unknown."""
+    counts = nccl_log.by_size(choices, COLLECTIVES[collective][1]).get(nbytes)
+    if not counts:
+        return None
+    (algo, proto, channels, kernel), _ = counts.most_common(1)[0]
+    return None if kernel else (algo, proto, channels)
+
+
+# ---- the measurements -----------------------------------------------------------------------
+@dataclass
+class Measured:
+    """One combination's rows over its repeats: size -> busbw, time, wrong per repeat."""
+
+    busbw: dict[int, list[float]] = field(default_factory=dict)
+    time_us: dict[int, list[float]] = field(default_factory=dict)
+    wrong: dict[int, bool] = field(default_factory=dict)
+    log_bytes: dict[int, int] = field(default_factory=dict)
+    nccl: str = ""
+    torch: str = ""
+    gpu: str = ""
+
+
+def read_rows(path: str, into: Measured) -> None:
+    """Add one raw ncclbench JSON's rows (out-of-place busbw and time; wrong if either
+    placement had a wrong element)."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    nb = doc.get("ncclbench", {})
+    into.nccl, into.torch, into.gpu = nb.get("nccl", ""), nb.get("torch_version", ""), nb.get("gpu", "")
+    for r in doc.get("results", []):
+        size = int(r["size"])
+        oop = r["out_of_place"]
+        into.busbw.setdefault(size, []).append(float(oop["bus_bw"]))
+        into.time_us.setdefault(size, []).append(float(oop.get("time", oop.get("cpu_time", 0.0))))
+        wrong = any(float(r[p]["nwrong"] or 0) > 0 for p in ("out_of_place", "in_place") if r[p]["nwrong"] is not None)
+        into.wrong[size] = into.wrong.get(size, False) or wrong
+        into.log_bytes[size] = log_bytes(int(r["count"]), r["type"])
+
+
+@dataclass
+class CollectiveOutcome:
+    collective: str
+    combos: list[Combination]
+    status: dict[str, str]                  # combination label -> what happened (ok, refused by NCCL, ...)
+    errors: dict[str, str]
+    measured: dict[str, Measured]
+    choices: dict[str, dict[int, tuple]]    # label -> {size: (algo, proto, channels)} from the probe
+    inits: dict = field(default_factory=dict)  # label -> nccl_log.Init: what its communicator's init read
+    verdicts: list[Verdict] = field(default_factory=list)
+    overridden: dict[str, list[int]] = field(default_factory=dict)  # label -> sizes NCCL ran something else
+
+
+def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> list[Verdict]:
+    default = outcome.measured.get("default")
+    if default is None:
+        return []
+    out = []
+    for size in sorted(s for s in default.busbw if s > 0):
+        dseries = Series(default.busbw[size], default.wrong.get(size, False),
+                         outcome.choices.get("default", {}).get(size))
+        candidates = {}
+        for combo in outcome.combos:
+            m = outcome.measured.get(combo.label)
+            if m is None or size not in m.busbw:
+                continue
+            setting = outcome.choices.get(combo.label, {}).get(size)
+            if setting is not None and setting[:2] != (combo.algo, combo.proto):
+                outcome.overridden.setdefault(combo.label, []).append(size)
+                continue  # NCCL ran something else than what was forced: not this combination's number
+            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting)
+        out.append(judge(size, dseries, candidates, repeats, min_gain))
+    return out
+
+
+def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[list[ConfigRow], list[str]]:
+    """The tuner config rows for the ranges won, and notes on wins that cannot be written."""
+    rows, notes = [], []
+    name = COLLECTIVES[outcome.collective][0]
+    unknown = [v.size for v in outcome.verdicts if v.win and v.best_series and v.best_series.setting is None]
+    if unknown:
+        notes.append(f"{outcome.collective}: {len(unknown)} winning size(s) without a TUNING line to say what NCCL "
+                     "ran there: no row written for them")
+    for r in win_ranges(outcome.verdicts):
+        algo, proto, channels = r.setting
+        if channels is None or algo not in ALGO:
+            notes.append(f"{outcome.collective} {r.label} at {r.min_bytes}-{r.max_bytes} B: its channel count is not "
+                         "known (no TUNING line), so no row is written (-1 would run one channel)")
+            continue
+        rows.append(ConfigRow(name, r.min_bytes, r.max_bytes, algo, proto, channels, nnodes, nranks, 1, 0))
+    return rows, notes
+
+
+def perf_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> list[PerfRow]:
+    """Every forced combination's median at every size it ran cleanly and as forced."""
+    import statistics
+
+    rows = []
+    name = COLLECTIVES[outcome.collective][0]
+    for combo in outcome.combos:
+        m = outcome.measured.get(combo.label)
+        if m is None:
+            continue
+        for size in sorted(m.busbw):
+            if size <= 0 or m.wrong.get(size) or size in outcome.overridden.get(combo.label, []):
+                continue
+            setting = outcome.choices.get(combo.label, {}).get(size)
+            channels = setting[2] if setting and setting[2] else -1
+            rows.append(PerfRow(name, size, combo.algo, combo.proto, channels, nnodes, nranks,
+                                statistics.median(m.busbw[size]), statistics.median(m.time_us[size])))
+    return rows
+
+
+def choices_by_printed_size(choices, collective: str, measured: Measured | None) -> dict[int, tuple]:
+    """{printed size: setting} using the rows' counts to find each size's TUNING bytes."""
+    if not measured:
+        return {}
+    out = {}
+    for size, nbytes in measured.log_bytes.items():
+        s = setting_at(choices, collective, nbytes)
+        if s is not None:
+            out[size] = s
+    return out
+
+
+def init_text(combo: Combination, init) -> str:
+    """What NCCL's init said it read for this combination's communicator, and whether that
+    is what was set ('' when the probe's log has nothing on it)."""
+    if init is None:
+        return ""
+    read = [f"{name}={value}" for name, value in (("NCCL_ALGO", init.algo_env), ("NCCL_PROTO", init.proto_env)) if value]
+    text = f"NCCL read {' '.join(read) if read else 'no NCCL_ALGO/NCCL_PROTO'}"
+    if init.channels is not None:
+        text += f", {init.channels} channel(s)"
+    wanted = combo.environment()
+    if (init.algo_env, init.proto_env) != (wanted["NCCL_ALGO"], wanted["NCCL_PROTO"]) or \
+            (combo.channels and init.channels != combo.channels):
+        text += ": NOT what was set"
+    return text
+

@@ -1,0 +1,103 @@
+"""`ncclbench tune`: the command line. Parsing only; the work is in run, rank and verify."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
+from ncclbench.errors import PlanError
+
+_OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
+
+
+@click.command("tune", cls=GetoptCommand)
+@click.argument("collectives", nargs=-1)
+@click.option("-g", "--ngpus", type=int, default=1, show_default=True, help="Local ranks to spawn, one GPU each.")
+@click.option("-b", "--minbytes", type=SIZE, default="8", show_default=True, help="Minimum size.")
+@click.option("-e", "--maxbytes", type=SIZE, default="1G", show_default=True, help="Maximum size.")
+@click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment without -f.")
+@click.option("-f", "--stepfactor", type=FiniteFloat(), default=2.0, show_default=True, help="Size multiplication factor.")
+@click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations per size.")
+@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Warm-up iterations.")
+@click.option("-d", "--datatype", default="float", show_default=True, help="One datatype.")
+@click.option("--op", default="sum", show_default=True, help="One reduction op (-o is the output folder here).")
+@click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Result checks per size (at least 1: a forced protocol skips NCCL's own safety check).")
+@click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True,
+              help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
+@click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
+              help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
+@click.option("--repeat", type=int, default=3, show_default=True,
+              help="Measure every combination this many times (interleaved): the noise band a win must clear.")
+@click.option("--min-gain", type=FiniteFloat(min=0), default=2.0, show_default=True,
+              help="Smallest gain over NCCL's default, in %, worth calling a win.")
+@click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
+@click.option("--protos", default=None, help="Only these protocols (ll,ll128,simple).")
+@click.option("--channels", default=None, help="Also run each combination limited to these channel counts (e.g. 8,16,32).")
+@click.option("-o", "--output-dir", default=None, help="Folder for the results (default results/tune-<time>).")
+@click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="nccl (the only one with "
+              "something to tune); gloo only with --rehearse.")
+@click.option("--rehearse", is_flag=True, help="Run the launches, table and files on gloo (CPU) to check a set-up; "
+              "no winner is called.")
+@click.option("--verify", "verify_conf", default=None, help="A tuner config (NCCL's example plugin format) to check.")
+@click.option("--plugin", default=None, help="With --verify: the built example tuner plugin (.so).")
+@click.option("--no-plot", is_flag=True, help="Do not draw the busbw plot.")
+@click.option("--worker", default=None, hidden=True)
+def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, datatype, op,
+                 check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
+                 verify_conf, plugin, no_plot, worker):
+    """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
+    channel limits) beats NCCL's own choice beyond run-to-run noise, and write them as a
+    config for NCCL's example tuner plugin (docs/tuning.md)."""
+    if worker:
+        from ncclbench.tune.rank import run_worker
+
+        sys.exit(int(run_worker(worker)))
+    from ncclbench.tune.run import TuneRequest, run_tune
+
+    request = TuneRequest(
+        collectives=collective_names(collectives), ngpus=ngpus, backend=backend, rehearse=rehearse, repeat=repeat,
+        options={"minbytes": minbytes, "maxbytes": maxbytes, "stepbytes": stepbytes, "stepfactor": stepfactor,
+                 "op": op, "datatype": datatype, "iters": iters, "warmup_iters": warmup_iters, "check": check,
+                 "timeout": timeout, "average": average},
+        channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
+        min_gain=min_gain, output_dir=output_folder(output_dir), verify=verify_conf, plugin=plugin,
+        plot=not no_plot)
+    if bool(verify_conf) != bool(plugin):
+        raise PlanError("--verify CONF and --plugin SO go together (the plugin reads the config)")
+    sys.exit(int(run_tune(request)))
+
+
+def collective_names(names) -> list[str]:
+    from ncclbench.collectives import lookup
+
+    if not names:
+        raise PlanError("name one or more collectives to tune (e.g. ncclbench tune allreduce -g 8)")
+    out = []
+    for name in names:
+        try:
+            coll = lookup(name).name
+        except KeyError:
+            raise PlanError(f"unknown collective {name!r}") from None
+        if coll not in out:
+            out.append(coll)
+    return out
+
+
+def parsed(text, kind):
+    from ncclbench.tune.plan import parse_channels, parse_names
+
+    try:
+        return parse_channels(text) if kind == "channels" else parse_names(text, kind)
+    except ValueError as exc:
+        raise PlanError(f"--{'algos' if kind == 'algorithm' else 'protos' if kind == 'protocol' else kind}: {exc}") \
+            from None
+
+
+def output_folder(text):
+    if text is not None and text.strip().lower() in _OPS:
+        raise PlanError(f"-o is tune's output folder, not the reduction op (use --op {text.strip()})")
+    return text

@@ -1,0 +1,207 @@
+"""One rank of a tune launch: every work item (collective x combination x repeat) on its own
+fresh communicator, measured by the ordinary engine (runner.run_plan), one after another.
+
+Rank 0 writes each item's nccl-tests text, JSON and CSV where the work file says, and one
+line per item start and end to a status file, so that the launching process can tell
+which item a crashed launch was running. A combination NCCL refuses (at the
+communicator's init or at the first call) ends its item, not the launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+from ncclbench.errors import CollectiveError, ExitCode, first_line
+from ncclbench.tune.plan import Combination
+
+
+def read_work(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@contextmanager
+def combination_environment(combo: Combination):
+    """NCCL_ALGO / NCCL_PROTO for the combination's communicator, restored afterwards."""
+    wanted = combo.environment()
+    saved = {name: os.environ.get(name) for name in wanted}
+    try:
+        for name, value in wanted.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class StatusLog:
+    """Rank 0's record of the items, one JSON line each event, on disk at once."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def write(self, **record) -> None:
+        if not self.path:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def build_plans(work: dict, nranks: int) -> dict:
+    from ncclbench import cli
+
+    return {coll: cli.build_plan(coll, cli.options_for(opts), work["backend"], ["tune"], nranks)
+            for coll, opts in work["options"].items()}
+
+
+def run_worker(work_path: str) -> int:
+    """Entry point of a rank started by `ncclbench tune`'s launcher."""
+    from ncclbench import launch, runner
+    from ncclbench.backends import create_backend
+
+    work = read_work(work_path)
+    info = launch.detect()
+    launch.prepare_environ(info)
+    plans = build_plans(work, info.world_size)
+    runner.stop_on_termination_signals()
+    backend = create_backend(work["backend"], info, work["timeout"], False)
+    status = StatusLog(work["status"] if backend.rank == 0 else None)
+    status.write(event="launch", pid=os.getpid(), world_comm=world_communicator_made(backend))
+    code = ExitCode.OK
+    try:
+        for n, item in enumerate(work["items"], 1):
+            runner.stop_on_termination_signals()
+            status.write(event="started", index=item["index"], pid=os.getpid())
+            began = time.monotonic()
+            outcome = settled_item(item, plans[item["collective"]], backend, info, work)
+            status.write(event="done", index=item["index"], pid=os.getpid(), **outcome)
+            if backend.rank == 0:
+                say_progress(work, item, n, outcome, time.monotonic() - began)
+            if outcome["status"] in ("interrupted", "crashed"):
+                code = ExitCode.INTERRUPTED if outcome["status"] == "interrupted" else ExitCode.NCCL_ERROR
+                break
+        runner.hold_termination_signals()
+    finally:
+        runner.exit_on_termination_signals(code)
+        backend.close()
+    return code
+
+
+def settled_item(item, plan, backend, info, work) -> dict:
+    """run_item's outcome, or `interrupted`; an item that failed while a peer died is
+    `crashed` (the launch cannot go on without that rank)."""
+    try:
+        with faults_for(item):
+            outcome = run_item(item, plan, backend, info, work)
+        if outcome["status"] == "error" and not peers_alive(backend):
+            outcome["status"] = "crashed"
+            outcome["errors"].append("a rank of the launch was gone after it")
+        return outcome
+    except KeyboardInterrupt:
+        return {"status": "interrupted", "errors": ["interrupted"], "comm_ready": False}
+
+
+def peers_alive(backend, seconds: float = 10.0) -> bool:
+    """After a failed item: whether every rank still answers on the host-side group (a
+    refused combination fails on every rank alike; a dead rank fails its peers' calls)."""
+    from datetime import timedelta
+
+    try:
+        backend.dist.monitored_barrier(group=backend.control, timeout=timedelta(seconds=seconds))
+        return True
+    except KeyboardInterrupt:
+        raise
+    except Exception:  # noqa: BLE001 - a lost peer shows as any of gloo's errors
+        return False
+
+
+def world_communicator_made(backend) -> bool:
+    """Whether torch created the world's NCCL communicator at start (bound to a device):
+    its `Init COMPLETE` then comes first in rank 0's NCCL log, before the items'."""
+    if not getattr(backend, "is_gpu", False):
+        return False
+    default = backend.dist.distributed_c10d._get_default_group()
+    return getattr(default, "bound_device_id", None) is not None
+
+
+FAULT_ITEM_ENV = "NCCLBENCH_FAULT_ITEM"  # tests: NCCLBENCH_FAULT applies to the item of this name only
+
+
+@contextmanager
+def faults_for(item):
+    from ncclbench import faults
+
+    wanted = os.environ.get(FAULT_ITEM_ENV)
+    saved = os.environ.get(faults.ENV)
+    if wanted is None or saved is None or wanted == item["name"]:
+        yield
+        return
+    os.environ.pop(faults.ENV)
+    try:
+        yield
+    finally:
+        os.environ[faults.ENV] = saved
+
+
+def say_progress(work, item, n, outcome, seconds) -> None:
+    combo = Combination.from_dict(item["combo"])
+    what = outcome["status"] if outcome["status"] != "ok" else "done"
+    if outcome["errors"] and outcome["status"] != "ok":
+        what += f": {outcome['errors'][0][:160]}"
+    print(f"ncclbench tune: {work['phase']} [{n}/{len(work['items'])}] {item['collective']} {combo.label} "
+          f"(repeat {item['round']}) {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+
+def run_item(item, plan, backend, info, work) -> dict:
+    """One combination on a fresh communicator: {status, errors, comm_ready}."""
+    from ncclbench.runner import run_plan
+
+    combo = Combination.from_dict(item["combo"])
+    with combination_environment(combo):
+        try:
+            backend.renew_communicator(combo.channels)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - NCCL refusing the setting at init is a result
+            return {"status": "refused", "errors": [f"communicator init: {type(exc).__name__}: {first_line(exc, 300)}"],
+                    "comm_ready": False}
+        streams = []
+        try:
+            summary = run_plan(plan, backend, info, item_reporter(item, work, streams))
+        except CollectiveError as exc:  # ranks other than 0 hear of a failed call this way
+            return {"status": "error", "errors": [str(exc)], "comm_ready": True}
+        finally:
+            for stream in streams:
+                stream.close()
+    return {"status": summary.status, "errors": list(summary.errors), "comm_ready": True}
+
+
+def item_reporter(item, work, streams):
+    """make_report for run_plan: the item's nccl-tests text, JSON and CSV under the work's
+    folder, nothing on stdout (stdout is the tune table's)."""
+    from ncclbench.output import OutputSpec, Reporter
+
+    base = os.path.join(work["folder"], item["name"])
+
+    def make_report(plan, run_info):
+        combo = Combination.from_dict(item["combo"])
+        run_info.notes.append(f"tune {work['phase']}: {combo.label}, repeat {item['round']}")
+        stream = open(base + ".txt", "w", encoding="utf-8")
+        streams.append(stream)
+        spec = OutputSpec(json_path=base + ".json" if work["json"] else None,
+                          csv_path=item.get("csv") if work["json"] else None, results_dir=None, progress=False)
+        return Reporter(run_info, replace(spec, expected_rows=plan.expected_rows(run_info.nranks)), stream=stream)
+
+    return make_report

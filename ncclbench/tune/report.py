@@ -1,0 +1,205 @@
+"""After the launches: read what they left, judge every size, write the files, print the
+table. Everything measured is kept whatever happens to the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ncclbench.errors import ExitCode
+from ncclbench.sizes import format_size
+from ncclbench.tune import analysis, table
+from ncclbench.tune.files import config_text, performance_csv
+from ncclbench.tune.plan import DEFAULT, ONE_RANK_NOTE, Combination
+from ncclbench.tune.ranges import RULE_TEXT, win_ranges
+
+
+def collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results):
+    """Statuses, measurements and NCCL's choices of one collective's combinations."""
+    combos = setup.plans[coll].combos
+    status, errors, measured, choices = {}, {}, {}, {}
+    probe_of = {Combination.from_dict(it["combo"]): it for it in probe_items if it["collective"] == coll}
+    for combo in [DEFAULT, *combos]:
+        runs = [(it, results.get(it["index"])) for it in items
+                if it["collective"] == coll and Combination.from_dict(it["combo"]) == combo]
+        m = analysis.Measured()
+        for it, r in runs:
+            path = os.path.join(setup.output_dir, "raw", it["name"] + ".json")
+            if r is not None and r.status in ("ok", "wrong_results") and os.path.exists(path):
+                analysis.read_rows(path, m)
+        if m.busbw:
+            measured[combo.label] = m
+        status[combo.label], errors[combo.label] = combo_status(probe_of.get(combo), probe_results, runs)
+    reference = measured.get("default")
+    inits = {}
+    for combo in [DEFAULT, *combos]:
+        probe = probe_of.get(combo)
+        if probe is not None and probe["index"] in attributions:
+            inits[combo.label], calls = attributions[probe["index"]]
+            choices[combo.label] = analysis.choices_by_printed_size(calls, coll, measured.get(combo.label) or reference)
+    return analysis.CollectiveOutcome(coll, combos, status, errors, measured, choices, inits=inits)
+
+
+def combo_status(probe_item, probe_results, runs) -> tuple[str, str]:
+    """(what happened, first error) for one combination: the probe's word if it failed
+    there, else the worst of its measured repeats."""
+    if probe_item is not None:
+        r = probe_results.get(probe_item["index"])
+        if r is None:
+            return "not run", ""
+        if r.status != "ok":
+            return analysis.describe(r), (r.errors[0] if r.errors else "")
+    seen = [(r or analysis.ItemResult("not run")) for _it, r in runs]
+    if not seen:
+        return "not measured", ""
+    bad = [r for r in seen if r.status not in ("ok",)]
+    if not bad:
+        return "ok", ""
+    worst = bad[0]
+    return analysis.describe(worst), (worst.errors[0] if worst.errors else "")
+
+
+def combo_lines(outcome, setup) -> list[str]:
+    lines = []
+    for combo in [DEFAULT, *outcome.combos]:
+        label = combo.label
+        text = outcome.status.get(label, "not run")
+        if outcome.errors.get(label):
+            text += f" ({outcome.errors[label][:200]})"
+        said = analysis.init_text(combo, outcome.inits.get(label))
+        if said:
+            text += f"; {said}"
+        if label in outcome.overridden:
+            sizes = ", ".join(format_size(s) for s in outcome.overridden[label][:6])
+            text += f"; NCCL ran another algorithm/protocol at {sizes}: those sizes left out"
+        m = outcome.measured.get(label)
+        if m is not None and any(m.wrong.values()):
+            text += f"; wrong results at {sum(m.wrong.values())} size(s): never a winner there"
+        lines.append(f"{label:<18s} {text}")
+    lines += [f"{what:<18s} left out: {why}" for what, why in setup.plans[outcome.collective].left_out]
+    return lines
+
+
+def header(setup, outcome, nccl_text: str) -> list[str]:
+    req = setup.request
+    m = outcome.measured.get("default")
+    gpu = f" ({setup.nranks} x {m.gpu})" if m and m.gpu else ""
+    lines = [f"{nccl_text or 'NCCL version unknown (no rank reported one)'}"
+             f"{', torch ' + m.torch if m and m.torch else ''}; backend {setup.backend}",
+             f"{setup.nranks} rank(s) on {setup.nnodes} node{gpu}; {req.options.get('datatype')} "
+             f"{req.options.get('op')}; {len(outcome.combos)} forced combination(s) and NCCL's default, "
+             f"{req.repeat} repeat(s) each, interleaved",
+             "busbw: out-of-place GB/s, median of the repeats; noise: half the default's spread over its repeats; "
+             "NCCL chose: algorithm/protocol and channels from its TUNING log"]
+    if setup.backend == "gloo":
+        lines.append("rehearsal on gloo: NCCL_ALGO/NCCL_PROTO select nothing here; the numbers are gloo's and no "
+                     "winner is called")
+    if setup.nranks == 1:
+        lines.append(ONE_RANK_NOTE)
+    return lines
+
+
+def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False) -> int:
+    logs = analysis.probe_logs(os.path.join(setup.output_dir, "probe"))
+    attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
+    nccl_text = nccl_version_text(logs, setup)
+    doc = {"tool": "ncclbench tune", "nccl": nccl_text, "backend": setup.backend, "ranks": setup.nranks,
+           "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
+           "rule": RULE_TEXT.format(gain=setup.request.min_gain), "notes": list(setup.notes),
+           "interrupted": interrupted, "collectives": {}}
+    perf, config, config_notes, out, outcomes = [], [], [], [], []
+    for coll in setup.request.collectives:
+        outcome = collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results)
+        outcomes.append(outcome)
+        judged = setup.backend == "nccl" and setup.nranks > 1
+        outcome.verdicts = analysis.verdicts_for(outcome, setup.request.repeat, setup.request.min_gain)
+        if not judged:
+            for v in outcome.verdicts:
+                v.win, v.why = None, "rehearsal: no winner called" if setup.backend == "gloo" else "one rank"
+        ranges = win_ranges(outcome.verdicts)
+        rows, notes = analysis.config_rows(outcome, setup.nnodes, setup.nranks)
+        perf += analysis.perf_rows(outcome, setup.nnodes, setup.nranks)
+        config += rows
+        config_notes += notes
+        out += table.collective_lines(
+            f"ncclbench tune: {coll}", header(setup, outcome, nccl_text), outcome.verdicts,
+            combo_lines(outcome, setup), ranges, setup.notes + notes, setup.request.min_gain) + [""]
+        doc["collectives"][coll] = outcome_json(outcome, ranges, setup)
+    code = write_files(setup, doc, perf, config, config_notes, outcomes)
+    for line in out:
+        print(line, flush=True)
+    print(f"ncclbench tune: results in {setup.output_dir}", file=sys.stderr, flush=True)
+    if interrupted:
+        return ExitCode.INTERRUPTED
+    if not any(o["verdicts"] for o in doc["collectives"].values()):
+        return ExitCode.NCCL_ERROR  # not even NCCL's default could be measured
+    return code
+
+
+def nccl_version_text(logs, setup) -> str:
+    for log in logs.values():
+        if log.version:
+            return f"NCCL {log.version}"
+    raw = os.path.join(setup.output_dir, "raw")
+    for name in sorted(os.listdir(raw)) if os.path.isdir(raw) else []:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(raw, name), encoding="utf-8") as f:
+                    text = json.load(f).get("ncclbench", {}).get("nccl", "")
+            except (OSError, ValueError):
+                continue
+            if text:
+                return text if text.startswith("NCCL") else f"{text} (no NCCL)"
+    return ""
+
+
+def outcome_json(outcome, ranges, setup) -> dict:
+    return {
+        "left_out": [{"what": w, "why": y} for w, y in setup.plans[outcome.collective].left_out],
+        "combinations": {label: {"status": s, "error": outcome.errors.get(label, ""),
+                                 "overridden_sizes": outcome.overridden.get(label, [])}
+                         for label, s in outcome.status.items()},
+        "nccl_choice": {str(size): list(s) for size, s in sorted(outcome.choices.get("default", {}).items())},
+        "verdicts": [{"size": v.size, "default_busbw": v.default.median, "default_repeats": v.default.busbw,
+                      "noise_pct": v.noise_pct, "nccl_choice": list(v.default.setting) if v.default.setting else None,
+                      "best": v.best, "best_busbw": v.best_series.median if v.best_series else None,
+                      "best_repeats": v.best_series.busbw if v.best_series else None,
+                      "best_setting": list(v.best_series.setting) if v.best_series and v.best_series.setting else None,
+                      "gain_pct": v.gain_pct, "win": v.win, "why": v.why} for v in outcome.verdicts],
+        "ranges": [{"setting": list(r.setting), "combination": r.label, "sizes": r.sizes, "gains_pct": r.gains,
+                    "min_bytes": r.min_bytes, "max_bytes": r.max_bytes} for r in ranges],
+    }
+
+
+def write_files(setup, doc, perf, config, config_notes, outcomes) -> int:
+    """tune.json, performance.csv, nccl_tuner.conf and the plots; OUTPUT_ERROR if one failed."""
+    folder = setup.output_dir
+    comments = ["NCCL tuner config (plugins/tuner/example format) written by ncclbench tune",
+                f"{doc['nccl']}, {setup.nranks} rank(s) on {setup.nnodes} node(s); only size ranges where a forced "
+                "combination beat NCCL's default beyond the noise band",
+                f"rule: {doc['rule']}",
+                "channels: the count each winner ran with (the example plugin runs ONE channel for -1, and for "
+                "every size no row matches)",
+                "numPipeOps 1, regBuff 0: as measured (one call per NCCL launch, buffers not registered)"]
+    comments += [f"note: {n}" for n in config_notes]
+    if setup.backend == "gloo":
+        comments.append("rehearsal on gloo: no rows")
+    files = {"tune.json": None, "performance.csv": performance_csv(perf), "nccl_tuner.conf": config_text(config, comments)}
+    doc["files"] = {name: os.path.join(folder, name) for name in files}
+    files["tune.json"] = json.dumps(doc, indent=1) + "\n"
+    code = ExitCode.OK
+    for name, text in files.items():
+        try:
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"ncclbench tune: error: cannot write {os.path.join(folder, name)}: {exc.strerror}",
+                  file=sys.stderr)
+            code = ExitCode.OUTPUT_ERROR
+    if setup.request.plot:
+        from ncclbench.tune.plot import plot_outcomes
+
+        for message in plot_outcomes(folder, outcomes, doc["nccl"]):
+            print(f"ncclbench tune: {message}", file=sys.stderr)
+    return code

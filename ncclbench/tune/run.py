@@ -1,0 +1,386 @@
+"""`ncclbench tune` in the user's process: check everything that can be checked, then run
+the launches and read what they left.
+
+Why this route (one launch holding a fresh communicator per combination): NCCL reads
+NCCL_ALGO and NCCL_PROTO at every communicator's init (src/graph/tuning.cc,
+ncclTopoTuneModel, through getenv), and ncclConfig_t's minCTAs/maxCTAs limit one
+communicator's channels, so every combination fits in one process. A launch per
+combination would pay process start-up, `import torch` (4-5 s on the GPU hosts) and the
+world communicator's set-up again for each one. What NCCL reads once per process gets a
+launch of its own: the debug log that shows its choices (the probe: NCCL_DEBUG=INFO writes
+a line per call, which costs host time, so the measured launch runs without it) and, in
+--verify, a tuner plugin (NCCL loads it once per process).
+
+Launches: the probe (one untimed call per size and combination, NCCL's choices logged;
+combinations NCCL refuses are found here and not measured again), then the measurement
+(every repeat of every combination, repeats interleaved so drift hits all alike). A
+launch that dies (a crash, a -T timeout) is started again for the items it had not run;
+the item it was running is reported as crashed."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+
+from ncclbench.errors import ExitCode, PlanError
+from ncclbench.tune.analysis import ItemResult
+from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
+
+# options of the collective commands tune passes on (the rest keep their defaults)
+RUN_OPTIONS = ("minbytes", "maxbytes", "stepbytes", "stepfactor", "op", "datatype", "iters", "warmup_iters",
+               "check", "timeout", "average")
+PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0}
+PROBE_SUBSYS = "INIT,ENV,TUNING"
+CONFLICTING_ENV = {
+    "NCCL_ALGO": "tune sets NCCL_ALGO for each combination and measures NCCL's default with it unset",
+    "NCCL_PROTO": "tune sets NCCL_PROTO for each combination and measures NCCL's default with it unset",
+}
+CHANNEL_ENV = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
+
+
+@dataclass
+class TuneRequest:
+    collectives: list[str]        # registry names
+    options: dict                 # RUN_OPTIONS values
+    ngpus: int = 1
+    backend: str | None = None
+    rehearse: bool = False
+    repeat: int = 3
+    channels: tuple = ()
+    algos: tuple | None = None
+    protos: tuple | None = None
+    min_gain: float = 2.0
+    output_dir: str | None = None
+    verify: str | None = None
+    plugin: str | None = None
+    plot: bool = True
+
+
+@dataclass
+class Setup:
+    request: TuneRequest
+    backend: str
+    plans: dict[str, CandidatePlan]
+    nranks: int
+    nnodes: int
+    output_dir: str | None
+    environ: dict = field(default_factory=dict)   # the NCCL_* variables as the user gave them
+    notes: list[str] = field(default_factory=list)
+    verify_rows: tuple | None = None              # --verify: (every config row, the rows for this run)
+    plugin: object = None                         # --verify: verify.Plugin
+
+
+def _fail(message: str, code: int = ExitCode.USAGE) -> PlanError:
+    return PlanError(message, code)
+
+
+def check_environment(request: TuneRequest, environ: dict) -> list[str]:
+    """Refuse what would make the default column something else than NCCL's default;
+    notes for what changes every column alike."""
+    for name, why in CONFLICTING_ENV.items():
+        if environ.get(name):
+            raise _fail(f"{name}={environ[name]} is set: {why}; unset it")
+    if environ.get("NCCL_TUNER_PLUGIN") and not request.verify and environ["NCCL_TUNER_PLUGIN"].lower() != "none":
+        raise _fail(f"NCCL_TUNER_PLUGIN={environ['NCCL_TUNER_PLUGIN']} is set: the default column would be that "
+                    "plugin's choice; unset it (--verify CONF --plugin SO measures a plugin)")
+    notes = []
+    limited = [n for n in CHANNEL_ENV if environ.get(n)]
+    if limited and request.channels:
+        raise _fail(f"{limited[0]}={environ[limited[0]]} is set: it overrides every communicator's channel "
+                    "limit, so --channels would measure nothing different; unset it")
+    if limited:
+        notes.append(f"{', '.join(f'{n}={environ[n]}' for n in limited)} applies to every combination")
+    if str(environ.get("NCCL_DEBUG", "")).upper() in ("INFO", "TRACE"):
+        notes.append(f"NCCL_DEBUG={environ['NCCL_DEBUG']} is set: NCCL logs every call, which the times include")
+    return notes
+
+
+def requested_backend(request: TuneRequest) -> str:
+    """nccl, or gloo for a rehearsal; one line saying what tune can do elsewhere."""
+    if request.backend == "cupy":
+        raise _fail("tune runs on torch.distributed's NCCL (--backend nccl): the cupy backend's communicators "
+                    "are not rebuilt per combination")
+    if request.rehearse:
+        if request.backend not in (None, "gloo"):
+            raise _fail("--rehearse runs on the gloo backend (drop --backend or use --backend gloo)")
+        if request.verify:
+            raise _fail("--verify measures NCCL with a tuner plugin: it cannot be rehearsed on gloo")
+        return "gloo"
+    if request.backend == "gloo":
+        raise _fail("the gloo backend has no NCCL: NCCL_ALGO/NCCL_PROTO select nothing there, so there is "
+                    "nothing to tune; --rehearse runs the same launches, table and files on gloo without "
+                    "calling any winner")
+    return "nccl"
+
+
+def check_gpus(request: TuneRequest) -> None:
+    from ncclbench.launch import visible_gpu_count
+
+    visible = visible_gpu_count()
+    if visible == 0:
+        raise PlanError("tune needs NCCL on CUDA GPUs and none is visible; --rehearse runs the launches, table "
+                        "and files on the CPU (gloo) without calling any winner", ExitCode.BAD_GPU_COUNT)
+    if request.ngpus > visible:
+        raise PlanError(f"-g {request.ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
+
+
+def check_request(request: TuneRequest) -> None:
+    """What the command line alone can be refused for."""
+    from ncclbench import launch
+
+    if launch.detect().launcher != "none":
+        raise _fail("tune starts its own launches (-g N ranks on this node): NCCL reads its debug log and tuner "
+                    "plugin once per process; run it outside torchrun/srun/mpirun")
+    if request.ngpus < 1:
+        raise _fail(f"-g must be at least 1 (got {request.ngpus})")
+    if request.repeat < 1:
+        raise _fail(f"--repeat must be at least 1 (got {request.repeat})")
+    for coll in request.collectives:
+        why = unsupported_collective(coll)
+        if why:
+            raise _fail(f"tune {coll}: {why}")
+    if not request.options.get("check"):
+        raise _fail("tune always checks results (-c 1 or more): a forced protocol skips NCCL's own safety check")
+    for key in ("datatype", "op"):
+        if str(request.options.get(key, "")).strip().lower() == "all":
+            raise _fail(f"tune measures one {'datatype' if key == 'datatype' else 'reduction op'}; `all` is not taken")
+
+
+def candidate_plans(request: TuneRequest, ctx: Context, backend: str) -> dict[str, CandidatePlan]:
+    from ncclbench import cli
+
+    plans = {}
+    for coll in request.collectives:
+        plan = cli.build_plan(coll, cli.options_for(request.options), backend, ["tune"], ctx.nranks)
+        cli.validate_for_backend(plan, ctx.nranks)
+        try:
+            plans[coll] = candidates(coll, ctx, request.algos, request.protos, request.channels)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        if not plans[coll].combos and ctx.nranks > 1:
+            raise _fail(f"nothing to measure for {coll} besides the default: {'; '.join(plans[coll].notes())}")
+    return plans
+
+
+def prepare(request: TuneRequest, environ=None) -> Setup:
+    """Everything checked before the first launch (PlanError: one line, exit 2; 5 without
+    the GPUs asked for), cheapest first."""
+    environ = dict(os.environ if environ is None else environ)
+    check_request(request)
+    backend = requested_backend(request)
+    notes = check_environment(request, environ)
+    nranks, nnodes = request.ngpus, 1
+    ctx = Context(nranks, nnodes, {k: v for k, v in environ.items() if k.startswith("NCCL_")},
+                  str(request.options.get("op", "sum")).strip().lower())
+    setup = Setup(request, backend, candidate_plans(request, ctx, backend), nranks, nnodes, None, ctx.environ, notes)
+    if request.verify:
+        from ncclbench.tune.verify import check_plugin, nccl_version, relevant_rows
+
+        config = read_verify_config(request.verify)
+        setup.verify_rows = (config, relevant_rows(setup, config))
+        setup.plugin = check_plugin(request.plugin, nccl_version())
+    if backend == "nccl":
+        check_gpus(request)
+        if request.channels:
+            check_channel_support()
+    setup.output_dir = prepare_output(request.output_dir)
+    return setup
+
+
+def read_verify_config(path: str):
+    from ncclbench.tune.files import read_config
+
+    try:
+        return read_config(path)
+    except ValueError as exc:
+        raise _fail(f"--verify {exc}") from None
+
+
+def check_channel_support() -> None:
+    import torch.distributed as dist
+
+    options = getattr(dist, "ProcessGroupNCCL", None)
+    if options is None or not hasattr(options.Options(), "config"):
+        raise _fail("--channels needs torch's ProcessGroupNCCL.Options().config (ncclConfig_t minCTAs/maxCTAs), "
+                    "which this torch lacks")
+
+
+def prepare_output(folder: str | None) -> str:
+    from ncclbench.output import default_results_dir, probe_directory
+
+    if folder is None:
+        folder = os.path.join(default_results_dir(), "tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    for part in ("raw", "probe", "verify", "launches"):
+        if os.path.exists(os.path.join(folder, part)):
+            raise _fail(f"{folder} already holds a tune run ({part}/); choose another -o/--output-dir")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"cannot create output folder {folder}: {exc.strerror}") from None
+    probe_directory(folder, f"cannot write to output folder {folder}")
+    return folder
+
+
+# ---- launches ---------------------------------------------------------------------------------
+def work_items(setup: Setup, combos_for, rounds: int, csv: bool) -> list[dict]:
+    """Items in run order: repeat after repeat, each over every collective and combination."""
+    items = []
+    for r in range(1, rounds + 1):
+        for coll in setup.request.collectives:
+            for combo in combos_for(coll):
+                base = f"{coll}.{combo.file_key}"
+                items.append({"index": len(items), "collective": coll, "combo": combo.to_dict(), "round": r,
+                              "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None})
+    return items
+
+
+def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=None, outputs=True):
+    """Run `items` in as few launches as crashes allow: {index: ItemResult}, plus
+    {pid: world communicator made} and the last launch's exit code."""
+    folder = os.path.join(setup.output_dir, phase)
+    control = os.path.join(setup.output_dir, "launches")  # out of the results' folders, which hold only results
+    os.makedirs(folder, exist_ok=True)
+    os.makedirs(control, exist_ok=True)
+    status_path = os.path.join(control, phase.replace("/", "-") + ".status.jsonl")
+    options = {coll: dict(setup.request.options, **(overrides or {})) for coll in setup.request.collectives}
+    for item in items:
+        if item.get("csv"):
+            item["csv"] = os.path.join(folder, os.path.basename(item["csv"]))
+    results: dict[int, ItemResult] = {}
+    worlds: dict[int, bool] = {}
+    pending, code, requeued = list(items), ExitCode.OK, set()
+    while pending:
+        work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
+                "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path}
+        work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
+        with open(work_path, "w", encoding="utf-8") as f:
+            json.dump(work, f, indent=1)
+        code = spawn(setup, ["tune", "--worker", work_path], env)
+        done_before = set(results)
+        started = read_status(status_path, results, worlds, code)
+        finished = [it["index"] for it in pending if it["index"] in results and it["index"] not in done_before]
+        pending = settle(pending, started, results, code, finished, requeued)
+    return results, worlds, code
+
+
+def read_status(path: str, results: dict, worlds: dict, code: int) -> dict[int, dict]:
+    """Fold rank 0's status lines into `results`; returns the started items' records."""
+    started = {}
+    if not os.path.exists(path):
+        return started
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash
+            if e.get("event") == "launch":
+                worlds[e["pid"]] = bool(e.get("world_comm"))
+            elif e.get("event") == "started":
+                started[e["index"]] = e
+            elif e.get("event") == "done" and e["index"] not in results:
+                status = e["status"]
+                if status == "interrupted" and code not in (ExitCode.INTERRUPTED, ExitCode.OK):
+                    # the launcher tore the ranks down because one died: not the user's interrupt
+                    status = "crashed"
+                    e["errors"] = [f"a rank died (the launch ended with exit code {code})"]
+                results[e["index"]] = ItemResult(status, e.get("errors", []), bool(e.get("comm_ready")), e.get("pid"))
+    return started
+
+
+def settle(pending, started, results, code, finished, requeued) -> list[dict]:
+    """Items still to run after a launch, and what the launch did to the others.
+    `finished`: items this launch ended, in order; `requeued`: items already run again once."""
+    remaining = [it for it in pending if it["index"] not in results]
+    if not remaining:
+        return []
+    if code == ExitCode.INTERRUPTED:
+        for it in remaining:
+            results[it["index"]] = ItemResult("not run", ["interrupted"])
+        return []
+    running = [it for it in remaining if it["index"] in started]
+    if running:
+        it = running[0]
+        last = results.get(finished[-1]) if finished else None
+        if last is not None and last.status == "error" and it["index"] not in requeued:
+            # A rank died in the item before (its peers saw their calls fail and went on,
+            # until the launcher tore them down in this one): that one is the crash.
+            last.status = "crashed"
+            last.errors.append(f"then the launch ended (exit code {code}): a rank died in it")
+            requeued.add(it["index"])
+            return remaining
+        what = "timeout" if code == ExitCode.TIMEOUT else "crashed"
+        results[it["index"]] = ItemResult(what, [f"the ranks ended (exit code {code}) while it ran"],
+                                          False, started[it["index"]].get("pid"))
+        return [x for x in remaining if x is not it]
+    if len(remaining) < len(pending):
+        return remaining  # progress was made, then the launch ended between items: go on
+    for it in remaining:
+        results[it["index"]] = ItemResult("not run", [f"the launch ended (exit code {code}) before it started"])
+    return []
+
+
+def spawn(setup: Setup, argv: list[str], env: dict) -> int:
+    """One launch of `-g` ranks with `env` added (None removes a variable) for it only."""
+    from ncclbench import launch
+
+    saved = {name: os.environ.get(name) for name in env}
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        return launch.spawn_local(setup.nranks, argv + ["--backend", setup.backend])
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def probe_env(folder: str) -> dict:
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": PROBE_SUBSYS,
+            "NCCL_DEBUG_FILE": os.path.join(folder, "nccl.%h.%p.log")}
+
+
+# ---- the whole run ----------------------------------------------------------------------------
+def run_tune(request: TuneRequest) -> int:
+    return execute(prepare(request))
+
+
+def execute(setup: Setup) -> int:
+    """The launches and the report of a prepared run."""
+    request = setup.request
+    if request.verify:
+        from ncclbench.tune.verify import run_verify
+
+        return run_verify(setup)
+    from ncclbench.tune.report import finish
+
+    probe_items, probe_results, worlds = [], {}, {}
+    if setup.backend == "nccl":
+        folder = os.path.join(setup.output_dir, "probe")
+        probe_items = work_items(setup, lambda c: [DEFAULT, *setup.plans[c].combos], 1, csv=False)
+        probe_results, worlds, code = run_phase(setup, "probe", probe_items, probe_env(folder), PROBE_OVERRIDES,
+                                                outputs=False)
+        if code == ExitCode.INTERRUPTED:
+            return finish(setup, probe_items, probe_results, worlds, [], {}, interrupted=True)
+    runnable = runnable_combos(setup, probe_items, probe_results)
+    items = work_items(setup, lambda c: runnable[c], request.repeat, csv=True)
+    results, _worlds, code = run_phase(setup, "raw", items, {})
+    return finish(setup, probe_items, probe_results, worlds, items, results,
+                  interrupted=code == ExitCode.INTERRUPTED)
+
+
+def runnable_combos(setup: Setup, probe_items, probe_results) -> dict[str, list[Combination]]:
+    """The default and every combination the probe ran cleanly (all of them on gloo)."""
+    out = {c: [DEFAULT, *setup.plans[c].combos] for c in setup.request.collectives}
+    if not probe_items:
+        return out
+    ok = {(it["collective"], Combination.from_dict(it["combo"])) for it in probe_items
+          if probe_results.get(it["index"]) and probe_results[it["index"]].status == "ok"}
+    return {c: [DEFAULT] + [k for k in setup.plans[c].combos if (c, k) in ok] for c in out}

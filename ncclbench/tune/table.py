@@ -1,0 +1,53 @@
+"""The text `tune` prints on stdout: per collective and size NCCL's default and its choice,
+the best forced combination, the gain and whether it rises above the noise; then what
+happened to each combination and the size ranges won. Pure formatting."""
+
+from __future__ import annotations
+
+from ncclbench.sizes import format_size
+from ncclbench.tune.ranges import RULE_TEXT, Range, Verdict
+
+COLUMNS = (f"# {'size':>8s} {'default':>9s} {'noise':>7s}  {'NCCL chose':<18s} {'best forced':<18s} "
+           f"{'busbw':>9s} {'gain':>8s}  {'win':<4s} why")
+
+
+def setting_text(setting: tuple | None) -> str:
+    if not setting:
+        return "N/A"
+    algo, proto, channels = setting
+    return f"{algo or '?'}/{proto or '?'}" + (f" ch{channels}" if channels else "")
+
+
+def verdict_line(v: Verdict) -> str:
+    noise = f"+-{v.noise_pct:.1f}%" if v.noise_pct is not None else "N/A"
+    best = v.best or "-"
+    busbw = f"{v.best_series.median:9.2f}" if v.best_series else f"{'-':>9s}"
+    gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
+    win = {True: "yes", False: "no", None: "-"}[v.win]
+    return (f"  {format_size(v.size):>8s} {v.default.median:9.2f} {noise:>7s}  {setting_text(v.default.setting):<18s} "
+            f"{best:<18s} {busbw} {gain}  {win:<4s} {v.why}")
+
+
+def range_text(r: Range) -> str:
+    span = f"{format_size(min(r.sizes))}-{format_size(max(r.sizes))}" if len(r.sizes) > 1 else format_size(r.sizes[0])
+    low, high = f"{min(r.gains):+.1f}", f"{max(r.gains):+.1f}"
+    gains = f"{low} %" if low == high else f"{low} .. {high} %"
+    return f"{setting_text(r.setting)} ({r.label}) wins at {span} (config {r.min_bytes}-{r.max_bytes} B): {gains}"
+
+
+def collective_lines(title: str, header: list[str], verdicts: list[Verdict], combo_lines: list[str],
+                     ranges: list[Range], notes: list[str], min_gain: float) -> list[str]:
+    lines = [f"# {title}"] + [f"# {h}" for h in header]
+    lines.append(f"# rule: {RULE_TEXT.format(gain=min_gain)}")
+    lines.append("#")
+    if verdicts:
+        lines.append(COLUMNS)
+        lines += [verdict_line(v) for v in verdicts]
+    else:
+        lines.append("#   no measurement of NCCL's default to compare with")
+    lines.append("# combinations:")
+    lines += [f"#   {c}" for c in combo_lines]
+    lines.append("# size ranges where a forced combination wins:")
+    lines += [f"#   {range_text(r)}" for r in ranges] or ["#   none"]
+    lines += [f"# note: {n}" for n in notes]
+    return lines

@@ -1,0 +1,118 @@
+"""`ncclbench tune --rehearse`: the launches, per-combination communicators, raw results,
+files and table, for real on gloo ranks (NCCL's own part is in test_gpu.py)."""
+
+import csv
+import json
+
+import pytest
+
+from conftest import run_cli
+from ncclbench.compare import compare_frames
+from ncclbench.resultsio import read_results
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--repeat", "2", "--no-plot"]
+
+
+def _tune(args, tmp_path, env=None):
+    out = tmp_path / "tuned"
+    r = run_cli(["tune", *args, "-o", str(out)], env=env, timeout=300)
+    return r, out
+
+
+def test_rehearsal_launches_every_combination_and_writes_every_file(tmp_path):
+    r, out = _tune(["allreduce", "allgather", "-g", "2", "--rehearse", "--algos", "ring", "--protos", "ll,simple",
+                    "--channels", "4", *SMALL[:-1]], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for coll in ("all_reduce", "all_gather"):
+        assert f"# ncclbench tune: {coll}" in r.stdout
+    assert "rehearsal on gloo" in r.stdout and "no winner called" in r.stdout
+    labels = ["default", "ring/ll", "ring/ll ch4", "ring/simple", "ring/simple ch4"]
+    doc = json.loads((out / "tune.json").read_text())
+    for coll in ("all_reduce", "all_gather"):
+        assert {k: v["status"] for k, v in doc["collectives"][coll]["combinations"].items()} == dict.fromkeys(labels, "ok")
+        assert [v["size"] for v in doc["collectives"][coll]["verdicts"]] == [1024, 4096, 16384]
+    raw = sorted(p.name for p in (out / "raw").glob("*.json"))
+    assert len(raw) == 2 * 5 * 2  # collectives x combinations x repeats
+    assert "all_reduce.ring-ll-ch4.r2.json" in raw
+    env = json.loads((out / "raw" / "all_reduce.ring-ll-ch4.r2.json").read_text())["env"]
+    assert "NCCL_ALGO=Ring" in env and "NCCL_PROTO=LL" in env  # the combination's environment, as the rank had it
+    default_env = json.loads((out / "raw" / "all_reduce.default.r1.json").read_text())["env"]
+    assert not any(e.startswith(("NCCL_ALGO=", "NCCL_PROTO=")) for e in default_env)
+    with open(out / "performance.csv", newline="") as f:
+        perf = list(csv.DictReader(f))
+    assert len(perf) == 2 * 4 * 3  # forced combinations only, every size
+    assert {row["collective"] for row in perf} == {"allreduce", "allgather"}
+    conf = (out / "nccl_tuner.conf").read_text()
+    assert [line for line in conf.splitlines() if not line.startswith("#")] == []  # no win called on gloo
+    # compare reads tune's raw results like any ncclbench run
+    cmp = compare_frames(read_results(out / "raw" / "all_reduce.default.r1.json"),
+                         read_results(out / "raw" / "all_reduce.ring-ll.r1.json"))
+    assert len(cmp.rows) == 3 * 2
+    c = run_cli(["compare", str(out / "raw" / "all_reduce.default.r1.json"),
+                 str(out / "raw" / "all_reduce.ring-simple.r2.json")])
+    assert c.returncode in (0, 1) and "all_reduce" in c.stdout, c.stderr
+
+
+def test_a_combination_whose_rank_dies_is_a_row_and_the_rest_go_on(tmp_path):
+    env = {"NCCLBENCH_FAULT": "kill:rank=1,size=4096", "NCCLBENCH_FAULT_ITEM": "all_reduce.ring-ll.r1"}
+    r, out = _tune(["allreduce", "-g", "2", "--rehearse", "--algos", "ring,tree", "--protos", "ll", *SMALL],
+                   tmp_path, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]["combinations"]
+    assert doc["ring/ll"]["status"] == "crashed"
+    assert doc["default"]["status"] == "ok" and doc["tree/ll"]["status"] == "ok"
+    assert "ring/ll            crashed" in r.stdout
+    # every item after the crash ran, in a launch of its own
+    assert (out / "raw" / "all_reduce.tree-ll.r2.json").exists()
+    assert not (out / "raw" / "all_reduce.ring-ll.r1.json").exists() or \
+        json.loads((out / "raw" / "all_reduce.ring-ll.r1.json").read_text())["ncclbench"]["status"] != "ok"
+
+
+def test_wrong_results_are_reported_and_left_out_of_the_data(tmp_path):
+    env = {"NCCLBENCH_FAULT": "corrupt:rank=0,size=4096", "NCCLBENCH_FAULT_ITEM": "all_reduce.ring-simple.r2"}
+    r, out = _tune(["allreduce", "-g", "2", "--rehearse", "--algos", "ring", "--protos", "ll,simple", *SMALL],
+                   tmp_path, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ring/simple        wrong results" in r.stdout
+    assert "wrong results at 2 size(s): never a winner there" in r.stdout
+    with open(out / "performance.csv", newline="") as f:
+        perf = [(row["protocol"], int(row["size_bytes"])) for row in csv.DictReader(f)]
+    assert ("simple", 1024) in perf and ("simple", 4096) not in perf and ("ll", 4096) in perf
+
+
+def test_one_rank_says_there_is_nothing_to_tune(tmp_path):
+    r, out = _tune(["allreduce", "-g", "1", "--rehearse", *SMALL], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "chooses no algorithm or protocol" in r.stdout
+    assert json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]["ranges"] == []
+    assert sorted(p.name for p in (out / "raw").glob("*.json")) == ["all_reduce.default.r1.json",
+                                                                   "all_reduce.default.r2.json"]
+
+
+def test_a_suite_entry_runs_tune(tmp_path):
+    out = tmp_path / "tuned"
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"""
+runs:
+  - collective: broadcast
+    minbytes: 1K
+    maxbytes: 4K
+    stepfactor: 4
+    iters: 2
+    warmup_iters: 1
+    tune: {{repeat: 2, protos: simple, output_dir: {out}, rehearse: true, plot: false}}
+  - collective: all_gather
+    minbytes: 1K
+    maxbytes: 1K
+""")
+    r = run_cli(["suite", str(suite), "-g", "2", "--backend", "gloo", "--no-save"], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "# Suite summary" in r.stdout and "# ncclbench tune: broadcast" in r.stdout
+    combos = json.loads((out / "tune.json").read_text())["collectives"]["broadcast"]["combinations"]
+    assert set(combos) == {"default", "ring/simple"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(suite.read_text().replace("iters: 2\n", "iters: 2\n    cudagraph: 1\n", 1))
+    r = run_cli(["suite", str(bad), "-g", "2", "--backend", "gloo", "--no-save"], timeout=120)
+    assert r.returncode == 2 and "'cudagraph' is not one of them" in r.stderr, r.stderr

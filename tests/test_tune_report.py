@@ -1,0 +1,142 @@
+"""From what NCCL launches leave on disk (raw results, the probe's NCCL log) to the table and
+files, on a made-up 8-rank all_reduce: the analysis a GPU run goes through, without one."""
+
+import csv
+import json
+import subprocess
+import sys
+
+from ncclbench.tune import report, run
+from ncclbench.tune.analysis import ItemResult
+from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination
+
+SIZES = [65536, 131072, 262144, 524288]
+TREE_LL, RING_LL = Combination("tree", "ll"), Combination("ring", "ll")
+# busbw per repeat: tree/ll wins clearly at 128K and 256K; ring/ll is NCCL's own choice at 64K
+BUSBW = {
+    "default": {65536: [10.0, 10.2, 9.9], 131072: [20.0, 20.3, 19.8], 262144: [40.0, 40.5, 39.7], 524288: [80.0, 80.4, 79.6]},
+    "tree/ll": {65536: [9.0, 9.1, 8.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8], 524288: [70.0, 70.2, 69.9]},
+    "ring/ll": {65536: [10.6, 10.7, 10.5], 131072: [19.0, 19.1, 18.9], 262144: [30.0, 30.1, 29.9], 524288: [41.0, 41.1, 40.9]},
+}
+# what NCCL ran (probe log): per combination, per size
+RAN = {"default": {65536: ("RING", "LL", 4), 131072: ("RING", "LL", 4), 262144: ("RING", "LL128", 8), 524288: ("RING", "LL128", 16)},
+       "tree/ll": dict.fromkeys(SIZES, ("TREE", "LL", 8)), "ring/ll": {s: ("RING", "LL", 4) for s in SIZES}}
+
+
+def _raw(size_busbw, path):
+    results = [{"size": s, "count": s // 4, "type": "float", "redop": "sum", "root": "    -1",
+                "out_of_place": {"time": s / b / 1e3, "alg_bw": b, "bus_bw": b, "nwrong": 0.0},
+                "in_place": {"time": s / b / 1e3, "alg_bw": b, "bus_bw": b, "nwrong": 0.0}}
+               for s, b in size_busbw.items()]
+    path.write_text(json.dumps({"version": 3, "results": results, "ncclbench": {
+        "nccl": "NCCL 2.28.9", "torch_version": "2.11.0", "gpu": "NVIDIA H200", "status": "ok"}}))
+
+
+def _setup(tmp_path):
+    request = run.TuneRequest(["all_reduce"], {"datatype": "float", "op": "sum", "check": 1}, ngpus=8, repeat=3,
+                              plot=False)
+    plans = {"all_reduce": CandidatePlan("all_reduce", [TREE_LL, RING_LL], [("nvls", "NCCL_NVLS_ENABLE=0 is set")])}
+    return run.Setup(request, "nccl", plans, 8, 1, str(tmp_path))
+
+
+def _probe(setup, tmp_path):
+    items = run.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 1, csv=False)
+    pre = "gpu-host:4242:4242 [0] NCCL INFO "
+    lines = ["NCCL version 2.28.9+cuda13.0", pre + "24 coll channels, 24 collnet channels", pre + "comm 0x1 - Init COMPLETE"]
+    for it in items:
+        combo = Combination.from_dict(it["combo"])
+        if combo.algo:
+            lines += [pre + f"NCCL_ALGO set by environment to {combo.algo.title()}",
+                      pre + f"NCCL_PROTO set by environment to {combo.proto.upper()}"]
+        lines += [pre + "24 coll channels, 24 collnet channels", pre + "ncclCommSplit comm 0x2 - Init COMPLETE"]
+        for size, (algo, proto, ch) in RAN[combo.label].items():
+            lines += [pre + f"AllReduce: {size // 4 * 4} Bytes -> Algo {algo} proto {proto} channel{{Lo..Hi}}={{0..{ch - 1}}}"] * 2
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "nccl.gpu-host.4242.log").write_text("\n".join(lines) + "\n")
+    return items, {it["index"]: ItemResult("ok", [], True, 4242) for it in items}, {4242: True}
+
+
+def _measured(setup, tmp_path):
+    items = run.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 3, csv=True)
+    (tmp_path / "raw").mkdir()
+    for it in items:
+        label = Combination.from_dict(it["combo"]).label
+        _raw({s: v[it["round"] - 1] for s, v in BUSBW[label].items()}, tmp_path / "raw" / (it["name"] + ".json"))
+    return items, {it["index"]: ItemResult("ok") for it in items}
+
+
+def test_wins_ranges_and_files_from_launch_leftovers(tmp_path, capsys):
+    setup = _setup(tmp_path)
+    probe_items, probe_results, worlds = _probe(setup, tmp_path)
+    items, results = _measured(setup, tmp_path)
+    assert report.finish(setup, probe_items, probe_results, worlds, items, results) == 0
+    out = capsys.readouterr().out
+    assert "NCCL 2.28.9, torch 2.11.0" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "ring/ll ch4" in rows["64K"] and "NCCL's own choice" in rows["64K"]   # forcing NCCL's choice is no win
+    assert rows["128K"].split()[-3:] == ["yes", "above", "noise"] and "+20.0%" in rows["128K"]
+    assert "ring/ll128 ch8" in rows["256K"] and "tree/ll" in rows["256K"] and "+20.0%" in rows["256K"]
+    assert " no " in rows["512K"]
+    assert "tree/ll ch8 (tree/ll) wins at 128K-256K (config 98305-393216 B): +20.0 %" in out
+    assert "tree/ll            ok; NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL, 24 channel(s)" in out
+    assert "nvls               left out: NCCL_NVLS_ENABLE=0 is set" in out
+    conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
+    assert conf == ["allreduce,98305,393216,tree,ll,8,1,8,1,0"]
+    with open(tmp_path / "performance.csv", newline="") as f:
+        perf = list(csv.DictReader(f))
+    assert len(perf) == 2 * 4 and {(r["algorithm"], r["channels"]) for r in perf} == {("tree", "8"), ("ring", "4")}
+    doc = json.loads((tmp_path / "tune.json").read_text())["collectives"]["all_reduce"]
+    assert doc["nccl_choice"]["262144"] == ["ring", "ll128", 8]
+    assert [v["win"] for v in doc["verdicts"]] == [False, True, True, False]
+
+
+def test_a_forced_setting_nccl_did_not_run_is_never_counted(tmp_path, capsys):
+    setup = _setup(tmp_path)
+    RAN["tree/ll"][262144] = ("RING", "SIMPLE", 8)  # NCCL ran something else at 256K
+    try:
+        probe_items, probe_results, worlds = _probe(setup, tmp_path)
+    finally:
+        RAN["tree/ll"][262144] = ("TREE", "LL", 8)
+    items, results = _measured(setup, tmp_path)
+    report.finish(setup, probe_items, probe_results, worlds, items, results)
+    out = capsys.readouterr().out
+    assert "NCCL ran another algorithm/protocol at 256K: those sizes left out" in out
+    conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
+    assert conf == ["allreduce,98305,196608,tree,ll,8,1,8,1,0"]
+
+
+def test_the_plot_draws_one_line_per_combination_and_imports_matplotlib_only_then(tmp_path):
+    code = f"""
+import sys
+from ncclbench.tune import analysis, plot, report, run
+assert 'matplotlib' not in sys.modules
+from ncclbench.tune.plan import Combination
+m = analysis.Measured(busbw={{1024: [1.0, 2.0], 2048: [3.0, 3.0]}})
+o = analysis.CollectiveOutcome('all_reduce', [Combination('ring', 'll')], {{}}, {{}}, {{'default': m, 'ring/ll': m}}, {{}})
+print(plot.plot_outcomes({str(tmp_path)!r}, [o], 'NCCL 2.28.9'))
+assert 'matplotlib' in sys.modules
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "busbw_all_reduce.png").stat().st_size > 1000
+
+
+def test_verify_says_per_row_whether_nccl_applied_it_and_the_gain_came_back(tmp_path):
+    from ncclbench.tune import analysis, verify
+    from ncclbench.tune.files import parse_config_line
+
+    setup = _setup(tmp_path)
+    rows = [parse_config_line("allreduce,98305,393216,tree,ll,8,1,8,1,0", 3),
+            parse_config_line("allreduce,393217,600000,ring,simple,16,1,8,1,0", 4)]
+    base = analysis.Measured(busbw=BUSBW["default"])
+    tuned = analysis.Measured(busbw={65536: [5.0, 5.1, 4.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8],
+                                     524288: [80.1, 80.3, 79.7]})
+    choices = {65536: ("ring", "ll", 1), 131072: ("tree", "ll", 8), 262144: ("tree", "ll", 8),
+               524288: ("ring", "simple", 16)}
+    lines, doc, ok = verify.collective_report(setup, "all_reduce", base, tuned, choices, rows)
+    text = "\n".join(lines)
+    assert "line 3: allreduce,98305,393216,tree,ll,8,1,8,1,0: 2 size(s), NCCL applied it at 2, gain above noise at 2: reproduced" in text
+    assert "line 4:" in text and "NOT reproduced" in text          # applied, but no faster than the default
+    assert "1 size(s) outside every row: worst -50.0 % at 64K" in text
+    assert ok is False
+    assert [d["applied"] for d in doc["sizes"]] == [None, True, True, True]
