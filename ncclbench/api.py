@@ -412,7 +412,7 @@ def run_engine(plan, call: GroupCall, all_ranks: bool = False) -> "Rows":
 
     try:
         with call.op_timeout(plan.timeout_s), _own_stream(backend, plan.stream_null):
-            summary = run_plan(plan, backend, make_report, _ApiHooks(call))
+            summary = run_plan(plan, backend, make_report, hooks=_ApiHooks(call))
     except BenchError:
         call.raise_if_timed_out()
         raise

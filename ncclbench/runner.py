@@ -466,7 +466,7 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
-def run_plan(plan, backend, make_report, hooks: RankHooks | None = None) -> RunSummary:
+def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> RunSummary:
     """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
     `hooks`: how the run meets the process around it (default: the command line's)."""
     hooks = hooks or RankHooks()
