@@ -11,7 +11,9 @@
 # reliab (killed and stalled rank, wall times), register (-R 0/1/2), a2av (alltoallv: spread 1,
 # spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
 # twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
-# GPU, both backends), pytest (the GPU tests), targets (benchmarks/speed_targets.py on this
+# GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
+# torch/CuPy/gloo scripts, and nccl-tests when NCCL_TESTS names its all_reduce_perf; REPEAT runs
+# each, default 5), targets (benchmarks/speed_targets.py on this
 # folder), report (benchmarks/report.py on this folder, into report.md). Put targets and report last.
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs), COMMIT (the code's
@@ -163,6 +165,9 @@ for stage in $STAGES; do
       done
       NCCLBENCH_FAULT="corrupt:rank=0,size=1024" timeout 60 ncclbench allreduce -g 1 -b 8 -e 4K -f 2 --no-save \
         >"$LOG/single_fault.txt" 2>&1; echo "fault exit $?" >>"$LOG/single.txt" ;;
+    startup)  # one-size runs against the bare scripts: startup.md (report.py's Start-up table) and startup.json
+      timeout 1200 $PY benchmarks/startup.py --out "$LOG" --repeat "${REPEAT:-5}" --torchrun \
+        ${NCCL_TESTS:+--nccl-tests "$NCCL_TESTS"} >"$LOG/startup.txt" 2>&1 ;;
     targets)  # the speed targets' verdicts from this folder's full_* and latency logs, also on stdout
       $PY benchmarks/speed_targets.py "$LOG" --reference-dir "$REFDIR" --np "$NP" --tag "${TAG:-}" 2>&1 \
         | tee "$LOG/targets${TAG:-}.md" ;;

@@ -56,7 +56,7 @@ for d in DTYPES.values():
             t = to_dtype(p.values(rank, idx), d)
             run(t, op)
             torch.cuda.synchronize()
-            wrong = count_mismatches(t, p.reduce(idx, range(world)), d, op, world)
+            wrong = count_mismatches(t, p.reduce(idx), d, op)
             result = f"ok wrong={wrong}"
         except Exception as exc:  # noqa: BLE001
             result = "FAIL " + (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]

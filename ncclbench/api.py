@@ -356,7 +356,7 @@ class _ApiHooks(RankHooks):
         self.said.append(message)
 
     def timed_out(self, what, behind, timeout_s, rank, finish) -> None:
-        self.call.timed_out(what, behind, timeout_s, rank)
+        self.call.timed_out(what, behind(), timeout_s, rank)
 
 
 class _Collector:

@@ -11,7 +11,7 @@ import sys
 import click
 
 from ncclbench import __version__
-from ncclbench.clitypes import GetoptCommand
+from ncclbench.clitypes import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, GetoptCommand
 from ncclbench.collectives import REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 # the option table and its conversion into a Plan, shared with the Python API
@@ -32,12 +32,14 @@ def choose_backend(requested: str | None) -> str:
     return "nccl" if visible_gpu_count() > 0 else "gloo"
 
 
-def announce_backend(requested: str | None, chosen: str, rank: int) -> None:
-    """Say once, after validation, that a GPU-less machine falls back to gloo."""
+def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: int | None = None) -> None:
+    """Say once, after validation, that a GPU-less machine falls back to gloo (and with
+    how many ranks `-g all` runs there)."""
     from ncclbench.launch import say
 
     if requested is None and chosen == "gloo" and rank == 0 and not os.environ.get("NCCLBENCH_SPAWNED"):
-        say("no CUDA GPU visible: using the gloo CPU backend (timings are host-clock CPU numbers)")
+        ranks = f" with {all_ranks} ranks (-g all)" if all_ranks else ""
+        say(f"no CUDA GPU visible: using the gloo CPU backend{ranks} (timings are host-clock CPU numbers)")
 
 
 def output_spec(plan, o: dict):
@@ -64,6 +66,30 @@ def output_spec(plan, o: dict):
                       progress=not o.get("quiet"))
 
 
+def local_rank_count(requested, backend: str) -> int:
+    """The ranks to start on this node for -g `requested` (None: 1; `all`: one per visible
+    GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
+    a GPU backend cannot have that many GPUs."""
+    from ncclbench import launch
+
+    ngpus = 1 if requested is None else requested
+    if ngpus != ALL_GPUS and ngpus < 1:
+        raise _fail(f"-g must be at least 1 (got {ngpus})")
+    if backend not in ("nccl", "cupy"):
+        if ngpus == ALL_GPUS:
+            return launch.visible_gpu_count() or CPU_RANKS_FOR_ALL
+        return ngpus
+    visible = launch.visible_gpu_count()
+    if visible == 0 and requested in (None, ALL_GPUS):
+        raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
+                        ExitCode.BAD_GPU_COUNT)
+    if ngpus == ALL_GPUS:
+        return visible
+    if ngpus > visible:
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
+    return ngpus
+
+
 def run_collective(coll_name: str, o: dict) -> int:
     from ncclbench import launch
 
@@ -71,31 +97,22 @@ def run_collective(coll_name: str, o: dict) -> int:
     info = launch.detect()
     launched = info.launcher != "none"
     backend = choose_backend(o["backend"])
-    nranks = info.world_size if launched else (1 if o["ngpus"] is None else o["ngpus"]) * o.get("nnodes", 1)
-    plan = build_plan(coll_name, o, backend, argv, nranks)
     if launched:
-        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+        plan = build_plan(coll_name, o, backend, argv, info.world_size)
+        if o["ngpus"] not in (None, 1, ALL_GPUS, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise _fail(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                         f"{info.local_world_size} ranks on this node); drop -g")
         validate_for_backend(plan, info.world_size)
         spec = output_spec(plan, o) if info.rank == 0 else None
         announce_backend(o["backend"], backend, info.rank)
         return run_as_rank(plan, info, spec)
-    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
-    if ngpus < 1:
-        raise _fail(f"-g must be at least 1 (got {ngpus})")
+    ngpus = local_rank_count(o["ngpus"], backend)
     nranks = ngpus * o.get("nnodes", 1)
-    if backend in ("nccl", "cupy"):
-        visible = launch.visible_gpu_count()
-        if ngpus > visible and o["ngpus"] is None:
-            raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
-                            ExitCode.BAD_GPU_COUNT)
-        if ngpus > visible:
-            raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
+    plan = build_plan(coll_name, o, backend, argv, nranks)
     validate_for_backend(plan, nranks)
     output_spec(plan, o)  # refuse unwritable outputs before spawning anything
     spawn = multinode_args(o, ngpus)
-    announce_backend(o["backend"], backend, 0)
+    announce_backend(o["backend"], backend, 0, ngpus if o["ngpus"] == ALL_GPUS else None)
     child_argv = list(argv)
     if o["backend"] is None:
         child_argv += ["--backend", backend]

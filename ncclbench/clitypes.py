@@ -122,3 +122,23 @@ class FiniteFloat(click.FloatRange):
         if self.min is None and self.max is None:
             return ""
         return super()._describe_range()
+
+
+ALL_GPUS = "all"
+CPU_RANKS_FOR_ALL = 2  # -g all without a GPU: the smallest world in which every collective moves data
+
+
+def parse_gpu_count(text) -> int | str:
+    """-g: a number of local ranks, or `all` (one per visible GPU)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    word = str(text).strip().lower()
+    if word == ALL_GPUS:
+        return ALL_GPUS
+    try:
+        return int(word)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of ranks or 'all'") from None
+
+
+GPU_COUNT = ParsedType("N|all", parse_gpu_count)

@@ -64,6 +64,14 @@ def _exchanged(count, itemsize, nranks, traffic=None):     # n chunks each way
     return Layout(base * nranks, base * nranks, base, 0, 0)
 
 
+def _everyone(rank, root):
+    return True
+
+
+def _root_only(rank, root):
+    return rank == root
+
+
 @dataclass(frozen=True)
 class CheckContext:
     """What an `expected` function needs to know about the rank it checks."""
@@ -90,6 +98,9 @@ class Collective:
     checked_on: Callable[[int, int], bool]          # (rank, root) -> does this rank's output mean anything
     expected: Callable[[CheckContext, object], object]  # (ctx, recv indices) -> int64/float64 values
     call: Callable  # (backend, send, recv, op, root, layout) -> None
+    # (rank, root) -> is this rank's send buffer an input? The check fills the others with
+    # poison, so that a rank the data never reached cannot pass on its own copy of it.
+    input_on: Callable[[int, int], bool] = _everyone
 
     def algbw_bytes(self, layout: Layout, itemsize: int, nranks: int) -> int:
         return self.moved(layout, nranks) * itemsize
@@ -102,30 +113,10 @@ class Collective:
         return algbw, algbw * self.bus_factor(nranks)
 
 
-def _all_ranks(ctx):
-    return range(ctx.nranks)
-
-
-def _everyone(rank, root):
-    return True
-
-
-def _root_only(rank, root):
-    return rank == root
-
-
-def _from_each_rank(ctx, idx, offset_of):
-    """recv[i] holds element `offset_of(src)+i%chunk` of rank src = i // chunk."""
-    import torch
-
-    src = torch.div(idx, ctx.chunk, rounding_mode="floor")
-    out = torch.empty_like(idx)
-    for r in range(ctx.nranks):
-        mask = src == r
-        if mask.any():
-            local = idx[mask] - r * ctx.chunk + offset_of(r)
-            out[mask] = ctx.pattern.values(r, local)
-    return out
+def _from_each_rank(ctx, idx, offset):
+    """recv[i] holds element `offset + i % chunk` of rank i // chunk."""
+    src = idx // ctx.chunk
+    return ctx.pattern.values(src, idx - src * ctx.chunk + offset)
 
 
 _ring_factor = lambda n: 2 * (n - 1) / n  # noqa: E731
@@ -147,7 +138,7 @@ register(Collective(
     layout=_whole, bus_factor=_ring_factor, moved=_single,
     has_op=True, has_root=False, printed_op=None,
     in_place_checked=True, checked_on=_everyone,
-    expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.all_reduce(s, r, op),
 ))
 register(Collective(
@@ -155,7 +146,7 @@ register(Collective(
     layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
     in_place_checked=True, checked_on=_everyone,
-    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.all_gather(s, r),
 ))
 register(Collective(
@@ -163,7 +154,7 @@ register(Collective(
     layout=_scattered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=True, has_root=False, printed_op=None,
     in_place_checked=True, checked_on=_everyone,
-    expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk, _all_ranks(ctx)),
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.reduce_scatter(s, r, op),
 ))
 register(Collective(
@@ -171,7 +162,7 @@ register(Collective(
     layout=_exchanged, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
     in_place_checked=False, checked_on=_everyone,
-    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: ctx.rank * ctx.chunk),
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.alltoall(s, r),
 ))
 register(Collective(
@@ -181,13 +172,14 @@ register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx),
     call=lambda b, s, r, op, root, lay: b.broadcast(s, r, root),
+    input_on=_root_only,
 ))
 register(Collective(
     "reduce", "reduce",
     layout=_whole, bus_factor=_one, moved=_single,
     has_op=True, has_root=True, printed_op=None,
     in_place_checked=True, checked_on=_root_only,
-    expected=lambda ctx, idx: ctx.pattern.reduce(idx, _all_ranks(ctx)),
+    expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.reduce(s, r, op, root),
 ))
 register(Collective(
@@ -195,7 +187,7 @@ register(Collective(
     layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=True, printed_op="none",
     in_place_checked=True, checked_on=_root_only,
-    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.gather(s, r, root),
 ))
 register(Collective(
@@ -205,6 +197,7 @@ register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx + ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.scatter(s, r, root),
+    input_on=_root_only,
 ))
 # nccl-tests' sendrecv prints the op column ("sum") although nothing is reduced.
 register(Collective(
@@ -225,7 +218,7 @@ register(Collective(
     layout=_gathered, bus_factor=_one, moved=lambda lay, n: lay.param_count * (n - 1),
     has_op=False, has_root=False, printed_op="",
     in_place_checked=True, checked_on=_everyone,
-    expected=lambda ctx, idx: _from_each_rank(ctx, idx, lambda src: 0),
+    expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.hypercube(s, r),
 ))
 
@@ -248,16 +241,12 @@ def _from_each_sender(ctx, idx):
     """recv holds, for each source in rank order, the part of its send stream meant for us."""
     import torch
 
-    out = torch.empty_like(idx)
-    start = 0
-    for src in range(ctx.nranks):
-        n = ctx.counts[src][ctx.rank]
-        mask = (idx >= start) & (idx < start + n)
-        if mask.any():
-            offset = sum(ctx.counts[src][:ctx.rank])  # where our part starts in src's stream
-            out[mask] = ctx.pattern.values(src, idx[mask] - start + offset)
-        start += n
-    return out
+    ours = torch.tensor([row[ctx.rank] for row in ctx.counts], dtype=torch.int64, device=idx.device)
+    ends = ours.cumsum(0)
+    src = torch.searchsorted(ends, idx, right=True).clamp(max=ctx.nranks - 1)
+    # where our part starts in each source's stream
+    skipped = torch.tensor([sum(row[:ctx.rank]) for row in ctx.counts], dtype=torch.int64, device=idx.device)
+    return ctx.pattern.values(src, idx - (ends - ours)[src] + skipped[src])
 
 
 register(Collective(

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Sequence
 
 import click
-import numpy as np
-import pandas as pd
 
 from ncclbench.errors import ExitCode
+from ncclbench.lazy import lazy_import
 from ncclbench.resultsio import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
 from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand, ParsedType
 from ncclbench.sizes import format_size
+
+np = lazy_import("numpy")
+pd = lazy_import("pandas")  # imported when results are read, not when the CLI starts
 
 MATCH_KEYS = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
 

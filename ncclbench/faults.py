@@ -1,6 +1,7 @@
 """Test-only fault injection, driven by NCCLBENCH_FAULT, so that the reliability paths
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
+corrupt_graph (under -G: one wrong element written by the check's CUDA graph itself) |
 kill | stall | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
@@ -80,6 +81,21 @@ def corrupt_output(rank: int, view, size: int) -> None:
     if f is not None and f.applies(rank, size) and view.numel():
         flat = view.view(-1)
         flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
+
+
+def corrupt_in_graph(rank: int, view, size: int) -> None:
+    """Called while the check's op is captured in a CUDA graph (-G), after the collective:
+    the element is then made wrong by the graph's replay, which only a check that runs the
+    graph can see (at sizes >= size= only)."""
+    f = active("corrupt_graph")
+    if f is not None and f.applies(rank, size) and view.numel():
+        import torch
+
+        width = view.element_size()
+        bits = view.view(-1).view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width])
+        middle = bits.numel() // 2
+        # an in-place kernel (capturable); a high bit, so that even avg's tolerance cannot absorb it
+        bits[middle: middle + 1].bitwise_xor_(1 << (8 * width - 3))
 
 
 def plan_tweak(rank: int, fingerprint: dict) -> dict:

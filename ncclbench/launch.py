@@ -1,5 +1,6 @@
-"""Starting ranks: run as the rank a launcher made us, or self-spawn local ranks
-through torchrun's own machinery (torch.distributed.run)."""
+"""Starting ranks: run as the rank a launcher made us, or start this node's ranks: with
+torchrun's environment but without torch in this process on one node (ncclbench.spawn),
+through torchrun's elastic agent (torch.distributed.run) across nodes."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import sys
 from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode, LaunchError
 
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
-LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent (torchrun's agent runs in it)
+LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+ran_as_rank = False  # this process ran as one rank of a run (entry.main then skips the interpreter teardown)
 
 
 def detect(explicit: dict | None = None):
@@ -28,6 +30,8 @@ def detect(explicit: dict | None = None):
 def prepare_environ(info) -> None:
     from ncclbench.launchenv import LaunchEnvError, apply_to_environ
 
+    global ran_as_rank
+    ran_as_rank = True
     try:
         apply_to_environ(info, os.environ)
     except LaunchEnvError as exc:
@@ -56,25 +60,35 @@ def end_with_launcher() -> None:
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,
                 rdzv_endpoint: str | None = None) -> int:
-    """Run `python -m ncclbench <argv>` as `nprocs` ranks per node under torchrun's elastic
-    agent, and return the exit code that best describes what happened."""
+    """Run `python -m ncclbench <argv>` as `nprocs` ranks on this node and return the exit
+    code that best describes what happened. One node: started here (start_ranks); several:
+    through torchrun's elastic agent, whose rendezvous joins the nodes."""
+    from ncclbench import startup
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several ranks, minus its warning
+    os.environ[SPAWNED_ENV] = "1"
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    os.environ[startup.LAUNCH_TIME_ENV] = f"{startup.own_start():.3f}"
+    if nnodes > 1 or rdzv_endpoint:
+        return spawn_with_torchrun(nprocs, argv, nnodes, node_rank, rdzv_endpoint)
+    from ncclbench.spawn import start_ranks
+
+    return start_ranks(nprocs, [sys.executable, "-u", "-m", "ncclbench", *argv])
+
+
+def spawn_with_torchrun(nprocs: int, argv: list[str], nnodes: int, node_rank: int,
+                        rdzv_endpoint: str | None) -> int:
+    """The ranks of one node of a multi-node run, under torchrun's elastic agent."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
-    os.environ[SPAWNED_ENV] = "1"
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
-    targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0"]
-    if nnodes > 1 or rdzv_endpoint:
-        # static rendezvous: node 0 hosts the store at the endpoint, like torchrun's
-        # --master-addr/--master-port form, so --node-rank is honoured
-        host, _, port = (rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
-        targs += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
-                  "--master-addr", host, "--master-port", port]
-    else:
-        targs += ["--standalone"]
-    targs += ["--module", "ncclbench", *argv]
+    # static rendezvous: node 0 hosts the store at the endpoint, like torchrun's
+    # --master-addr/--master-port form, so --node-rank is honoured
+    host, _, port = (rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
+    targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0", "--nnodes", str(nnodes),
+             "--node-rank", str(node_rank), "--master-addr", host, "--master-port", port,
+             "--module", "ncclbench", *argv]
     if not os.environ.get("NCCLBENCH_VERBOSE"):
         quiet_torchrun_logs()
     interrupted = False
@@ -170,10 +184,20 @@ def describe_failures(failures: dict) -> list[str]:
 
 
 def visible_gpu_count() -> int:
+    """CUDA GPUs this process may use, counted through NVML (no torch import and no CUDA
+    driver call, which would make a later fork unusable for CUDA); torch is asked only
+    where NVML cannot tell (MIG devices in CUDA_VISIBLE_DEVICES, a broken NVML)."""
+    from ncclbench import topo
+
+    count = topo.visible_cuda_count()
+    if count is not None:
+        return count
+    if not topo.nvidia_driver_loaded():
+        return 0
     try:
         import torch
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
         return 0
 

@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ncclbench.clitypes import SIZE, FiniteFloat
+from ncclbench.clitypes import GPU_COUNT, SIZE, FiniteFloat
 from ncclbench.collectives import lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import PlanError
@@ -30,7 +30,9 @@ def collective_options(f):
     """nccl-tests 2.19.6's options with the same letters, names and defaults."""
     decorators = [
         click.option("-t", "--nthreads", type=click.IntRange(1, 1), default=1, help="Threads per process (only 1: one process per GPU)."),
-        click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each (default 1). Omit under torchrun/srun/mpirun."),
+        click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
+                     help="Local ranks to spawn, one GPU each (default 1); all: one per visible GPU, "
+                          "2 CPU ranks where none is visible. Omit under torchrun/srun/mpirun."),
         click.option("-b", "--minbytes", type=SIZE, default="32M", show_default=True, help="Minimum size (8, 64K, 8M, 1G)."),
         click.option("-e", "--maxbytes", type=SIZE, default="32M", show_default=True, help="Maximum size."),
         click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment when no factor is given."),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import tempfile
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclbench import report
+from ncclbench import report, startup
 from ncclbench.errors import PlanError
 from ncclbench.results import ResultRow, RunInfo, RunSummary, json_number
 
@@ -144,9 +145,13 @@ def store_path(results_dir: str, info: RunInfo) -> str:
 
 # ---- JSON ------------------------------------------------------------------------------------
 def _placement_json(p, cputime: bool) -> dict:
-    # as nccl-tests: -C names the time `cpu_time`; an unchecked cell's nwrong is null
-    return {"cpu_time" if cputime else "time": p.time_us, "alg_bw": p.algbw, "bus_bw": p.busbw,
-            "nwrong": float(p.nwrong) if p.nwrong is not None else None}
+    # as nccl-tests: -C names the time `cpu_time`; an unchecked cell's nwrong is null, and
+    # so is every number of a cell printed N/A
+    def number(value):
+        return value if p.measured else None
+
+    return {"cpu_time" if cputime else "time": number(p.time_us), "alg_bw": number(p.algbw),
+            "bus_bw": number(p.busbw), "nwrong": float(p.nwrong) if p.nwrong is not None else None}
 
 
 def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
@@ -159,7 +164,7 @@ def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
     out["actual_iterations"] = iterations
     out["experiment_name"] = ""
     out["timestamp"] = row.timestamp
-    out["host_us"] = {name: p.host_us for name, p in row.placements()}
+    out["host_us"] = {name: p.host_us if p.measured else None for name, p in row.placements()}
     return out
 
 
@@ -186,7 +191,7 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "ranks": info.nranks, "nodes": len(info.hosts), "hosts": info.hosts, "gpu": info.gpu_name,
         "link_peak_gbps": info.link_peak_gbps, "topology": info.topology,
         "torch_version": info.torch_version, "nccl": info.nccl_text,
-        "ncclbench_version": info.ncclbench_version, "notes": info.notes,
+        "ncclbench_version": info.ncclbench_version, "notes": info.notes, "startup": info.startup,
         "complete": summary.complete, "status": summary.status,
         "peak_bus_bandwidth": summary.peak_busbw, "largest_size_bus_bandwidth": summary.largest_size_busbw,
     }
@@ -231,14 +236,25 @@ def csv_records(info: RunInfo, row: ResultRow) -> list[dict]:
     return records
 
 
-def append_csv(path: str, records: list[dict]) -> None:
-    import pandas as pd
+def csv_cell(value) -> str:
+    """A CSV field as pandas writes it (missing and NaN empty, floats by repr): the rank
+    writes its CSV with the csv module, not pandas, whose import (~0.5 s) would land
+    between the first two rows."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
 
-    frame = pd.DataFrame(records, columns=CSV_COLUMNS)
-    frame["nwrong"] = frame["nwrong"].astype("Int64")
+
+def append_csv(path: str, records: list[dict]) -> None:
+    import csv
+
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as f:
-        frame.to_csv(f, header=new, index=False)
+        writer = csv.writer(f, lineterminator="\n")
+        if new:
+            writer.writerow(CSV_COLUMNS)
+        for record in records:
+            writer.writerow([csv_cell(record.get(column)) for column in CSV_COLUMNS])
         f.flush()
         os.fsync(f.fileno())
 
@@ -250,6 +266,8 @@ class Reporter:
 
     def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None, clock=time.monotonic):
         self.info = info
+        if not startup.marked("first_row"):  # the first run of this process: its start-up is news
+            info.startup = startup.phases()
         self.clock = clock
         self._json_next = 0.0  # clock value before which a running-JSON rewrite is deferred
         self.spec = spec
@@ -312,6 +330,9 @@ class Reporter:
         self._json_next = start + (self.clock() - start) / self.JSON_SHARE
 
     def add_row(self, row: ResultRow) -> None:
+        if self.info.startup is not None and not startup.marked("first_row"):
+            startup.mark("first_row")
+            self.info.startup = startup.phases()
         self.rows.append(row)
         if self.progress:
             self.progress.advance(row)

@@ -426,10 +426,8 @@ def run_p2p(
 
 
 def visible_gpu_count() -> int:
-    """How many CUDA GPUs torch can use here (0 on a CPU-only build or machine)."""
-    try:
-        import torch
+    """How many CUDA GPUs this process may use (through NVML: `p2p` on a machine without
+    two GPUs says so without importing torch)."""
+    from ncclbench.launch import visible_gpu_count as count
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
+    return count()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, field
 
 from ncclbench.collectives import Collective, lookup
@@ -117,7 +118,9 @@ class Plan:
         from ncclbench.backends.torch_dist import unsupported_reason
 
         reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None, nranks, self.coll.name)
-        if reason is None and DTYPES[dtype].torch_dtype() is None:
+        # Asked only where torch is loaded already (a rank, before its buffers): the launcher
+        # and the file tools must not import torch (seconds) for a question torch >= 2.4 answers yes.
+        if reason is None and "torch" in sys.modules and DTYPES[dtype].torch_dtype() is None:
             reason = f"this torch has no {dtype} type"
         return reason
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Sequence
 
 import click
-import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
 
 from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand
 from ncclbench.compare import read_inputs
+from ncclbench.lazy import lazy_import
 from ncclbench.resultsio import filter_results
 from ncclbench.sizes import format_size
+
+pd = lazy_import("pandas")  # imported when results are read; matplotlib only when a figure is drawn
 
 OUTPUT_FORMATS = (".png", ".svg", ".pdf")
 SERIES_KEYS = ["label", "collective", "dtype", "op", "root", "placement"]
@@ -83,6 +83,9 @@ def build_figure(frame: pd.DataFrame, title: str | None = None) -> tuple[Figure,
 
     One series per (label, collective, dtype, op, root, placement); size-0 rows are left
     out (log axis). Raises ValueError when nothing is left to plot."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
+
     rows = frame[frame["size_bytes"] > 0]
     if rows.empty:
         raise ValueError("no rows with a size above 0 to plot")
@@ -137,11 +140,17 @@ def plot_results(frame: pd.DataFrame, output: str | Path, title: str | None = No
     Raises ValueError for an unsupported extension or nothing to plot, OSError when the
     file cannot be written."""
     output = Path(output)
-    if output.suffix.lower() not in OUTPUT_FORMATS:
-        raise ValueError(f"cannot write {output.name!r}: use a file name ending in {', '.join(OUTPUT_FORMATS)}")
+    check_output_name(output)
     fig, count = build_figure(frame, title)
     fig.savefig(output, dpi=DPI)
     return count
+
+
+def check_output_name(output: str | Path) -> None:
+    """ValueError unless the extension names a format plot writes."""
+    output = Path(output)
+    if output.suffix.lower() not in OUTPUT_FORMATS:
+        raise ValueError(f"cannot write {output.name!r}: use a file name ending in {', '.join(OUTPUT_FORMATS)}")
 
 
 def _link_peaks(rows: pd.DataFrame) -> list[tuple[str, float]]:
@@ -169,6 +178,10 @@ def plot_command(files: Sequence[str], output, placement, labels, title, min_siz
 
     One series per file, collective, dtype, op, root and placement; the link peak, when
     the file records one, is a dashed line. Exit status: 0 written, 2 bad input."""
+    try:
+        check_output_name(output)  # before any file is read
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     frames = read_inputs(list(files), labels)
     frame = filter_results(pd.concat(frames, ignore_index=True, sort=False),
                            placement=placement, min_size=min_size, max_size=max_size)

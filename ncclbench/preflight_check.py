@@ -18,6 +18,7 @@ about the whole budget plus the pair rounds when something is flagged."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -192,8 +193,12 @@ class Preflight:
         runs = {name: self._measure_dim(name, plans[name]) for name, _ in s["dims"]}
         self._phase("measurement")
         peaks = self._link_peaks(runs)
-        rel = {d: judge_relative(cells, s["band"]) for d, cells in runs.items()}
-        absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in runs.items()}
+        judged = dict(runs)
+        for d in [d for d in runs if all(len(g) == 1 for g in self.instances[d])]:
+            self.notes.append(f"{d}: one-rank groups cross no link (busbw is 0 by definition): measured, not judged")
+            judged[d] = []
+        rel = {d: judge_relative(cells, s["band"]) for d, cells in judged.items()}
+        absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in judged.items()}
         wrong = {d: wrong_data(cells) for d, cells in runs.items()}
         again = [d for d in runs if rel[d].groups or rel[d].ranks or absolute[d]]
         if again:  # one slow sample is not a verdict: measure again, keep what is flagged both times
@@ -219,7 +224,7 @@ class Preflight:
             sizes = sorted({k[1] for k in s["baseline"] if k[0] == "all_reduce" and k[1] <= cap})
             cap = sizes[-1] if sizes else cap
         rows = self._measure(dim, "all_reduce", f"{max(1, cap >> 4)}:{cap}:x16", iters=2, warmup_iters=1, check=0)
-        mine = [r.out_of_place.time_us for r in rows] if rows.has_rows else None
+        mine = [_row_time_us(r) for r in rows] if rows.has_rows else None
         everyone = [t for t in self.world.exchange(mine, f"preflight: calibrating {dim}", self.timeout_s) if t]
         small, big = (max(t[0] for t in everyone), max(t[-1] for t in everyone)) if everyone else (1e3, 1e3)
         slope = max(0.0, (big - small) / (cap - max(1, cap >> 4))) if cap > 16 else 0.0
@@ -257,7 +262,8 @@ class Preflight:
             if rows.has_rows:
                 mine += [Cell(dim, tuple(rows.ranks), row.collective, row.size, placement, _median_busbw(cell),
                               tuple(cell.rank_us), cell.nwrong)
-                         for row in rows for placement, cell in row.placements()]
+                         for row in rows for placement, cell in row.placements()
+                         if getattr(cell, "measured", True) and math.isfinite(cell.busbw)]  # N/A cells say nothing
         everyone = self.world.exchange(mine, f"preflight: gathering the {dim} numbers", self.timeout_s)
         return [c for part in everyone for c in part]
 
@@ -488,6 +494,15 @@ def _both(first, second):
 
     return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups},
                        ranks={r: h for r, h in second.ranks.items() if r in first.ranks})
+
+
+def _row_time_us(row) -> float:
+    """A row's time per op for calibration: out-of-place, or in-place where out-of-place is
+    N/A (torch's in-place-only collectives on one rank)."""
+    for cell in (row.out_of_place, row.in_place):
+        if math.isfinite(cell.time_us):
+            return cell.time_us
+    return 1e3
 
 
 def _median_busbw(cell) -> float:

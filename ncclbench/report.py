@@ -6,6 +6,7 @@ so scripts written for nccl-tests output read ours unchanged."""
 from __future__ import annotations
 
 from ncclbench.results import PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.startup import summary_line as summary_line_of_startup
 
 _GROUP_PLAIN = "#                                                              out-of-place                       in-place          "
 _HEAD_PLAIN = "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong "
@@ -105,6 +106,8 @@ def nccl_environment(env: list[str]) -> str:
 
 
 def _cell(p: PlacementResult, per_iter: bool) -> str:
+    if not p.measured:  # the column's operation was not timed (onerank): no number stands in for it
+        return f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>5s}" + f"  {'N/A':>7s}" * (4 if per_iter else 0)
     wrong = f"  {float(p.nwrong):6g}" if p.nwrong is not None else f"  {'N/A':>5s}"
     text = f"  {fixed_width(p.time_us, 7)}  {fixed_width(p.algbw, 6)}  {fixed_width(p.busbw, 6)}{wrong}"
     if per_iter:
@@ -147,6 +150,9 @@ def trailer_lines(info: RunInfo, summary: RunSummary, peak_line: str | None = No
         lines.append(f"# Error: {err}")
     if not summary.complete:
         lines.append(f"# Incomplete run ({summary.status}): {len(summary.rows)} rows finished and kept")
+    started = summary_line_of_startup(info.startup)
+    if started:
+        lines.append(started)
     lines += ["#", f"# Collective test concluded: {test_name(info.collective)}", "#"]
     return lines
 
@@ -179,7 +185,7 @@ def launch_bound_sizes(info: RunInfo, summary: RunSummary) -> list[int]:
     if info.mode != "eager" or info.backend != "nccl":
         return []
     return sorted({r.size for r in summary.rows
-                   if r.size and 0 < _timed_us(info, r.out_of_place) <= 1.2 * r.out_of_place.host_us})
+                   if r.size and r.out_of_place.measured and 0 < _timed_us(info, r.out_of_place) <= 1.2 * r.out_of_place.host_us})
 
 
 def _timed_us(info: RunInfo, p: PlacementResult) -> float:
@@ -192,5 +198,5 @@ def _timed_us(info: RunInfo, p: PlacementResult) -> float:
 
 def host_cost_us(summary: RunSummary) -> float:
     """Median host time per call over the sweep's out-of-place cells."""
-    costs = sorted(r.out_of_place.host_us for r in summary.rows if r.size)
+    costs = sorted(r.out_of_place.host_us for r in summary.rows if r.size and r.out_of_place.measured)
     return costs[len(costs) // 2] if costs else 0.0

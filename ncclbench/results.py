@@ -18,6 +18,7 @@ class PlacementResult:
     host_us: float = 0.0    # host time spent issuing one op (launch cost), mean over ranks
     per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
     device_us: float | None = None  # timed duration per op (what the bandwidths come from); None when read back
+    measured: bool = True   # False: printed N/A, the numbers are NaN (onerank: no such operation was timed)
     rank_us: tuple[float, ...] = ()  # each rank's own timed duration per op, in rank order (bandwidths combine them)
 
 
@@ -74,6 +75,7 @@ class RunInfo:
     link_peak_gbps: float | None = None
     notes: list[str] = field(default_factory=list)
     report_cputime: bool = False   # -C: the time columns hold host time per op
+    startup: dict | None = None    # start-up phases (startup.phases), for the first run of a process
 
     @property
     def hosts(self) -> list[str]:
@@ -98,9 +100,11 @@ class RunSummary:
     memory: dict | None = None  # -M: MiB by what holds it
 
     def printed_cells(self):
+        """Cells that print numbers (not the N/A ones)."""
         for row in self.rows:
             for _, p in row.placements():
-                yield row, p
+                if p.measured:
+                    yield row, p
 
     @property
     def average_busbw(self) -> float:
@@ -117,7 +121,9 @@ class RunSummary:
         if not self.rows:
             return 0.0
         top = max(r.size for r in self.rows)
-        return max(r.out_of_place.busbw for r in self.rows if r.size == top)
+        # out-of-place, as nccl-tests users read it; in-place where out-of-place is N/A
+        return max((r.out_of_place if r.out_of_place.measured else r.in_place).busbw
+                   for r in self.rows if r.size == top)
 
     @property
     def wrong(self) -> int:

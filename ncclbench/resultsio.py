@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import pandas as pd
-
 from ncclbench.collectives import lookup as _lookup_collective
 from ncclbench.dtypes import DTYPE_ALIASES
 from ncclbench.errors import BenchError, ExitCode
+from ncclbench.lazy import lazy_import
+
+pd = lazy_import("pandas")  # imported when results are read, not when the CLI starts
 
 CORE_COLUMNS = [
     "source", "label", "collective", "dtype", "op", "root", "size_bytes", "count",

@@ -7,8 +7,8 @@ import os
 import socket
 import sys
 
-from ncclbench import __version__, faults
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
+from ncclbench import __version__, faults, onerank
+from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, poison, to_dtype
 from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
@@ -18,7 +18,10 @@ from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo,
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
 
-CHECK_CHUNK = 1 << 24  # elements per expected-value chunk: bounds the checker's memory
+# Elements per expected-value chunk: computing a chunk's expected values took 65-92 bytes of
+# int64 temporaries per element on the CPU (about 400 MiB here), well inside the 2 GiB that validate()
+# leaves free beside the buffers.
+CHECK_CHUNK = 1 << 22
 
 
 def now() -> str:
@@ -94,14 +97,14 @@ def fill_input(view, pattern: InputPattern, rank: int, dtype: DType, device):
         bits[a:b].copy_(bit_view(to_dtype(pattern.values(rank, idx), dtype), dtype))
 
 
-def count_wrong(view, coll: Collective, ctx: CheckContext, dtype: DType, op: str, device) -> int:
+def count_wrong(view, coll: Collective, ctx: CheckContext, dtype: DType, op: str | None, device) -> int:
     import torch
 
     wrong = 0
     for a in range(0, view.numel(), CHECK_CHUNK):
         b = min(a + CHECK_CHUNK, view.numel())
         idx = torch.arange(a, b, device=device, dtype=torch.int64)
-        wrong += count_mismatches(view[a:b], coll.expected(ctx, idx), dtype, op, ctx.nranks)
+        wrong += count_mismatches(view[a:b], coll.expected(ctx, idx), dtype, op)
     return wrong
 
 
@@ -208,27 +211,49 @@ class RankRunner:
             wrong = None
             checkable = self.plan.check and (self.coll.in_place_checked or not in_place)
             if checkable:  # -c N: N checks, each with fresh inputs; their wrong counts add up
-                wrong = sum(self.check(slots, layout, dtype, op, root, in_place, size) for _ in range(self.plan.check))
+                issue = self._check_issue(run_op, slots, layout, settings, size)
+                wrong = sum(self.check(slots, layout, dtype, op, root, size, issue) for _ in range(self.plan.check))
             out.append((timing.device_s, timing.host_s, timing.per_iter_s, wrong))
         return layout, out
 
-    def check(self, slots, layout, dtype, op, root, in_place, size) -> int:
-        """Fresh inputs, one op, count wrong elements in this rank's output (untimed)."""
+    def _check_issue(self, run_op, slots, layout, settings, size):
+        """The check's one op, issued the way the timed loop issued its ops: the timed
+        loop's own bound callable for slot 0 (eager, -z), or, under -G, a CUDA graph
+        captured from the same call and replayed, as nccl-tests does (common.cu: the
+        check's op is captured and the graph launched). The graph is captured before the
+        inputs are filled: capturing also runs the op once outside the graph."""
+        if settings.mode is not TimingMode.GRAPH:
+            return lambda: run_op(0)
+
+        def one_op():
+            run_op(0)
+            # test-only: a wrong element written by the graph itself, after the collective
+            recv = slots[0][1][:layout.recv_span(self.rank)]
+            faults.corrupt_in_graph(self.backend.rank, recv, size)
+
+        return self.backend.capture(one_op)
+
+    def check(self, slots, layout, dtype, op, root, size, issue) -> int:
+        """Fresh inputs, one op through `issue()`, count wrong elements in this rank's
+        output (untimed)."""
         self.seed_counter += 1
-        pattern = InputPattern(dtype, op, self.nranks, seed=self.seed_counter)
+        pattern = InputPattern(dtype, op if self.coll.has_op else None, self.nranks, seed=self.seed_counter)
         send, recv = slots[0]
         device = self.backend.device
-        bit_view(recv, dtype).fill_(-1)  # poison: an unwritten element cannot pass
-        fill_input(send, pattern, self.rank, dtype, device)
+        poison(recv, dtype)  # an element nothing wrote cannot pass
+        if self.coll.input_on(self.rank, root):
+            fill_input(send, pattern, self.rank, dtype, device)
+        else:  # not an input (broadcast, scatter off the root): in place, the output starts as poison
+            poison(send, dtype)
         self.backend.synchronize()
-        self.coll.call(self.backend, send, recv, op, root, layout)
+        issue()
         self.backend.synchronize()
         if not self.coll.checked_on(self.rank, root):
             return 0
         recv = recv[:layout.recv_span(self.rank)]
         faults.corrupt_output(self.backend.rank, recv, size)
         ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count, layout.counts)
-        return count_wrong(recv, self.coll, ctx, dtype, op, device)
+        return count_wrong(recv, self.coll, ctx, dtype, pattern.op, device)
 
     def to_row(self, per_rank, layout, dtype, op, root) -> ResultRow:
         """Rank 0: combine every rank's numbers for one size into a printed row."""
@@ -251,6 +276,7 @@ class RankRunner:
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
                                          device_us=seconds * 1e6,
                                          rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
+        cells = onerank.honest_cells(cells, self.coll.name, self.backend.in_place_only, self.nranks)
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
             notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].device_us)
@@ -377,11 +403,12 @@ class RankHooks:
     def say(self, message: str) -> None:
         print(error_line(None, message), file=sys.stderr, flush=True)
 
-    def timed_out(self, what: str, behind: list[int], timeout_s: float, rank: int, finish) -> None:
-        """The -T watchdog fired on `rank` during `what`; `behind`: the ranks that never
+    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish) -> None:
+        """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
         reached it. `finish(message)` (rank 0 once its report began, else None) writes the
         report's trailer. Runs on the watchdog's thread."""
-        late = [r for r in behind if r != rank]
+        # only the reporting rank reads the board: rank 0's store may be gone elsewhere
+        late = [r for r in behind() if r != rank] if finish is not None else []
         who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
         message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
         if finish is not None:
@@ -482,7 +509,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
 
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
-        hooks.timed_out(label, board.behind(int(step)), plan.timeout_s, backend.rank,
+        hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
                         finish_on_timeout if report is not None else None)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
@@ -689,9 +716,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
             where += f" with {backend.group_size} rank(s) per communicator"
         notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
-    if plan.coll.name in backend.in_place_only:
-        notes.append(f"torch.distributed has no out-of-place {plan.coll.name}: both columns run it in place "
-                     "on distinct buffers (use --backend cupy for a true out-of-place call)")
+    notes += onerank.header_notes(plan, backend.in_place_only, backend.group_size)
     config = {
         "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
         "step_bytes" if plan.step_factor == 1 else "step_factor":

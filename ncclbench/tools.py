@@ -8,14 +8,15 @@ import sys
 
 import click
 
-from ncclbench.clitypes import GetoptCommand
+from ncclbench.clitypes import ALL_GPUS, GPU_COUNT, GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
 
 # ---- suite -----------------------------------------------------------------------------------
 @click.command("suite", cls=GetoptCommand)
 @click.argument("suite_file", type=str)
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn (omit under a launcher).")
+@click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
+              help="Local ranks to spawn; all: one per visible GPU (omit under a launcher).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None)
 @click.option("--csv", "csv_path", default=None, help="Append every run's rows to this CSV.")
 @click.option("--results-dir", default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR).")
@@ -41,7 +42,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     chosen = cli.choose_backend(backend)
     common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
               "quiet": quiet}
-    nranks = info.world_size if launched else (ngpus or 1)
+    local = None if launched else cli.local_rank_count(ngpus, chosen)
+    nranks = info.world_size if launched else local
     # Build every plan now: a bad entry is refused before anything starts.
     plans_by_group = []
     for _env, members in groups:
@@ -67,7 +69,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         return sys.exit(int(_run_group(plans_by_group[group_index], labels, info, spec, suite_file)))
 
     cli.output_spec(plans_by_group[0][0], common)  # refuse unwritable outputs up front
-    cli.announce_backend(backend, chosen, 0)
+    cli.announce_backend(backend, chosen, 0, local if ngpus == ALL_GPUS else None)
     worst = ExitCode.OK
     for k, (env, _members) in enumerate(groups):
         argv = ["suite", suite_file, "--group", str(k), "--backend", chosen]
@@ -79,7 +81,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         saved = {name: os.environ.get(name) for name, _ in env}
         os.environ.update(dict(env))
         try:
-            code = launch.spawn_local(ngpus or 1, argv)
+            code = launch.spawn_local(local, argv)
         finally:
             for name, old in saved.items():
                 if old is None:
@@ -191,12 +193,16 @@ def _replay_lines(doc: dict) -> list[str]:
         nccl_text=nb.get("nccl", ""), config=cfg, env=doc.get("env", []), start_time=doc.get("start_time", ""),
         topology=nb.get("topology"), link_peak_gbps=nb.get("link_peak_gbps"), notes=nb.get("notes", []),
         report_cputime=any("cpu_time" in (r.get("out_of_place") or {}) for r in doc.get("results", [])),
+        startup=nb.get("startup"),
     )
 
     def cell(d):
         w = d.get("nwrong")
         nwrong = None if w in (None, "nan") else int(w)
         time_us = d["cpu_time"] if info.report_cputime else d["time"]
+        if time_us is None:  # a cell the run printed N/A
+            nan = float("nan")
+            return PlacementResult(nan, nan, nan, None, host_us=nan, measured=False)
         return PlacementResult(float(time_us), float(d["alg_bw"]), float(d["bus_bw"]), nwrong)
 
     rows = [ResultRow(info.collective, r["size"], r["count"], r["type"], r["redop"], int(str(r["root"]).strip()),
@@ -204,8 +210,9 @@ def _replay_lines(doc: dict) -> list[str]:
             for r in doc.get("results", [])]
     for row, r in zip(rows, doc.get("results", [])):
         hosts = r.get("host_us") or {}
-        row.out_of_place.host_us = hosts.get("out_of_place", 0.0)
-        row.in_place.host_us = hosts.get("in_place", 0.0)
+        for name, placement in row.placements():
+            if placement.measured:
+                placement.host_us = hosts.get(name) or 0.0
     complete = bool(nb.get("complete", True))
     summary = RunSummary(rows, complete=complete, status=nb.get("status", "ok"),
                          errors=[e for e in doc.get("errors", []) if e])

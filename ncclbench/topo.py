@@ -97,7 +97,7 @@ class NvLinkInfo:
 
 @dataclass
 class GpuInfo:
-    cuda_index: int | None  # torch.cuda index (None when torch cannot use CUDA)
+    cuda_index: int | None  # CUDA device index (None when CUDA cannot be used)
     nvml_index: int | None  # NVML / nvidia-smi index
     name: str
     pci_bus_id: str | None  # "0000:18:00.0"
@@ -160,7 +160,7 @@ class Topology:
     gpus: list[GpuInfo]
     # GPU x GPU in `gpus` order: "X", "NV18", "PIX" ... None when unknown
     link_matrix: list[list[str | None]]
-    # torch.cuda.can_device_access_peer; None on the diagonal or when unknown
+    # CUDA peer access (cudaDeviceCanAccessPeer); None on the diagonal or when unknown
     peer_access: list[list[bool | None]] | None
     # NVML P2P status per capability ("read", "write", "nvlink"): "X", "OK", "NS" ...
     nvml_p2p: dict[str, list[list[str | None]]]
@@ -848,6 +848,69 @@ def cuda_order_from_env(
     return [visible[k][0] if k < len(visible) else None for k in range(cuda_count)], how
 
 
+def visible_entries(setting: str | None, uuids: Sequence[str | None]) -> list[int] | None:
+    """The devices (positions in `uuids`, NVML's list) CUDA makes visible under
+    CUDA_VISIBLE_DEVICES=`setting`, read as CUDA reads it: indices (a leading number,
+    "1gpu" is 1) or unique prefixes of "GPU-" UUIDs, up to the first entry it cannot use;
+    a repeated entry hides every device. None: MIG entries, which NVML's GPU list cannot
+    resolve."""
+    if setting is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for entry in (e.strip() for e in setting.split(",")):
+        if entry.upper().startswith("MIG-"):
+            return None
+        if entry.upper().startswith("GPU-"):
+            matches = [k for k, u in enumerate(uuids) if (_uuid_key(u) or "").startswith(_uuid_key(entry) or "-")]
+            position = matches[0] if len(matches) == 1 else -1
+        else:
+            digits = re.match(r"\+?(\d+)", entry)
+            position = int(digits.group(1)) if digits else -1
+        if not 0 <= position < len(uuids):
+            break
+        if position in chosen:
+            return []
+        chosen.append(position)
+    return chosen
+
+
+def visible_cuda_count(nvml: Any = None, env: Mapping[str, str] | None = None) -> int | None:
+    """How many GPUs CUDA will show this process, from NVML and CUDA_VISIBLE_DEVICES,
+    without the CUDA driver or torch. None when NVML cannot say (no NVML library, MIG).
+    nvml: a pynvml-shaped module (default: pynvml)."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES") is not None and not env["CUDA_VISIBLE_DEVICES"].strip():
+        return 0
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415
+        except Exception:  # noqa: BLE001
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, or no NVML library
+        return None
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        uuids = [None] * count
+        if any(e.strip().upper().startswith("GPU-") for e in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(k))) for k in range(count)]
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    visible = visible_entries(env.get("CUDA_VISIBLE_DEVICES"), uuids)
+    return None if visible is None else len(visible)
+
+
+def nvidia_driver_loaded() -> bool:
+    """Whether this machine runs the NVIDIA kernel driver (no driver: no CUDA GPU)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
 def _join_cuda_nvml(
     cuda_gpus: Sequence[_CudaGpu], nvml_gpus: Sequence[_NvmlGpu], env: Mapping[str, str]
 ) -> tuple[list[int | None], str]:
@@ -981,18 +1044,77 @@ def _gpu_sysfs(sysfs: str | os.PathLike, bus_id: str | None) -> tuple[str | None
     return str(device.resolve()), (numa if numa is not None and numa >= 0 else None)
 
 
-def _default_cuda() -> Any:
-    try:
-        import torch
+class CudaDriver:
+    """The torch.cuda calls the probe makes (device_count, get_device_properties,
+    can_device_access_peer), answered by the CUDA driver API through ctypes: CUDA's own
+    device order and peer access without importing torch (seconds) in `ncclbench topo`."""
 
+    _ATTRIBUTES = {"pci_bus_id": 33, "pci_device_id": 34, "pci_domain_id": 50}  # CUdevice_attribute
+
+    def __init__(self, library: str = "libcuda.so.1"):
+        import ctypes
+
+        self._ctypes = ctypes
+        self._lib = ctypes.CDLL(library)
+        self._check(self._lib.cuInit(0), "cuInit")
+
+    def _check(self, status: int, call: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{call} failed: CUresult {status}")
+
+    def _device(self, index: int):
+        handle = self._ctypes.c_int()
+        self._check(self._lib.cuDeviceGet(self._ctypes.byref(handle), index), "cuDeviceGet")
+        return handle.value
+
+    def device_count(self) -> int:
+        count = self._ctypes.c_int()
+        self._check(self._lib.cuDeviceGetCount(self._ctypes.byref(count)), "cuDeviceGetCount")
+        return count.value
+
+    def get_device_properties(self, index: int) -> types.SimpleNamespace:
+        ctypes, dev = self._ctypes, self._device(index)
+        name = ctypes.create_string_buffer(256)
+        self._check(self._lib.cuDeviceGetName(name, 256, dev), "cuDeviceGetName")
+        props = types.SimpleNamespace(name=name.value.decode(errors="replace"))
+        for key, attribute in self._ATTRIBUTES.items():
+            value = ctypes.c_int()
+            self._check(self._lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, dev), "cuDeviceGetAttribute")
+            setattr(props, key, value.value)
+        memory = ctypes.c_size_t()
+        if self._lib.cuDeviceTotalMem_v2(ctypes.byref(memory), dev) == 0:
+            props.total_memory = memory.value
+        raw = ctypes.create_string_buffer(16)
+        if self._lib.cuDeviceGetUuid(raw, dev) == 0:
+            text = raw.raw.hex()
+            props.uuid = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+        return props
+
+    def can_device_access_peer(self, first: int, second: int) -> bool:
+        answer = self._ctypes.c_int()
+        self._check(self._lib.cuDeviceCanAccessPeer(self._ctypes.byref(answer), self._device(first),
+                                                     self._device(second)), "cuDeviceCanAccessPeer")
+        return bool(answer.value)
+
+
+def _default_cuda() -> Any:
+    """torch.cuda where torch is loaded already (a rank), else the CUDA driver through
+    ctypes; None without a usable CUDA driver."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
         return torch.cuda
-    except Exception:
+    try:
+        return CudaDriver()
+    except Exception:  # noqa: BLE001 - no libcuda, no device, a driver too old
         return None
 
 
 def _torch_versions(versions: Versions) -> None:
+    """torch's version, the CUDA it was built with and its NCCL: from torch where it is
+    loaded, else from the installed packages' metadata (no import)."""
     torch = sys.modules.get("torch")
     if torch is None:
+        _installed_torch_versions(versions)
         return
     versions.torch = getattr(torch, "__version__", None)
     versions.cuda_runtime = getattr(getattr(torch, "version", None), "cuda", None)
@@ -1001,6 +1123,24 @@ def _torch_versions(versions: Versions) -> None:
         versions.nccl = ".".join(str(p) for p in nccl) if isinstance(nccl, tuple) else str(nccl)
     except Exception:
         versions.nccl = None  # CPU build, or torch built without NCCL
+
+
+def _installed_torch_versions(versions: Versions) -> None:
+    import importlib.util
+
+    versions.torch = _module_version("torch")
+    if versions.torch is None:
+        return
+    try:
+        spec = importlib.util.find_spec("torch")
+        text = (Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
+    except (ImportError, OSError, ValueError):
+        text = ""
+    built = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    versions.cuda_runtime = built.group(1) if built else None
+    if versions.cuda_runtime:  # torch's NCCL comes as a wheel of its own (nvidia-nccl-cuXX)
+        major = versions.cuda_runtime.split(".")[0]
+        versions.nccl = _module_version(f"nvidia-nccl-cu{major}")
 
 
 def _interesting_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -1109,9 +1249,9 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
         mapping, join = _join_cuda_nvml(cuda_gpus, nvml_gpus, env) if nvml_gpus else ([None] * len(cuda_gpus), "none")
         gpu_order = "cuda"
     else:
-        mapping, join, gpu_order = [g.index for g in nvml_gpus], "none (torch sees no CUDA GPU)", "nvml"
+        mapping, join, gpu_order = [g.index for g in nvml_gpus], "none (CUDA sees no GPU)", "nvml"
         if nvml_gpus:
-            notes.append("torch cannot use CUDA here: GPUs are listed in NVML order without CUDA indices")
+            notes.append("CUDA cannot be used here: GPUs are listed in NVML order without CUDA indices")
     by_nvml_index = {g.index: g for g in nvml_gpus}
 
     gpus: list[GpuInfo] = []

@@ -150,7 +150,7 @@ def topo_report(topo: topo_mod.Topology) -> list[TextTable | str]:
         out.append(table)
         out.append(LINK_LEGEND + "\n")
         if topo.peer_access is not None:
-            out.append(matrix_table("CUDA peer access (torch.cuda.can_device_access_peer), row -> column",
+            out.append(matrix_table("CUDA peer access (cudaDeviceCanAccessPeer), row -> column",
                                     labels, topo.peer_access, diagonal="X"))  # fmt: skip
         p2p = topo.nvml_p2p
         if p2p and any(code not in (None, "X") for row in p2p.get("read", []) for code in row):

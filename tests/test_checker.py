@@ -4,7 +4,7 @@ collective, exactness for every dtype/op, and a planted error that must be count
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, premul_scalar, to_dtype
+from ncclbench.checkdata import InputPattern, bit_view, codebook, count_mismatches, premul_scalar, to_dtype
 from ncclbench.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
 from ncclbench.traffic import Traffic
@@ -61,7 +61,7 @@ def simulate(coll, inputs, root, op, lay=None):
 def test_expected_matches_simulation(name, nranks):
     coll = REGISTRY[name]
     dtype = DTYPES["float"]
-    ops = ["sum", "prod", "min", "max", "mulsum"] if coll.has_op else ["sum"]
+    ops = ["sum", "prod", "min", "max", "mulsum", "avg"] if coll.has_op else [None]
     root = nranks - 1 if coll.has_root else -1
     traffics = [None]
     if name == "alltoallv":
@@ -116,7 +116,7 @@ def test_reduction_is_exact_in_every_order(dname, op, nranks):
             result = acc.view(dtype.torch_dtype())
         else:
             result = acc
-        assert count_mismatches(result, pattern.reduce(idx, range(nranks)), dtype, op, nranks) == 0
+        assert count_mismatches(result, pattern.reduce(idx), dtype, op) == 0
 
 
 def _combine(a, b, op, dtype):
@@ -139,13 +139,62 @@ def _f64(t, dtype):
     return t.float().double() if dtype.is_float and dtype.itemsize == 1 else t.double()
 
 
+PATTERN_RANKS = [1, 2, 3, 5, 64, 97, 110, 128, 256, 1000, 1024]
+
+
+@pytest.mark.parametrize("dname", sorted(DTYPES))
+@pytest.mark.parametrize("nranks", PATTERN_RANKS)
+def test_every_rank_has_its_own_exact_inputs_within_span(dname, nranks):
+    """For every op (and data movement), two seeds: within `span` consecutive elements
+    every two ranks' inputs differ and, for a reduction, every rank contributes something
+    other than the op's identity; every input and result is exact in the type and never
+    the poison bits; the structured reduction equals a brute-force one."""
+    dtype = DTYPES[dname]
+    if dtype.torch_dtype() is None:
+        pytest.skip("torch lacks this type")
+    for op in (None,) + OPS:
+        for seed in (1, 12345):
+            p = InputPattern(dtype, op, nranks, seed)
+            idx = torch.arange(3, 3 + max(p.span, 16))
+            inputs = p.values(torch.arange(nranks)[:, None], idx[None, :])
+            window = inputs[:, :p.span]
+            assert torch.unique(window, dim=0).shape[0] == nranks, (op, seed, p.span)
+            typed = to_dtype(inputs, dtype)
+            assert torch.equal(_f64(typed, dtype), inputs.double()), (op, seed)  # exact in the type
+            if op in (None, "max", "min"):  # what the output holds: never the poison
+                assert not (bit_view(typed, dtype) == -1).any(), (op, seed)
+            if op is None:
+                continue
+            book = codebook(dtype)  # what ranks outside the active group give max and min
+            identity = {"sum": 0, "avg": 0, "mulsum": 0, "prod": 1, "max": book[0], "min": book[-1]}[op]
+            if nranks > 1:
+                assert ((window != identity).any(dim=1)).all(), (op, seed)
+            result = p.reduce(idx)
+            assert torch.equal(result, _brute_force(inputs, op, dtype, nranks)), (op, seed)
+            if dtype.is_float and op == "avg":
+                continue
+            assert not (bit_view(to_dtype(result, dtype), dtype) == -1).any(), (op, seed)
+            assert torch.equal(to_dtype(result, dtype).double() if dtype.is_float else result,
+                               result.double() if dtype.is_float else result)
+
+
+def _brute_force(inputs, op, dtype, nranks):
+    if op == "mulsum":
+        return (inputs * torch.tensor([premul_scalar(r) for r in range(nranks)])[:, None]).sum(0)
+    if op == "avg":
+        total = inputs.sum(0)
+        return total.double() / nranks if dtype.is_float else torch.div(total, nranks, rounding_mode="trunc")
+    return {"sum": lambda m: m.sum(0), "prod": lambda m: m.prod(0), "max": lambda m: m.max(0).values,
+            "min": lambda m: m.min(0).values}[op](inputs)
+
+
 def test_inputs_differ_by_rank_and_element():
-    p = InputPattern(DTYPES["float"], "sum", 4, seed=1)
-    idx = torch.arange(64)
-    a, b = p.values(0, idx), p.values(1, idx)
-    assert not torch.equal(a, b)
-    assert len(set(a.tolist())) > 10
-    assert a.min() >= 0 and a.max() < p.value_range
+    for op in (None, "sum"):
+        p = InputPattern(DTYPES["float"], op, 4, seed=1)
+        idx = torch.arange(64)
+        a, b = p.values(0, idx), p.values(1, idx)
+        assert not torch.equal(a, b)
+        assert len(set(a.tolist())) > 10
 
 
 @pytest.mark.parametrize("dname", ["float", "bfloat16", "int32", "half", "int8"])
@@ -156,11 +205,11 @@ def test_planted_error_is_counted(dname):
     ctx = CheckContext(pattern, 0, 4, -1, 1000)
     idx = torch.arange(1000)
     good = to_dtype(coll.expected(ctx, idx), dtype)
-    assert count_mismatches(good, coll.expected(ctx, idx), dtype, "sum", 4) == 0
+    assert count_mismatches(good, coll.expected(ctx, idx), dtype, "sum") == 0
     bad = good.clone()
     bad[17] = bad[17] + 1
     bad[999] = 0 if bad[999] != 0 else 1
-    assert count_mismatches(bad, coll.expected(ctx, idx), dtype, "sum", 4) == 2
+    assert count_mismatches(bad, coll.expected(ctx, idx), dtype, "sum") == 2
 
 
 def test_poisoned_buffer_never_passes():
@@ -168,18 +217,19 @@ def test_poisoned_buffer_never_passes():
     out = torch.empty(100, dtype=torch.float32)
     bit_view(out, dtype).fill_(-1)
     p = InputPattern(dtype, "max", 2, seed=0)
-    assert count_mismatches(out, p.reduce(torch.arange(100), range(2)), dtype, "max", 2) == 100
+    assert count_mismatches(out, p.reduce(torch.arange(100)), dtype, "max") == 100
 
 
 def test_avg_tolerance_accepts_rounding_but_not_errors():
     dtype = DTYPES["half"]
     p = InputPattern(dtype, "avg", 3, seed=2)
     idx = torch.arange(500)
-    exp = p.reduce(idx, range(3))
+    exp = p.reduce(idx)
     got = to_dtype(exp, dtype)  # rounded to half: must pass
-    assert count_mismatches(got, exp, dtype, "avg", 3) == 0
+    assert count_mismatches(got, exp, dtype, "avg") == 0
     got[3] += 1.0
-    assert count_mismatches(got, exp, dtype, "avg", 3) == 1
+    got[4] = float("nan")  # a NaN is wrong, whatever the tolerance
+    assert count_mismatches(got, exp, dtype, "avg") == 2
 
 
 @pytest.mark.parametrize("dname", sorted(DTYPES))
@@ -192,16 +242,16 @@ def test_mulsum_check_catches_a_missing_or_shared_factor(dname, nranks):
         pytest.skip("torch lacks this type")
     pattern = InputPattern(dtype, "mulsum", nranks, seed=4)
     idx = torch.arange(4096)
-    expected = pattern.reduce(idx, range(nranks))
-    plain = sum(pattern.values(r, idx) for r in range(nranks))
-    assert count_mismatches(to_dtype(expected, dtype), expected, dtype, "mulsum", nranks) == 0
+    expected = pattern.reduce(idx)
+    plain = pattern.values(torch.arange(nranks)[:, None], idx).sum(0)
+    assert count_mismatches(to_dtype(expected, dtype), expected, dtype, "mulsum") == 0
     # no factor at all: wrong on any rank count (rank 0's factor is 2)
     assert premul_scalar(0) != 1
-    assert count_mismatches(to_dtype(plain, dtype), expected, dtype, "mulsum", nranks) > 0
+    assert count_mismatches(to_dtype(plain, dtype), expected, dtype, "mulsum") > 0
     if nranks > 1:  # every rank given rank 0's factor, or rank 1's: wrong too
         for r in (0, 1):
             shared = plain * premul_scalar(r)
-            assert count_mismatches(to_dtype(shared, dtype), expected, dtype, "mulsum", nranks) > 0
+            assert count_mismatches(to_dtype(shared, dtype), expected, dtype, "mulsum") > 0
     assert int(expected.max()) <= dtype.exact_limit
 
 

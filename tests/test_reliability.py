@@ -156,7 +156,8 @@ def test_json_folder_removed_mid_run(tmp_path):
     for line in proc.stdout:  # the first data row: the JSON has been written once
         out.append(line)
         if table_rows(line):
-            shutil.rmtree(tmp_path / "j")
+            # renamed away in one step: a removal could race the writer's next temporary file
+            os.rename(tmp_path / "j", tmp_path / "gone")
             break
     rest, err = proc.communicate(timeout=240)
     out = "".join(out) + rest

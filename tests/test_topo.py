@@ -767,3 +767,24 @@ def test_real_topo_command():
     assert result.exit_code == 0, result.output
     assert "Link matrix" in result.stdout
     assert one_line(result.stderr) == "nvidia-smi check: link matrix, NVLink counts and peaks agree"
+
+
+@pytest.mark.gpu
+def test_the_cuda_driver_answers_like_torch():
+    """`topo` asks the CUDA driver (ctypes) what torch.cuda would answer: same devices in the
+    same order, same PCI bus ids and UUIDs, same peer access."""
+    import torch
+
+    from ncclbench.topo import CudaDriver, _uuid_key
+
+    driver, cuda = CudaDriver(), torch.cuda
+    assert driver.device_count() == cuda.device_count()
+    for i in range(cuda.device_count()):
+        ours, theirs = driver.get_device_properties(i), cuda.get_device_properties(i)
+        assert ours.name == theirs.name and ours.total_memory == theirs.total_memory
+        assert (ours.pci_domain_id, ours.pci_bus_id, ours.pci_device_id) == (
+            theirs.pci_domain_id, theirs.pci_bus_id, theirs.pci_device_id)
+        assert _uuid_key(ours.uuid) == _uuid_key(str(theirs.uuid))
+        for j in range(cuda.device_count()):
+            if i != j:
+                assert driver.can_device_access_peer(i, j) == cuda.can_device_access_peer(i, j)

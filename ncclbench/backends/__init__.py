@@ -26,6 +26,11 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
     rendezvous, made first, before any device work) and returns `run(step, what, fn)`,
     which runs each set-up step that can fail on some ranks only (the GPU, the
     communicator) so that every rank learns how it went on the others."""
+    import torch  # noqa: F401 - every backend's first need; imported here so start-up can tell it apart
+
+    from ncclbench import startup
+
+    startup.mark("imported")
     if name in ("nccl", "gloo"):
         from ncclbench.backends.torch_dist import TorchBackend as backend_class
     elif name == "cupy":
@@ -33,7 +38,9 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
     else:
         raise PlanError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if guard is None:
-        return backend_class(name, launch, timeout_s, stream_null)
+        backend = backend_class(name, launch, timeout_s, stream_null)
+        startup.mark("backend_ready")
+        return backend
     from ncclbench import faults
 
     store = meeting_store(launch, timeout_s)
@@ -48,7 +55,9 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
         return backend_class(name, launch, timeout_s, stream_null, device=dev, store=store)
 
     dev = run("device", "setting up the device", device)
-    return run("communicator", f"starting the {name} communicator", communicator)
+    backend = run("communicator", f"starting the {name} communicator", communicator)
+    startup.mark("backend_ready")
+    return backend
 
 
 def meeting_store(launch, timeout_s: float):

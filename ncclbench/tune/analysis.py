@@ -114,6 +114,8 @@ def read_rows(path: str, into: Measured) -> None:
     for r in doc.get("results", []):
         size = int(r["size"])
         oop = r["out_of_place"]
+        if oop.get("bus_bw") is None:  # printed N/A (one rank, torch's backends): the in-place cell instead
+            oop = r["in_place"]
         into.busbw.setdefault(size, []).append(float(oop["bus_bw"]))
         into.time_us.setdefault(size, []).append(float(oop.get("time", oop.get("cpu_time", 0.0))))
         wrong = any(float(r[p]["nwrong"] or 0) > 0 for p in ("out_of_place", "in_place") if r[p]["nwrong"] is not None)
