@@ -46,6 +46,13 @@ class CollectiveError(BenchError):
     exit_code = ExitCode.NCCL_ERROR
 
 
+class TimeoutExpired(BenchError):
+    """A step did not finish within its timeout (the Python API's `timeout`, -T): every rank
+    that can still run raises it with the same message, naming the ranks that never arrived."""
+
+    exit_code = ExitCode.TIMEOUT
+
+
 class RankFailures(BenchError):
     """Set-up failed on some ranks; every rank knows it and leaves with the same code. The
     lines (one per distinct failure) were already printed by the one rank that speaks for
@@ -54,6 +61,13 @@ class RankFailures(BenchError):
     def __init__(self, lines: list[str], exit_code: int):
         super().__init__("; ".join(lines), exit_code)
         self.lines = lines
+
+
+class PreflightError(BenchError):
+    """A preflight check failed (ncclbench.preflight): one line naming the group, collective
+    and rank or host. Exit code 1 like a regression; 7 when data arrived wrong; 4 on a timeout."""
+
+    exit_code = ExitCode.REGRESSION
 
 
 class Interrupted(BenchError):

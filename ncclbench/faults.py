@@ -9,12 +9,16 @@ from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM 
 report's header is written, before the sweep) | term_at_exit (one SIGTERM while the rank's
 interpreter shuts down after its outcome is decided, as torchrun's agent sends to the ranks
 left when one has died) | slow_device (every rank's timed duration
-multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored).
+multiplied by factor=F, as a device slower than the host's issue rate looks; rank ignored) |
+slow (`slow:rank=R,us=U`: the process of global rank R, that is torch.distributed's rank,
+sleeps U microseconds after each op it issues on a group the Python API adopted, and in each
+preflight pair exchange: a slow node).
 Set-up failures on one rank only: no_gpu (the rank finds no GPU of its own) | device_fail (a
 CUDA error while its device is set up) | device_stall (S seconds in it) | comm_fail (an error while the communicator starts) |
 plan_fail (the free-memory check finds no memory free) | alloc_fail (the buffers cannot be
 allocated, as when another process holds the memory).
-Unset in normal use; nothing here runs then."""
+`rank` is the engine's rank (in the Python API: the rank within the measured group), except
+for `slow`. Unset in normal use; nothing here runs then."""
 
 from __future__ import annotations
 
@@ -44,8 +48,9 @@ def active(*kinds: str) -> Fault | None:
         kind, _, rest = text.strip().partition(":")
         if kind in kinds:
             fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
+            seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
             return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
-                         float(fields.get("seconds", 3600)), float(fields.get("factor", 1)))
+                         seconds, float(fields.get("factor", 1)))
     return None
 
 
@@ -179,3 +184,24 @@ def before_alloc(rank: int, nbytes: int) -> None:
     f = active("alloc_fail")
     if f is not None and f.applies(rank):
         raise RuntimeError(f"out of memory: tried to allocate {nbytes} bytes (NCCLBENCH_FAULT alloc_fail)")
+
+
+def op_delay(global_rank: int) -> float:
+    """Seconds this process sleeps after each op it issues (`slow`), 0.0 without the fault."""
+    f = active("slow")
+    return f.seconds if f is not None and f.applies(global_rank) else 0.0
+
+
+def slowed(bind, delay_s: float, synchronize):
+    """`bind` (a backend's op binder) whose ops wait for the device and then sleep `delay_s`:
+    work this rank adds to every op, as a slow node does. Only installed when `slow` is set,
+    so the measured path of a normal run has no trace of it."""
+    def slow_bind(*args, **kwargs):
+        call = bind(*args, **kwargs)
+
+        def slow_call():
+            call()
+            synchronize()
+            time.sleep(delay_s)
+        return slow_call
+    return slow_bind

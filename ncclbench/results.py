@@ -19,6 +19,7 @@ class PlacementResult:
     per_iter: dict | None = None   # -I statistics (timing.per_iter_summary)
     device_us: float | None = None  # timed duration per op (what the bandwidths come from); None when read back
     measured: bool = True   # False: printed N/A, the numbers are NaN (onerank: no such operation was timed)
+    rank_us: tuple[float, ...] = ()  # each rank's own timed duration per op, in rank order (bandwidths combine them)
 
 
 @dataclass

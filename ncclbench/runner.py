@@ -13,7 +13,7 @@ from ncclbench.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
                               error_line, first_line, interruption_message)
-from ncclbench.guard import SetupBoard, attempt, ranks_text, say, verdict
+from ncclbench.guard import SetupBoard, attempt, ranks_text, verdict
 from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
@@ -274,7 +274,8 @@ class RankRunner:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
             cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
-                                         device_us=seconds * 1e6))
+                                         device_us=seconds * 1e6,
+                                         rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
         cells = onerank.honest_cells(cells, self.coll.name, self.backend.in_place_only, self.nranks)
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
@@ -397,6 +398,46 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
     return outcome
 
 
+class RankHooks:
+    """How one rank's run meets the process around it. These are the command line's: the
+    rank owns its process, so termination signals stop the sweep in order, a timeout ends
+    the process (a rank stuck inside a collective cannot be unstuck from Python), and errors
+    are said on stderr. The Python API runs inside a user's job and overrides them
+    (ncclbench.api)."""
+
+    def board(self, backend) -> ProgressBoard:
+        return ProgressBoard(default_store(), backend.rank, backend.nranks)
+
+    def stop_on_signals(self) -> None:
+        stop_on_termination_signals()
+
+    def hold_signals(self) -> None:
+        hold_termination_signals()
+
+    def held_signals(self) -> list[int]:
+        return _held_signals
+
+    def say(self, message: str) -> None:
+        print(error_line(None, message), file=sys.stderr, flush=True)
+
+    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish) -> None:
+        """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
+        reached it. `finish(message)` (rank 0 once its report began, else None) writes the
+        report's trailer. Runs on the watchdog's thread."""
+        # only the reporting rank reads the board: rank 0's store may be gone elsewhere
+        late = [r for r in behind() if r != rank] if finish is not None else []
+        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
+        if finish is not None:
+            try:
+                finish(message)
+            finally:
+                self.say(message)
+        elif rank == 0:  # still setting up: no report to finish
+            self.say(message)
+        hard_exit(ExitCode.TIMEOUT)
+
+
 _held_signals: list[int] = []
 
 
@@ -469,40 +510,35 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
-def run_plan(plan, backend, make_report) -> RunSummary:
+def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> RunSummary:
+    """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
+    `hooks`: how the run meets the process around it (default: the command line's)."""
+    hooks = hooks or RankHooks()
     report = None
     rows: list[ResultRow] = []
     status, errors = "ok", []
     runner = RankRunner(plan, backend)
     runner.agree_on_plan()
-    board = ProgressBoard(default_store(), backend.rank, backend.nranks)
+    board = hooks.board(backend)
+
+    def finish_on_timeout(message: str) -> None:
+        report.finish(RunSummary(list(rows), complete=False, status="timeout", errors=[message]))
 
     def on_timeout(what: str) -> None:
-        if report is not None:  # only the reporting rank reads the board: rank 0's store may be gone elsewhere
-            step = int(what.split("|", 1)[0])
-            late = [r for r in board.behind(step) if r != backend.rank]
-            who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
-            message = (f"timeout: {what.split('|', 1)[1]} did not finish within {plan.timeout_s:g} s "
-                       f"(-T) on rank {backend.rank}{who}")
-            summary = RunSummary(list(rows), complete=False, status="timeout", errors=[message])
-            try:
-                report.finish(summary)
-            finally:
-                print(error_line(None, message), file=sys.stderr, flush=True)
-        elif backend.rank == 0:  # still setting up: no report to finish
-            print(error_line(None, message), file=sys.stderr, flush=True)
-        hard_exit(ExitCode.TIMEOUT)
+        step, label = what.split("|", 1)
+        hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
+                        finish_on_timeout if report is not None else None)
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
-        devices, notes, buffers = set_up(plan, backend, runner, board, watchdog)
+        devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
     except BaseException:
         watchdog.stop()
         raise
     memory = backend.memory_usage() if plan.memory_report else None
     # From the report's first line to the sweep's start a signal is noted, not raised: the
     # sweep then stops before it begins and the report still gets its trailer.
-    hold_termination_signals()
+    hooks.hold_signals()
     if backend.rank == 0:
         info = build_run_info(plan, backend, devices)
         info.notes += notes
@@ -535,15 +571,15 @@ def run_plan(plan, backend, make_report) -> RunSummary:
 
     try:
         try:
-            stop_on_termination_signals()
-            if _held_signals:  # noted while the report began
-                raise _interrupt_for(_held_signals[0])
+            hooks.stop_on_signals()
+            if hooks.held_signals():  # noted while the report began
+                raise _interrupt_for(hooks.held_signals()[0])
             sweep(buffers)
         finally:
             # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
             # while a lost peer's error is handled cannot escape that handler.
-            hold_termination_signals()
+            hooks.hold_signals()
     except KeyboardInterrupt as exc:
         status = "interrupted"
         errors = [interruption_message(exc)]
@@ -573,18 +609,19 @@ def run_plan(plan, backend, make_report) -> RunSummary:
     if report is not None:
         report.finish(summary)
         for err in summary.errors:
-            print(error_line(None, err), file=sys.stderr, flush=True)
+            hooks.say(err)
         verdict = failed_verdict(summary, plan)
         if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
-            print(error_line(None, verdict), file=sys.stderr, flush=True)
+            hooks.say(verdict)
     return summary
 
 
-def set_up(plan, backend, runner, board, watchdog):
+def set_up(plan, backend, runner, board, watchdog, hooks: RankHooks | None = None):
     """(every rank's DeviceRecord, header notes, this rank's Buffers). The steps that can
     fail on some ranks only (the memory check, the allocation) run guarded on every rank
     and their outcomes are exchanged, so that all ranks leave together (RankFailures, the
     reasons said once by rank 0) instead of the failing rank alone."""
+    hooks = hooks or RankHooks()
     board.reach(-1)
     watchdog.arm("0|setting up the run (memory check, buffers)")
 
@@ -597,7 +634,7 @@ def set_up(plan, backend, runner, board, watchdog):
     mine, failure = attempt(local, backend.rank, "setting up the run")
     record, note, buffers = mine or (None, None, None)
     board.reach(0)
-    hold_termination_signals()  # from here the outcome is decided: a launcher's SIGTERM must not replace it
+    hooks.hold_signals()  # from here the outcome is decided: a launcher's SIGTERM must not replace it
     try:
         everyone = backend.all_gather_object((record, failure, nccl_environ()))
     except Exception as exc:  # noqa: BLE001 - a peer lost while the ranks compare their set-up
@@ -607,11 +644,12 @@ def set_up(plan, backend, runner, board, watchdog):
     failed = verdict([f for _, f, _ in everyone if f is not None], backend.nranks)
     if failed is not None:
         if backend.rank == 0:
-            say(failed)
+            for line in failed.lines:
+                hooks.say(line)
         raise failed
-    stop_on_termination_signals()
-    if _held_signals:
-        raise _interrupt_for(_held_signals[0])
+    hooks.stop_on_signals()
+    if hooks.held_signals():
+        raise _interrupt_for(hooks.held_signals()[0])
     notes = [n for n in [runner.group_note, note, environ_note([env for _, _, env in everyone])] if n]
     notes += [n for n in [backend.register_buffers()] if n]
     return [r for r, _, _ in everyone], notes, buffers

@@ -1457,3 +1457,19 @@ def compare_with_smi(topo: Topology, topo_m_text: str | None, nvlink_status_text
             ):
                 problems.append(f"{gpu.label}: NVLink peak ncclbench {ours_peak} GB/s, nvidia-smi {theirs_peak} GB/s")
     return problems
+
+
+def header_context(backend: str) -> tuple[str | None, float | None, Callable | None]:
+    """(summary line, NVLink peak GB/s, trailer-line maker) for a run's header and trailer on
+    `backend`; all None for gloo (CPU) runs or when the probe fails: topology is context,
+    never a reason to fail a run."""
+    if backend == "gloo":
+        return None, None, None
+    try:
+        t = probe(include_nics=False)
+        summary, peak = summary_line(t), link_peak_gbps(t)
+    except Exception:  # noqa: BLE001
+        return None, None, None
+    if not peak:
+        return summary, None, None
+    return summary, peak, lambda s: peak_percent_line(s.peak_busbw, peak)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 import warnings
 
@@ -56,6 +57,25 @@ def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | N
         return (f"NCCL refuses {op} on {dtype} in a one-rank communicator; run 2 or more ranks "
                 f"per communicator (-g, or larger --split groups)")
     return None
+
+
+def group_backend_name(dist, group) -> str:
+    """The engine backend for an existing process group: nccl when the group has NCCL and a
+    GPU is usable (also for a "cpu:gloo,cuda:nccl" group), else gloo; PlanError for others."""
+    import torch
+
+    text = str(dist.get_backend(group)).lower()
+    pg = group if group is not None else dist.GroupMember.WORLD
+    for device in getattr(pg, "_device_types", []):  # a DeviceMesh's groups say "undefined" above
+        try:
+            text += f",{device.type}:{pg._get_backend(device).name().lower()}"
+        except Exception:  # noqa: BLE001 - a torch without these: the name above is all there is
+            pass
+    if "nccl" in text and torch.cuda.is_available():
+        return "nccl"
+    if "gloo" in text:
+        return "gloo"
+    raise PlanError(f"the process group's backend is {text}: ncclbench measures nccl (on a GPU) and gloo groups")
 
 
 def byte_copy(torch, dst, src) -> None:
@@ -136,6 +156,41 @@ class TorchBackend:
         self.group_index = 0
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    adopted = False  # True: the process group is the caller's (adopt), never created or destroyed here
+
+    @classmethod
+    def adopt(cls, group=None) -> "TorchBackend":
+        """A backend on an existing process group (the default one when None), for the Python
+        API. Nothing is created or destroyed: no process group, no device or stream change
+        (the caller runs the engine inside a stream context, see ncclbench.api). Ranks, sizes
+        and the host-side messages (all_gather_object, barrier) are the group's own.
+        NCCL runs on the current CUDA device; gloo on the CPU."""
+        import torch
+        import torch.distributed as dist
+
+        from ncclbench import faults
+
+        self = cls.__new__(cls)
+        self.torch, self.dist, self.adopted = torch, dist, True
+        self.name = group_backend_name(dist, group)
+        self.group = None if group is None or group is dist.GroupMember.WORLD else group
+        self.control = self.group
+        self.rank = self.group_rank = dist.get_rank(group)
+        self.nranks = self.group_size = dist.get_world_size(group)
+        self.group_index = 0
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        if self.name == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self._mem_start = self._mem_after_init = torch.cuda.mem_get_info(self.device)
+        else:
+            self.device = torch.device("cpu")
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        delay = faults.op_delay(dist.get_rank())
+        if delay:  # test-only: a planted slow node
+            self.bind = faults.slowed(self.bind, delay, self.synchronize)
+        return self
 
     def use_groups(self, groups: list[list[int]]) -> None:
         """Run the collectives inside this rank's group (--split). Every rank creates every
@@ -218,7 +273,8 @@ class TorchBackend:
         if self.name != "nccl":
             return f"-R {mode}: buffer registration needs the nccl backend; buffers not registered"
         try:
-            nccl = self.dist.distributed_c10d._get_default_group()._get_backend(self.device)
+            owner = self.group if self.adopted and self.group is not None else None
+            nccl = (owner or self.dist.distributed_c10d._get_default_group())._get_backend(self.device)
             self._pool = self.torch.cuda.MemPool(nccl.mem_allocator)
             self._nccl_pg, self._register_mode = nccl, mode
         except Exception as exc:  # noqa: BLE001 - old torch/NCCL: say so, run unregistered
@@ -266,6 +322,9 @@ class TorchBackend:
             free_now, _ = torch.cuda.mem_get_info(self.device)
             return {"peak allocated by ncclbench": torch.cuda.max_memory_allocated(self.device) / mib,
                     "device used at end": (total - free_now) / mib}
+        if self.adopted:  # the communicator existed before us: its share is not known
+            return {"context, communicator and others": (total - free0) / mib,
+                    "user buffers": torch.cuda.memory_allocated(self.device) / mib}
         return {"context and others": (total - free0) / mib, "communicator": (free0 - free1) / mib,
                 "user buffers": torch.cuda.memory_allocated(self.device) / mib}
 
@@ -476,7 +535,10 @@ class TorchBackend:
 
     # ---- host side -------------------------------------------------------------------
     def barrier(self):
-        self.dist.barrier(group=self.control)
+        if self.adopted and self.is_gpu:  # the control group is the caller's NCCL group
+            self.dist.barrier(group=self.control, device_ids=[self.device.index])
+        else:
+            self.dist.barrier(group=self.control)
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.nranks
@@ -486,7 +548,7 @@ class TorchBackend:
     def close(self):
         self.release_graphs()
         self.deregister_buffers()
-        if self.dist.is_initialized():
+        if not self.adopted and self.dist.is_initialized():
             try:
                 self.dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at exit

@@ -179,7 +179,7 @@ def run_item(item, plan, backend, info, work) -> dict:
                     "comm_ready": False}
         streams = []
         try:
-            summary = run_plan(plan, backend, info, item_reporter(item, work, streams))
+            summary = run_plan(plan, backend, item_reporter(item, work, streams))
         except CollectiveError as exc:  # ranks other than 0 hear of a failed call this way
             return {"status": "error", "errors": [str(exc)], "comm_ready": True}
         finally:
