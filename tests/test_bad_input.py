@@ -165,10 +165,14 @@ def test_malformed_suite_names_file_and_entry(content, words, capsys, tmp_path):
     assert str(path) in err[0] and words in err[0]
 
 
-def test_a_suite_entry_asking_for_another_stream_than_its_launch_is_refused(capsys, tmp_path):
+def test_a_suite_entry_asking_for_another_stream_than_its_launch_is_refused(capsys, tmp_path, monkeypatch):
     """The stream is chosen when the backend starts, once per launch: an entry with another
     stream_null than the launch's first entry is refused before anything starts (it used to
-    run on the first entry's stream, silently)."""
+    run on the first entry's stream, silently). One GPU stands in for the count, so that the
+    refusal is the stream's on a machine without one too."""
+    from ncclbench import cli
+
+    monkeypatch.setattr(cli, "local_rank_count", lambda requested, backend: 1)
     path = tmp_path / "streams.yaml"
     path.write_text("runs:\n  - allreduce\n  - collective: allgather\n    stream_null: 1\n")
     with pytest.raises(SystemExit) as exc:
