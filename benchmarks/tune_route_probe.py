@@ -73,6 +73,13 @@ def report(combos, logdir, world) -> int:
         said = init_text(combo, init)
         ran = sorted({c.label for c in calls if c.nbytes == SIZE})
         wrong_call = combo.algo and any((c.algo, c.proto) != (combo.algo, combo.proto) for c in calls)
+        if world == 1 and init is not None:
+            # A one-rank communicator runs no tuning model (NCCL copies locally), so it never
+            # reads NCCL_ALGO/NCCL_PROTO; only the channel limit can be seen there.
+            channels_ok = not combo.channels or init.channels == combo.channels
+            said = said.replace(": NOT what was set", "") + (
+                "" if channels_ok else ": NOT the channel limit set") + (
+                " (one rank: NCCL_ALGO/NCCL_PROTO are not read without a tuning model)" if combo.algo else "")
         bad += "NOT" in said or bool(wrong_call) or (world > 1 and not ran)
         print(f"{combo.label:<18s} {said}; calls: {', '.join(ran) if ran else 'no TUNING line (one rank)' if world == 1 else 'none logged'}")
     return 1 if bad else 0

@@ -35,7 +35,9 @@ def test_route_fresh_communicators_read_the_setting_again(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert any(line.startswith("tree/ll ") and "NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL" in line for line in lines), r.stdout
+    if _gpus() >= 2:  # one rank runs no tuning model: NCCL reads no algorithm setting there
+        assert any(line.startswith("tree/ll ") and "NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL" in line
+                   for line in lines), r.stdout
     assert any(line.startswith("ring/simple ch4") and "4 channel(s)" in line for line in lines), r.stdout
     assert any(line.startswith("default") and "no NCCL_ALGO/NCCL_PROTO" in line for line in lines), r.stdout
 

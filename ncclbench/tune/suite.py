@@ -62,7 +62,7 @@ def tune_entries(suite_file: str, runs, ngpus, backend, ranks_of_a_group=False):
     prepared = []
     for run in tunes:
         request = request_for(suite_file, run, ngpus, backend)
-        with environment(run.env_dict):
+        with environment(dict(run.env)):
             try:
                 prepared.append((run, prepare(request)))
             except PlanError as exc:
@@ -75,7 +75,7 @@ def run_tune_entries(prepared) -> int:
 
     worst = ExitCode.OK
     for run, setup in prepared:
-        with environment(run.env_dict):
+        with environment(dict(run.env)):
             code = execute(setup)
         if code != ExitCode.OK:
             worst = code
