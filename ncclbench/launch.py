@@ -4,6 +4,7 @@ through torchrun's elastic agent (torch.distributed.run) across nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -56,6 +57,27 @@ def end_with_launcher() -> None:
         return
     if os.getppid() != int(launcher):  # it died before the request was in place
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def environ_changed(changes: dict):
+    """os.environ with `changes` applied (a None value removes the variable), put back as it
+    was afterwards: a suite's or tune's env block for the launches it starts, or one
+    combination's NCCL settings for the communicator made under it."""
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        _apply(changes)
+        yield
+    finally:
+        _apply(saved)
+
+
+def _apply(values: dict) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,

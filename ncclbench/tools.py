@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
@@ -78,16 +77,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         argv += ["--no-save"] if no_save else []
         argv += ["--quiet"] if quiet else []
         argv += [word for item in overrides for word in ("--set", item)]
-        saved = {name: os.environ.get(name) for name, _ in env}
-        os.environ.update(dict(env))
-        try:
+        with launch.environ_changed(dict(env)):
             code = launch.spawn_local(local, argv)
-        finally:
-            for name, old in saved.items():
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
         if code != ExitCode.OK:
             worst = code
         if code in (ExitCode.INTERRUPTED,):

@@ -24,24 +24,11 @@ def read_work(path: str) -> dict:
         return json.load(f)
 
 
-@contextmanager
 def combination_environment(combo: Combination):
     """NCCL_ALGO / NCCL_PROTO for the combination's communicator, restored afterwards."""
-    wanted = combo.environment()
-    saved = {name: os.environ.get(name) for name in wanted}
-    try:
-        for name, value in wanted.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    from ncclbench.launch import environ_changed
+
+    return environ_changed(combo.environment())
 
 
 class StatusLog:

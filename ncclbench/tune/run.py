@@ -326,20 +326,8 @@ def spawn(setup: Setup, argv: list[str], env: dict) -> int:
     """One launch of `-g` ranks with `env` added (None removes a variable) for it only."""
     from ncclbench import launch
 
-    saved = {name: os.environ.get(name) for name in env}
-    try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with launch.environ_changed(env):
         return launch.spawn_local(setup.nranks, argv + ["--backend", setup.backend])
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
 
 
 def probe_env(folder: str) -> dict:

@@ -12,9 +12,9 @@ entries; all of them are checked before anything starts."""
 
 from __future__ import annotations
 
-import os
 
 from ncclbench.errors import ExitCode, PlanError
+from ncclbench.launch import environ_changed
 
 TUNE_KEYS = {"repeat", "channels", "algos", "protos", "min_gain", "output_dir", "rehearse", "plot"}
 
@@ -62,7 +62,7 @@ def tune_entries(suite_file: str, runs, ngpus, backend, ranks_of_a_group=False):
     prepared = []
     for run in tunes:
         request = request_for(suite_file, run, ngpus, backend)
-        with environment(dict(run.env)):
+        with environ_changed(dict(run.env)):
             try:
                 prepared.append((run, prepare(request)))
             except PlanError as exc:
@@ -75,7 +75,7 @@ def run_tune_entries(prepared) -> int:
 
     worst = ExitCode.OK
     for run, setup in prepared:
-        with environment(dict(run.env)):
+        with environ_changed(dict(run.env)):
             code = execute(setup)
         if code != ExitCode.OK:
             worst = code
@@ -83,20 +83,3 @@ def run_tune_entries(prepared) -> int:
             break
     return worst
 
-
-class environment:
-    """The entry's env block around its tune run (the launches inherit it)."""
-
-    def __init__(self, env: dict):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
