@@ -162,8 +162,11 @@ class SetupBoard:
             except DistStoreError:
                 complete = False
             if self.store.check([key("said")]):
+                # read before saying it was heard: the speaker may host the store and leave
+                # as soon as every rank has, and a read after that finds the store gone
+                code = int(self.store.get(key("said")))
                 self.store.add(key("heard"), 1)
-                raise RankFailures([], int(self.store.get(key("said"))))
+                raise RankFailures([], code)
             failed = self.store.add(key("failed"), 0)
             if complete and not failed:
                 return
