@@ -33,7 +33,7 @@ def rank_side(args) -> None:
 
 
 def cli_args(args, csv: Path) -> list[str]:
-    from ncclbench.api import parse_sizes
+    from ncclbench.api.measure import parse_sizes
 
     s = parse_sizes(args.sizes)
     out = [args.collective, "-b", str(s["minbytes"]), "-e", str(s["maxbytes"]), "-n", str(args.iters),

@@ -46,7 +46,7 @@ def run_sweep(colls, ngpus, backend, extra) -> list[str]:
 def compare(ours, ref, metric: str, min_size: int):
     """(every out-of-place row with size > 0, those >= min_size): reference, ours, ratio
     (ours / reference), matched the way `ncclbench compare` matches (reference as BASE)."""
-    from ncclbench.compare import compare_frames
+    from ncclbench.results.compare import compare_frames
 
     rows = compare_frames(ref, ours, metric).rows.rename(columns={"base": "reference", "new": "ours"})
     m = rows[rows.placement == "out_of_place"].sort_values(["collective", "size_bytes"], kind="stable")
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-size", default="64M", help="summary over sizes >= this (default 64M)")
     args = ap.parse_args(argv)
 
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
     from ncclbench.sizes import parse_size
 
     paths = list(args.results)

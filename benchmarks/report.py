@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench_reference import compare
 
-from ncclbench.p2p import format_size as _size
+from ncclbench.topology.p2p import format_size as _size
 from speed_targets import (BUSBW_MIN_SIZE, MODES, busbw_verdicts, find_log, latency_verdicts, log_folder_args,
                            median_host_us, read_errors, verdict_table)
 
@@ -80,7 +80,7 @@ def host_section(logdir: Path) -> list[str]:
 
 def busbw_section(logdir: Path, refdir: Path, np_: int) -> list[str]:
     """Out-of-place busbw at >= 64 MiB per collective, every backend/mode present."""
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     runs = {mode: read_results(path) for mode in MODES if (path := find_log(logdir, f"full_{mode}_np{np_}"))}
     if not runs:
@@ -117,7 +117,7 @@ def busbw_section(logdir: Path, refdir: Path, np_: int) -> list[str]:
 
 def latency_section(logdir: Path, refdir: Path, np_: int, tag: str) -> list[str]:
     """all_reduce time at the reference's small sizes, eager and -G, both backends."""
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     refs = {"eager": refdir / f"all_reduce_np{np_}_small_n200.txt", "graph": refdir / f"all_reduce_np{np_}_small_graph.txt"}
     runs = {key: path for key in LATENCY_MODES if (path := find_log(logdir, f"small_{key}_np{np_}{tag}"))}
@@ -157,7 +157,7 @@ def targets_section(logdir: Path, refdir: Path, np_: int, tag: str) -> list[str]
 
 def agg_section(logdir: Path) -> list[str]:
     """-m 1 vs -m 4 (each iteration's ops in one NCCL group): out-of-place time per op."""
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     found = [(title, read_results(logdir / name)) for name, title in _agg_logs() if (logdir / name).exists()]
     if not found:

@@ -68,8 +68,8 @@ def find_log(logdir: Path, stem: str) -> Path | None:
 
 
 def _compare(ref, ours, metric: str, threshold: float, min_size=None, max_size=None):
-    from ncclbench.compare import compare_frames
-    from ncclbench.resultsio import filter_results
+    from ncclbench.results.compare import compare_frames
+    from ncclbench.results.readers import filter_results
 
     keep = dict(placement="out_of_place", min_size=min_size, max_size=max_size)
     return compare_frames(filter_results(ref, **keep), filter_results(ours, **keep), metric, threshold)
@@ -97,7 +97,7 @@ def _judge(target: str, comparisons: list, metric: str) -> Verdict:
 
 
 def busbw_verdicts(logdir: Path, refdir: Path, np_: int) -> list[Verdict]:
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     verdicts = []
     for mode, title in MODES.items():
@@ -136,7 +136,7 @@ def median_host_us(path: Path) -> float | None:
 
 
 def latency_verdicts(logdir: Path, refdir: Path, np_: int, tag: str) -> list[Verdict]:
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     refs = {"eager": refdir / f"all_reduce_np{np_}_small_n200.txt", "graph": refdir / f"all_reduce_np{np_}_small_graph.txt"}
     cases = [("cupy", "eager", True), ("nccl", "graph", True), ("cupy", "graph", True), ("nccl", "eager", False)]
@@ -178,7 +178,7 @@ def log_folder_args(argv, doc: str) -> argparse.Namespace:
 
 def read_errors() -> tuple[type[Exception], ...]:
     """What an unreadable or malformed log file raises (one error line, exit 2)."""
-    from ncclbench.resultsio import ResultsFormatError
+    from ncclbench.results.readers import ResultsFormatError
 
     return ResultsFormatError, OSError, ValueError, KeyError
 

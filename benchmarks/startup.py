@@ -132,7 +132,7 @@ def gpu_counts(visible: int) -> list[int]:
 
 
 def plan_cases(args, work: Path) -> list[Case]:
-    from ncclbench.launch import visible_gpu_count
+    from ncclbench.launch.launcher import visible_gpu_count
 
     visible = visible_gpu_count()
     has_cupy = _importable("cupy")
@@ -276,7 +276,8 @@ def markdown(cases: list[Case], header: dict) -> str:
 
 
 def host_header(args) -> dict:
-    from ncclbench import __version__, topo
+    from ncclbench import __version__
+    from ncclbench.topology import probe as topo
 
     t = topo.probe(include_nics=False)
     names = sorted({g.name for g in t.gpus})

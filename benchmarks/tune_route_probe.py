@@ -35,7 +35,7 @@ def main() -> int:
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     import torch
 
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
     from ncclbench.backends import create_backend
     from ncclbench.tune.plan import Combination
     from ncclbench.tune.rank import combination_environment

@@ -7,10 +7,10 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "measure": "ncclbench.api",
-    "Rows": "ncclbench.api",
-    "preflight": "ncclbench.preflight_check",
-    "PreflightReport": "ncclbench.verdict",
+    "measure": "ncclbench.api.measure",
+    "Rows": "ncclbench.api.measure",
+    "preflight": "ncclbench.api.preflight",
+    "PreflightReport": "ncclbench.api.verdict",
     "BenchError": "ncclbench.errors",
     "PlanError": "ncclbench.errors",
     "LaunchError": "ncclbench.errors",

@@ -12,14 +12,14 @@ import sys
 
 def main() -> None:
     try:
-        from ncclbench.cli import main as cli_main
+        from ncclbench.cli.main import main as cli_main
     except KeyboardInterrupt:
         print("ncclbench: interrupted", file=sys.stderr)
         sys.exit(130)  # ExitCode.INTERRUPTED, without importing anything more
     try:
         cli_main()
     except SystemExit as done:
-        from ncclbench import launch
+        from ncclbench.launch import launcher as launch
 
         if launch.ran_as_rank:
             leave_now(done.code)

@@ -4,9 +4,9 @@ its size/count/bandwidth conventions, and real gloo ranks moving uneven parts.""
 import pytest
 
 from conftest import run_cli, table_rows
-from ncclbench.collectives import lookup
+from ncclbench.engine.collectives import lookup
 from ncclbench.errors import PlanError
-from ncclbench.traffic import Traffic, read_matrix
+from ncclbench.engine.traffic import Traffic, read_matrix
 
 A2AV = lookup("alltoallv")
 

@@ -62,14 +62,14 @@ def test_without_a_process_group_it_says_so():
     ("1M:4M:+1M", {"minbytes": 1 << 20, "maxbytes": 4 << 20, "stepbytes": 1 << 20}),
 ])
 def test_sizes(spec, expected):
-    from ncclbench.api import parse_sizes
+    from ncclbench.api.measure import parse_sizes
 
     assert parse_sizes(spec) == expected
 
 
 @pytest.mark.parametrize("spec", ["8M:", "x:1G", "1K:2K:xq", "1:2:3:4", ""])
 def test_bad_sizes(spec):
-    from ncclbench.api import parse_sizes
+    from ncclbench.api.measure import parse_sizes
     from ncclbench.errors import PlanError
 
     with pytest.raises(PlanError, match="sizes"):
@@ -78,8 +78,8 @@ def test_bad_sizes(spec):
 
 def test_plan_is_the_command_lines():
     """The same options give the same Plan as the command line's parser (one conversion)."""
-    from ncclbench.api import plan_for
-    from ncclbench.options import build_plan, options_for
+    from ncclbench.api.measure import plan_for
+    from ncclbench.api.options import build_plan, options_for
 
     api = plan_for("allreduce", "1K:16K:x4", {"iters": 7, "datatype": "half", "op": "max"}, "gloo", 4)
     o = options_for({"minbytes": 1024, "maxbytes": 16384, "stepfactor": 4, "iters": 7, "datatype": "half",

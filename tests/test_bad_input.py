@@ -1,6 +1,6 @@
 """Every bad input: one line of error, exit code 2, nothing launched, no traceback.
 
-Runs the real entry point (`ncclbench.cli.main`) in-process: each case fails before any
+Runs the real entry point (`ncclbench.cli.main.main`) in-process: each case fails before any
 rank starts, so no process would be spawned anyway (asserted: no child processes)."""
 
 
@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from ncclbench.cli import main
+from ncclbench.cli.main import main
 
 BAD_SUITE = "runs:\n  - collective: allreduce\n    datatype: float7\n"
 UNKNOWN_KEY_SUITE = "runs:\n  - collective: allreduce\n    sizes: 8\n"
@@ -133,7 +133,7 @@ def test_more_gpus_than_visible_is_nccl_tests_exit_5(argv, capsys, tmp_path, mon
 
 
 def test_a_gpu_backend_without_a_gpu_says_so_when_no_g_was_given(capsys, monkeypatch):
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     monkeypatch.setattr(launch, "visible_gpu_count", lambda: 0)
     with pytest.raises(SystemExit) as exc:
@@ -170,7 +170,7 @@ def test_a_suite_entry_asking_for_another_stream_than_its_launch_is_refused(caps
     stream_null than the launch's first entry is refused before anything starts (it used to
     run on the first entry's stream, silently). One GPU stands in for the count, so that the
     refusal is the stream's on a machine without one too."""
-    from ncclbench import cli
+    from ncclbench.cli import main as cli
 
     monkeypatch.setattr(cli, "local_rank_count", lambda requested, backend: 1)
     path = tmp_path / "streams.yaml"
@@ -252,8 +252,8 @@ def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
     from types import SimpleNamespace
 
     from ncclbench.errors import PlanError
-    from ncclbench.plan import Plan
-    from ncclbench.runner import RankRunner
+    from ncclbench.engine.plan import Plan
+    from ncclbench.engine.runner import RankRunner
 
     class FakeGpuBackend(SimpleNamespace):
         def free_memory(self):
@@ -283,7 +283,7 @@ def test_help_of_every_command_reads_cleanly():
     FiniteFloat showed it) and no traceback."""
     from click.testing import CliRunner
 
-    from ncclbench.cli import cli
+    from ncclbench.cli.main import cli
 
     for name, command in cli.commands.items():
         result = CliRunner().invoke(command, ["--help"])
@@ -296,7 +296,7 @@ def test_long_option_prefix_edge_cases():
     --memory / --memory_report); the word after a value-taking option, also at the end of
     a short cluster (`-qJ`), is never expanded; shell completion is not broken by an
     ambiguous word; pairs, suite and show take prefixes too."""
-    from ncclbench.cli import cli
+    from ncclbench.cli.main import cli
 
     allreduce = cli.commands["allreduce"]
     assert allreduce.make_context("allreduce", ["--mem", "1"]).params["memory_report"] == 1

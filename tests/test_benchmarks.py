@@ -23,7 +23,7 @@ MODES = ("nccl", "cupy", "nccl_graph", "cupy_graph")
 
 def _reference_sweeps():
     import pandas as pd
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     return pd.concat([read_results(p) for p in sorted(REF4.glob("*_np4.txt"))], ignore_index=True)
 
@@ -44,7 +44,7 @@ def _write_small(logdir, eager_scale=1.0, graph_scale=1.0):
 
 
 def _read(path):
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     return read_results(path)
 
@@ -183,7 +183,7 @@ def _p2p_json(path):
     """p2p.json through ncclbench's own writer (P2PResult), two GPUs."""
     import dataclasses
 
-    from ncclbench.p2p import P2PConfig, P2PDevice, P2PResult
+    from ncclbench.topology.p2p import P2PConfig, P2PDevice, P2PResult
 
     result = P2PResult(config=dataclasses.asdict(P2PConfig()),
                        devices=[P2PDevice(0, "NVIDIA H200", "00000000:06:00.0"), P2PDevice(1, "NVIDIA H200", "00000000:07:00.0")],

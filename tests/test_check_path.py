@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view
-from ncclbench.collectives import REGISTRY
+from ncclbench.engine.checkdata import InputPattern, bit_view
+from ncclbench.engine.collectives import REGISTRY
 from ncclbench.dtypes import DTYPES
-from ncclbench.plan import Plan
-from ncclbench.runner import Buffers, RankRunner
+from ncclbench.engine.plan import Plan
+from ncclbench.engine.runner import Buffers, RankRunner
 
 import test_fault_matrix as matrix
 

@@ -4,10 +4,10 @@ collective, exactness for every dtype/op, and a planted error that must be count
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view, codebook, count_mismatches, premul_scalar, to_dtype
-from ncclbench.collectives import REGISTRY, CheckContext
+from ncclbench.engine.checkdata import InputPattern, bit_view, codebook, count_mismatches, premul_scalar, to_dtype
+from ncclbench.engine.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
-from ncclbench.traffic import Traffic
+from ncclbench.engine.traffic import Traffic
 
 
 def simulate(coll, inputs, root, op, lay=None):
@@ -280,7 +280,7 @@ def test_all_pairs_depend_on_ranks_per_communicator():
     """-d all -o all: NCCL refuses fp8 avg/mulsum in a one-rank communicator (measured,
     NCCL 2.28.9), so those pairs are skipped on 1 rank (or --split groups of 1) and run on 2;
     an explicit fp8 avg on 1 rank is refused with one line."""
-    from ncclbench import cli
+    from ncclbench.cli import main as cli
     from ncclbench.errors import PlanError
 
     def skipped(nranks, **extra):
@@ -302,8 +302,8 @@ def test_skip_note_names_the_rank_count_when_it_matters():
     in one-rank communicators) and stays the plain backend note otherwise."""
     from types import SimpleNamespace
 
-    from ncclbench import cli
-    from ncclbench.runner import build_run_info
+    from ncclbench.cli import main as cli
+    from ncclbench.engine.runner import build_run_info
 
     backend = SimpleNamespace(library_version=lambda: (22809, "NCCL 2.28.9 via CuPy"), nranks=1, group_size=1,
                               in_place_only=frozenset(), timing_name=lambda: "eager (CUDA events)")

@@ -332,7 +332,7 @@ def slurm_cluster():
 
 def test_srun_environment_is_detected_as_slurm(slurm_cluster):
     """Each task of a real srun step reads itself as launcher slurm, with its own rank."""
-    probe = ("from ncclbench.launch import detect; i = detect(); "
+    probe = ("from ncclbench.launch.launcher import detect; i = detect(); "
              "print(i.launcher, i.rank, i.world_size, i.local_rank, i.local_world_size, i.master_addr)")
     proc = subprocess.run([slurm_cluster.tool("srun"), "-N", "1", "-n", "2", "--time=2", sys.executable, "-c", probe],
                           capture_output=True, text=True, env=slurm_cluster.env, timeout=120)

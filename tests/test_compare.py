@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from ncclbench.compare import compare_command, compare_frames, parse_threshold, print_rich
-from ncclbench.resultsio import read_results
+from ncclbench.results.compare import compare_command, compare_frames, parse_threshold, print_rich
+from ncclbench.results.readers import read_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 H200_4 = FIXTURES / "h200-4gpu-nvswitch"

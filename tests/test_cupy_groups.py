@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ncclbench.backends.cupy_nccl import CupyBackend
-from ncclbench.collectives import lookup
-from ncclbench.traffic import Traffic
+from ncclbench.engine.collectives import lookup
+from ncclbench.engine.traffic import Traffic
 
 
 class Recorder:

@@ -10,10 +10,10 @@ import functools
 import pytest
 import torch
 
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
-from ncclbench.collectives import REGISTRY, CheckContext
+from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
+from ncclbench.engine.collectives import REGISTRY, CheckContext
 from ncclbench.dtypes import DTYPES, OPS
-from ncclbench.traffic import Traffic
+from ncclbench.engine.traffic import Traffic
 
 RANK_COUNTS = [2, 3, 4, 5, 8, 10, 16, 32, 64, 97, 128, 256, 1024]
 TYPES = [d for d in DTYPES.values() if d.torch_dtype() is not None]

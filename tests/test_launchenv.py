@@ -1,4 +1,4 @@
-"""ncclbench.launchenv against environments real launchers produce.
+"""ncclbench.launch.env against environments real launchers produce.
 
 Each environment below is what a rank would see under that launcher (values as Slurm
 23.x, Open MPI 4.1, MPICH 4 hydra, Intel MPI 2021 and torch 2.x torchrun set them),
@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from ncclbench.launchenv import (
+from ncclbench.launch.env import (
     DEFAULT_MASTER_PORT,
     DERIVED_PORT_BASE,
     DERIVED_PORT_SPAN,
@@ -597,7 +597,7 @@ def test_apply_refuses_a_multi_rank_world_without_master():
 
 RANK_SCRIPT = textwrap.dedent("""
     import os, torch, torch.distributed as dist
-    from ncclbench.launchenv import detect, apply_to_environ
+    from ncclbench.launch.env import detect, apply_to_environ
     info = detect()
     apply_to_environ(info, os.environ)
     dist.init_process_group("gloo", init_method="env://")

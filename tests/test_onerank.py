@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 
 from conftest import run_cli, table_rows
-from ncclbench import onerank, report
-from ncclbench.plan import Plan
-from ncclbench.results import PlacementResult, ResultRow, RunSummary
+from ncclbench.engine import onerank
+from ncclbench.results import report
+from ncclbench.engine.plan import Plan
+from ncclbench.results.records import PlacementResult, ResultRow, RunSummary
 
 TORCH_STAND_INS = frozenset({"all_reduce", "broadcast", "reduce"})  # TorchBackend.in_place_only
 

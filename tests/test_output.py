@@ -3,7 +3,7 @@
 import json
 
 from conftest import REFERENCE, run_cli, table_rows
-from ncclbench.cli import main
+from ncclbench.cli.main import main
 
 NCCL_TESTS_JSON = REFERENCE / "h200-2gpu-nvswitch" / "all_reduce_np2_periter.json"
 
@@ -96,8 +96,8 @@ def test_show_reads_nccl_tests_text(capsys):
 def _reporter_fixture(tmp_path, clock, spec=None):
     import io
 
-    from ncclbench.output import OutputSpec, Reporter
-    from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo
+    from ncclbench.results.output import OutputSpec, Reporter
+    from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo
 
     config = {"nthreads": 1, "ngpus": 1, "minimum_bytes": 8, "maximum_bytes": 64, "step_factor": 2,
               "warmup_iters": 1, "iterations": 5, "aggregated_iterations": 1, "validation": 1, "graph": 0}
@@ -130,7 +130,7 @@ def test_the_run_is_finished_once_when_two_threads_end_it(tmp_path):
     stays in the JSON."""
     import threading
 
-    from ncclbench.results import RunSummary
+    from ncclbench.results.records import RunSummary
 
     rep, row = _reporter_fixture(tmp_path, clock=lambda: 0.0)
     rep.add_row(row(8))
@@ -147,7 +147,7 @@ def test_the_run_is_finished_once_when_two_threads_end_it(tmp_path):
 
 def _json_writes_taking(monkeypatch, now: list, seconds: float) -> None:
     """Every JSON write advances the fake clock `now[0]` by `seconds` (then writes)."""
-    import ncclbench.output as output
+    import ncclbench.results.output as output
 
     real_write = output.write_json_atomic
 
@@ -174,7 +174,7 @@ def test_costly_running_json_is_rewritten_less_often_and_in_full_at_the_end(tmp_
     """Past the every-row limit (set to 0 here, 1000 rows in use), each write costing 1 s on
     the fake clock and rows 2 s apart: the next rewrite waits 20 s (5 % of the time on JSON),
     the rows in between reach it later, finish writes all."""
-    from ncclbench.results import RunSummary
+    from ncclbench.results.records import RunSummary
 
     now = [0.0]
     rep, row = _reporter_fixture(tmp_path, clock=lambda: now[0])
@@ -200,9 +200,9 @@ def test_a_result_file_that_stops_working_mid_run_loses_no_rows(tmp_path, capsys
 
     import pandas as pd
 
-    from ncclbench.output import OutputSpec
-    from ncclbench.results import RunSummary
-    from ncclbench.runner import exit_code_for
+    from ncclbench.results.output import OutputSpec
+    from ncclbench.results.records import RunSummary
+    from ncclbench.engine.runner import exit_code_for
 
     (tmp_path / "j").mkdir()
     (tmp_path / "c").mkdir()
@@ -228,8 +228,8 @@ def test_a_result_file_that_stops_working_mid_run_loses_no_rows(tmp_path, capsys
 def test_a_lost_csv_is_named_in_the_json_and_the_json_keeps_every_row(tmp_path, capsys):
     import shutil
 
-    from ncclbench.output import OutputSpec
-    from ncclbench.results import RunSummary
+    from ncclbench.results.output import OutputSpec
+    from ncclbench.results.records import RunSummary
 
     (tmp_path / "c").mkdir()
     spec = OutputSpec(json_path=str(tmp_path / "r.json"), csv_path=str(tmp_path / "c" / "r.csv"))
@@ -247,13 +247,13 @@ def test_a_lost_csv_is_named_in_the_json_and_the_json_keeps_every_row(tmp_path, 
 
 def test_an_output_error_ranks_below_every_measured_failure():
     from ncclbench.errors import ExitCode
-    from ncclbench.runner import _severity
+    from ncclbench.engine.runner import _severity
 
     assert _severity(ExitCode.OK) < _severity(ExitCode.OUTPUT_ERROR) < _severity(ExitCode.WRONG_RESULTS)
 
 
 def test_ranks_whose_nccl_settings_differ_from_rank_0s_are_named():
-    from ncclbench.runner import environ_note
+    from ncclbench.engine.runner import environ_note
 
     same = ("NCCL_ALGO=Ring",)
     assert environ_note([same, same, same]) is None

@@ -1,4 +1,4 @@
-"""Tests of ncclbench.p2p and the `p2p` command, without a GPU.
+"""Tests of ncclbench.topology.p2p and the `p2p` command, without a GPU.
 
 FakeApi stands in for TorchCudaApi: buffers are CPU tensors (so copies really
 happen and can be verified) and every stream keeps its own clock, advanced by
@@ -19,10 +19,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ncclbench import p2p
-from ncclbench import topo as topo_mod
-from ncclbench.p2p import P2PConfig, P2PError, bandwidth_gbps, parse_size, run_p2p
-from ncclbench.topo_cli import p2p_command
+from ncclbench.topology import p2p
+from ncclbench.topology import probe as topo_mod
+from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, parse_size, run_p2p
+from ncclbench.cli.topo import p2p_command
 
 MiB = 2**20
 
@@ -359,7 +359,7 @@ def test_p2p_command_cuda_error_is_one_line(monkeypatch, four_fake_gpus):
 
 
 def test_p2p_exit_code_survives_a_non_standalone_group(monkeypatch):
-    # ncclbench.cli runs its group with standalone_mode=False, where click returns
+    # ncclbench.cli.main runs its group with standalone_mode=False, where click returns
     # (instead of raising) the code of a click Exit; ours must still reach the shell.
     import click
 

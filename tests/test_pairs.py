@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from ncclbench.errors import ExitCode, PlanError
-from ncclbench.pairs import (PairsPlan, PairsResult, below_median, pair_busbw, parse_percent,
+from ncclbench.engine.pairs import (PairsPlan, PairsResult, below_median, pair_busbw, parse_percent,
                              parse_slow_hook, peer_in_round, slow_pairs, tournament_rounds)
 
 # Small enough that gloo's exchanges cost next to nothing; the launch (torch imports on

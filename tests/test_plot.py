@@ -8,8 +8,8 @@ import matplotlib.image
 import pytest
 from click.testing import CliRunner
 
-from ncclbench.plot import DPI, build_figure, figure_size_inches, plot_command
-from ncclbench.resultsio import read_many, read_results
+from ncclbench.results.plot import DPI, build_figure, figure_size_inches, plot_command
+from ncclbench.results.readers import read_many, read_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 H200_4 = FIXTURES / "h200-4gpu-nvswitch"

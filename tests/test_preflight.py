@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_cli
 from ncclbench.errors import PlanError, PreflightError
-from ncclbench.verdict import (Cell, Floor, PreflightReport, judge_absolute, judge_pairs, judge_relative,
+from ncclbench.api.verdict import (Cell, Floor, PreflightReport, judge_absolute, judge_pairs, judge_relative,
                                parse_floor, reference, repair_rounds, slow_outliers, transport_notes)
 from test_api import run_ranks
 
@@ -107,7 +107,7 @@ def test_report_verdict_and_exit_codes():
 
 
 def test_mesh_spec_lays_ranks_out_like_init_device_mesh():
-    from ncclbench.preflight_check import parse_mesh
+    from ncclbench.api.preflight import parse_mesh
 
     assert parse_mesh("dp=2,tp=4", 8) == [("dp", [[0, 4], [1, 5], [2, 6], [3, 7]]),
                                           ("tp", [[0, 1, 2, 3], [4, 5, 6, 7]])]
@@ -150,7 +150,7 @@ def test_command_times_out_on_a_stalled_rank(tmp_path):
 def test_the_rank_in_a_slow_group_of_every_dimension_is_named():
     """A 2x2 mesh with one slow rank: its tp group and its dp group are slow, and it is the
     only rank in both; with one dimension there is no such evidence."""
-    from ncclbench.preflight_check import Preflight
+    from ncclbench.api.preflight import Preflight
 
     p = Preflight.__new__(Preflight)
     p.host = {0: "a", 1: "a", 2: "b", 3: "b"}

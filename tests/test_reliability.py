@@ -24,7 +24,7 @@ BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-
 def signal_state():
     """In-process tests of the rank's signal handling: pytest's own handlers and the
     runner's list of noted signals are put back afterwards."""
-    from ncclbench import runner
+    from ncclbench.engine import runner
 
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     yield runner
@@ -175,7 +175,7 @@ def test_exit_code_of_failures_prefers_the_run_verdict():
     rank's code; only signals alone mean a lost peer."""
     from types import SimpleNamespace as F
 
-    from ncclbench.launch import exit_code_of_failure
+    from ncclbench.launch.launcher import exit_code_of_failure
 
     assert exit_code_of_failure({0: F(exitcode=7), 1: F(exitcode=-15)}) == 7
     assert exit_code_of_failure({0: F(exitcode=-15), 2: F(exitcode=4)}) == 4
@@ -279,7 +279,7 @@ def test_terminated_before_the_sweep_is_one_line_per_node(rank, local_rank, expe
     """A SIGTERM while the backend starts (nothing measured yet): exit 130 and one line,
     said by each node's first rank, instead of Click's blank line and 'interrupted'."""
     from ncclbench import backends
-    from ncclbench.cli import main
+    from ncclbench.cli.main import main
     from ncclbench.errors import Terminated
 
     def terminated(*_args, **_kwargs):
@@ -293,7 +293,7 @@ def test_terminated_before_the_sweep_is_one_line_per_node(rank, local_rank, expe
     def hard_exit(code):  # a launched rank's exit, which here would end pytest itself
         raise SystemExit(code)
 
-    monkeypatch.setattr("ncclbench.watchdog.hard_exit", hard_exit)
+    monkeypatch.setattr("ncclbench.engine.watchdog.hard_exit", hard_exit)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", "--backend", "gloo", "--no-save", "-b", "8", "-e", "8"])
     assert exc.value.code == 130
@@ -333,7 +333,7 @@ def test_an_interrupt_before_a_later_plan_began_ends_the_run_with_130(signal_sta
     teardown exits with 130, never with the first plan's 0."""
     from ncclbench import backends
     from ncclbench.errors import Terminated
-    from ncclbench.results import RunSummary
+    from ncclbench.results.records import RunSummary
 
     runner = signal_state
     closed, ran = [], []
@@ -509,7 +509,7 @@ def test_failures_on_several_ranks_are_each_said_with_the_most_severe_code():
 
 
 def test_the_verdict_of_a_set_up_step():
-    from ncclbench.guard import Failure, ranks_text, verdict
+    from ncclbench.engine.guard import Failure, ranks_text, verdict
 
     assert [ranks_text(r) for r in ([3], [1, 4], [0, 1, 2, 3, 9], [5, 6])] == \
         ["rank 3", "ranks 1,4", "ranks 0-3,9", "ranks 5,6"]

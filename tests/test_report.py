@@ -4,8 +4,8 @@ reference output and against values past the widths of its columns."""
 import pytest
 
 from conftest import REFERENCE
-from ncclbench.report import fixed_width, row_line
-from ncclbench.results import PlacementResult, ResultRow
+from ncclbench.results.report import fixed_width, row_line
+from ncclbench.results.records import PlacementResult, ResultRow
 
 
 def _reference_rows():

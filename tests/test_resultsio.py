@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ncclbench.resultsio import (
+from ncclbench.results.readers import (
     CORE_COLUMNS,
     ResultsFormatError,
     canonical_collective,

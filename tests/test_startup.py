@@ -169,7 +169,7 @@ def _clean_env():
 def test_ranks_get_torchruns_environment(tmp_path, monkeypatch):
     """Every variable torchrun's agent gives its ranks, with the same values where they can
     agree (the store's host and port, the run id and the error file differ by design)."""
-    from ncclbench import spawn
+    from ncclbench.launch import spawn
 
     probe = tmp_path / "probe.py"
     probe.write_text(ENV_PROBE)
@@ -198,7 +198,7 @@ def test_ranks_get_torchruns_environment(tmp_path, monkeypatch):
 def test_a_failed_rank_ends_the_others_and_its_code_is_the_runs(tmp_path):
     """Rank 1 exits 4 at once, rank 0 would sleep a minute: the launcher ends rank 0 after
     the grace period and returns rank 1's code (the lowest rank's positive code)."""
-    from ncclbench import spawn
+    from ncclbench.launch import spawn
 
     script = tmp_path / "r.py"
     script.write_text("import os, sys, time\n"
@@ -207,7 +207,7 @@ def test_a_failed_rank_ends_the_others_and_its_code_is_the_runs(tmp_path):
 
 
 def test_a_rank_killed_by_a_signal_is_named(tmp_path, capsys):
-    from ncclbench import spawn
+    from ncclbench.launch import spawn
 
     script = tmp_path / "r.py"
     script.write_text("import os, signal, time\n"
@@ -220,7 +220,7 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path, capsys):
 def test_the_reserved_port_takes_rank_zeros_store_and_nothing_else():
     import socket
 
-    from ncclbench.spawn import reserve_port
+    from ncclbench.launch.spawn import reserve_port
 
     held = reserve_port()
     port = held.getsockname()[1]
@@ -266,7 +266,7 @@ UUIDS = ["GPU-1a2b0000-0000", "GPU-1a2c0000-0000", "GPU-99990000-0000", "GPU-777
     ("GPU-9999", 1), ("GPU-1a2", 0), ("GPU-1a2b,GPU-7777", 2), ("GPU-1a2b,GPU-1a2b", 0), ("MIG-abc", None),
 ])
 def test_visible_gpus_are_counted_as_cuda_reads_its_variable(setting, count):
-    from ncclbench.topo import visible_cuda_count
+    from ncclbench.topology.probe import visible_cuda_count
 
     env = {} if setting is None else {"CUDA_VISIBLE_DEVICES": setting}
     nvml = FakeNvml(UUIDS)
@@ -275,7 +275,8 @@ def test_visible_gpus_are_counted_as_cuda_reads_its_variable(setting, count):
 
 
 def test_no_nvml_means_no_answer_and_no_driver_means_no_gpu(monkeypatch):
-    from ncclbench import launch, topo
+    from ncclbench.launch import launcher as launch
+    from ncclbench.topology import probe as topo
 
     assert topo.visible_cuda_count(FakeNvml(UUIDS, fail=True), {}) is None
     monkeypatch.setattr(topo, "visible_cuda_count", lambda *a, **k: None)
@@ -292,7 +293,7 @@ def test_no_nvml_means_no_answer_and_no_driver_means_no_gpu(monkeypatch):
 @pytest.fixture
 def spawned(monkeypatch):
     """launch.spawn_local replaced: what it was asked to start, nothing started."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     calls = []
     monkeypatch.setattr(launch, "spawn_local", lambda n, argv, **kw: calls.append((n, argv)) or 0)
@@ -306,8 +307,8 @@ def spawned(monkeypatch):
     (4, "cupy", (4, "cupy")), (3, "gloo", (3, "gloo")),
 ])
 def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected, spawned, monkeypatch, capsys):
-    from ncclbench import launch
-    from ncclbench.cli import main
+    from ncclbench.launch import launcher as launch
+    from ncclbench.cli.main import main
 
     monkeypatch.setattr(launch, "visible_gpu_count", lambda: visible)
     args = ["allreduce", "-g", "all", "-b", "8", "-e", "1M", "-f", "4", "--no-save"]
@@ -328,8 +329,8 @@ def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected,
     (["-g", "2", "--backend", "cupy"], "-g 2 asks for more GPUs than the 0 visible"),
 ])
 def test_a_gpu_count_that_cannot_be_met_is_exit_5(args, message, spawned, monkeypatch, capsys):
-    from ncclbench import launch
-    from ncclbench.cli import main
+    from ncclbench.launch import launcher as launch
+    from ncclbench.cli.main import main
 
     monkeypatch.setattr(launch, "visible_gpu_count", lambda: 0)
     with pytest.raises(SystemExit) as exc:

@@ -4,7 +4,7 @@ row's time and bandwidth columns are made of."""
 
 import pytest
 
-from ncclbench.timing import ALIGN_OPS, TimingMode, TimingSettings, measure
+from ncclbench.engine.timing import ALIGN_OPS, TimingMode, TimingSettings, measure
 
 UNTIMED = 1 + ALIGN_OPS  # the op before the barrier, then the aligning ops after it
 
@@ -167,7 +167,7 @@ def test_per_iteration_statistics_reproduce_the_reference_json():
     import json
 
     from conftest import REFERENCE
-    from ncclbench.timing import per_iter_summary
+    from ncclbench.engine.timing import per_iter_summary
 
     doc = json.loads((REFERENCE / "h200-2gpu-nvswitch" / "all_reduce_np2_periter.json").read_text())
     checked = 0
@@ -265,8 +265,8 @@ def _row(report_cputime: bool, per_rank):
     from types import SimpleNamespace
 
     from ncclbench.dtypes import DTYPES
-    from ncclbench.plan import Plan
-    from ncclbench.runner import RankRunner
+    from ncclbench.engine.plan import Plan
+    from ncclbench.engine.runner import RankRunner
 
     plan = Plan("all_reduce", min_bytes=1 << 20, max_bytes=1 << 20, report_cputime=report_cputime)
     runner = RankRunner(plan, SimpleNamespace(group_rank=0, group_size=2, in_place_only=frozenset()))

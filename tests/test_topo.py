@@ -1,4 +1,4 @@
-"""Tests of ncclbench.topo and the `topo` command, without a GPU.
+"""Tests of ncclbench.topology.probe and the `topo` command, without a GPU.
 
 Real nvidia-smi output from two H200 hosts (tests/fixtures/topology) checks the
 parsers; a fake NVML module with pynvml's shape checks the NVML path, the join
@@ -18,8 +18,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from ncclbench import topo as topo_mod
-from ncclbench.topo import (
+from ncclbench.topology import probe as topo_mod
+from ncclbench.topology.probe import (
     LinkEnd,
     compare_with_smi,
     cuda_order_from_env,
@@ -38,7 +38,7 @@ from ncclbench.topo import (
     probe,
     summary_line,
 )
-from ncclbench.topo_cli import topo_command
+from ncclbench.cli.topo import topo_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 H200_4 = FIXTURES / "h200-4gpu-nvswitch"
@@ -85,7 +85,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """The pynvml functions ncclbench.topo calls, answering for a made-up board."""
+    """The pynvml functions ncclbench.topology.probe calls, answering for a made-up board."""
 
     NVML_AFFINITY_SCOPE_NODE = 0
     # Like nvidia-ml-py 13: the P2P caps constants are tuples by mistake.
@@ -775,7 +775,7 @@ def test_the_cuda_driver_answers_like_torch():
     same order, same PCI bus ids and UUIDs, same peer access."""
     import torch
 
-    from ncclbench.topo import CudaDriver, _uuid_key
+    from ncclbench.topology.probe import CudaDriver, _uuid_key
 
     driver, cuda = CudaDriver(), torch.cuda
     assert driver.device_count() == cuda.device_count()

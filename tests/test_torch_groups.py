@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from ncclbench.backends.torch_dist import TorchBackend
-from ncclbench.timing import ALIGN_OPS, TimingSettings, measure
+from ncclbench.engine.timing import ALIGN_OPS, TimingSettings, measure
 
 
 class FakeDist:

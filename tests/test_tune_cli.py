@@ -21,7 +21,7 @@ def _clean_environment(monkeypatch):
 
 def _refused(args, *words, env=None, code=2, capsys=None, monkeypatch=None):
     """In this process (nothing is launched on these paths): the exit code and the one line."""
-    from ncclbench.cli import main
+    from ncclbench.cli.main import main
 
     for name, value in (env or {}).items():
         monkeypatch.setenv(name, value)

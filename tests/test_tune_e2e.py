@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import run_cli
-from ncclbench.compare import compare_frames
-from ncclbench.resultsio import read_results
+from ncclbench.results.compare import compare_frames
+from ncclbench.results.readers import read_results
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ sleeps instead of polling (a woken Python thread takes the GIL from a timed loop
 import threading
 import time
 
-from ncclbench.watchdog import SizeWatchdog
+from ncclbench.engine.watchdog import SizeWatchdog
 
 
 def make(timeout_s):

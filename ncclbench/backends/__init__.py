@@ -41,7 +41,7 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
         backend = backend_class(name, launch, timeout_s, stream_null)
         startup.mark("backend_ready")
         return backend
-    from ncclbench import faults
+    from ncclbench.engine import faults
 
     store = meeting_store(launch, timeout_s)
     run = guard(store)

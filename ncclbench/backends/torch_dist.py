@@ -13,7 +13,7 @@ import time
 import warnings
 
 from ncclbench.backends import process_group_store, process_group_timeout
-from ncclbench.checkdata import premul_scalar
+from ncclbench.engine.checkdata import premul_scalar
 from ncclbench.errors import ExitCode, PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
@@ -93,7 +93,7 @@ def byte_copy(torch, dst, src) -> None:
 
 
 def gpu_for_rank(launch, visible: int) -> int:
-    from ncclbench.launchenv import LaunchEnvError, gpu_index_for_local_rank
+    from ncclbench.launch.env import LaunchEnvError, gpu_index_for_local_rank
 
     try:
         return gpu_index_for_local_rank(launch, visible)
@@ -163,13 +163,13 @@ class TorchBackend:
     def adopt(cls, group=None) -> "TorchBackend":
         """A backend on an existing process group (the default one when None), for the Python
         API. Nothing is created or destroyed: no process group, no device or stream change
-        (the caller runs the engine inside a stream context, see ncclbench.api). Ranks, sizes
+        (the caller runs the engine inside a stream context, see ncclbench.api.measure). Ranks, sizes
         and the host-side messages (all_gather_object, barrier) are the group's own.
         NCCL runs on the current CUDA device; gloo on the CPU."""
         import torch
         import torch.distributed as dist
 
-        from ncclbench import faults
+        from ncclbench.engine import faults
 
         self = cls.__new__(cls)
         self.torch, self.dist, self.adopted = torch, dist, True
@@ -407,7 +407,7 @@ class TorchBackend:
         self._p2p(ops)
 
     def hypercube(self, send, recv):
-        from ncclbench.collectives import hypercube_schedule
+        from ncclbench.engine.collectives import hypercube_schedule
 
         n, me = self.group_size, self.group_rank
         chunk = recv.numel() // n

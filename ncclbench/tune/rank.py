@@ -26,7 +26,7 @@ def read_work(path: str) -> dict:
 
 def combination_environment(combo: Combination):
     """NCCL_ALGO / NCCL_PROTO for the combination's communicator, restored afterwards."""
-    from ncclbench.launch import environ_changed
+    from ncclbench.launch.launcher import environ_changed
 
     return environ_changed(combo.environment())
 
@@ -47,7 +47,7 @@ class StatusLog:
 
 
 def build_plans(work: dict, nranks: int) -> dict:
-    from ncclbench import cli
+    from ncclbench.cli import main as cli
 
     return {coll: cli.build_plan(coll, cli.options_for(opts), work["backend"], ["tune"], nranks)
             for coll, opts in work["options"].items()}
@@ -55,7 +55,8 @@ def build_plans(work: dict, nranks: int) -> dict:
 
 def run_worker(work_path: str) -> int:
     """Entry point of a rank started by `ncclbench tune`'s launcher."""
-    from ncclbench import launch, runner
+    from ncclbench.launch import launcher as launch
+    from ncclbench.engine import runner
     from ncclbench.backends import create_backend
 
     work = read_work(work_path)
@@ -128,7 +129,7 @@ FAULT_ITEM_ENV = "NCCLBENCH_FAULT_ITEM"  # tests: NCCLBENCH_FAULT applies to the
 
 @contextmanager
 def faults_for(item):
-    from ncclbench import faults
+    from ncclbench.engine import faults
 
     wanted = os.environ.get(FAULT_ITEM_ENV)
     saved = os.environ.get(faults.ENV)
@@ -153,7 +154,7 @@ def say_progress(work, item, n, outcome, seconds) -> None:
 
 def run_item(item, plan, backend, info, work) -> dict:
     """One combination on a fresh communicator: {status, errors, comm_ready}."""
-    from ncclbench.runner import run_plan
+    from ncclbench.engine.runner import run_plan
 
     combo = Combination.from_dict(item["combo"])
     with combination_environment(combo):
@@ -178,7 +179,7 @@ def run_item(item, plan, backend, info, work) -> dict:
 def item_reporter(item, work, streams):
     """make_report for run_plan: the item's nccl-tests text, JSON and CSV under the work's
     folder, nothing on stdout (stdout is the tune table's)."""
-    from ncclbench.output import OutputSpec, Reporter
+    from ncclbench.results.output import OutputSpec, Reporter
 
     base = os.path.join(work["folder"], item["name"])
 

@@ -116,7 +116,7 @@ def requested_backend(request: TuneRequest) -> str:
 
 
 def check_gpus(request: TuneRequest) -> None:
-    from ncclbench.launch import visible_gpu_count
+    from ncclbench.launch.launcher import visible_gpu_count
 
     visible = visible_gpu_count()
     if visible == 0:
@@ -128,7 +128,7 @@ def check_gpus(request: TuneRequest) -> None:
 
 def check_request(request: TuneRequest) -> None:
     """What the command line alone can be refused for."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     if launch.detect().launcher != "none":
         raise _fail("tune starts its own launches (-g N ranks on this node): NCCL reads its debug log and tuner "
@@ -149,7 +149,7 @@ def check_request(request: TuneRequest) -> None:
 
 
 def candidate_plans(request: TuneRequest, ctx: Context, backend: str) -> dict[str, CandidatePlan]:
-    from ncclbench import cli
+    from ncclbench.cli import main as cli
 
     plans = {}
     for coll in request.collectives:
@@ -208,7 +208,7 @@ def check_channel_support() -> None:
 
 
 def prepare_output(folder: str | None) -> str:
-    from ncclbench.output import default_results_dir, probe_directory
+    from ncclbench.results.output import default_results_dir, probe_directory
 
     if folder is None:
         folder = os.path.join(default_results_dir(), "tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -324,7 +324,7 @@ def settle(pending, started, results, code, finished, requeued) -> list[dict]:
 
 def spawn(setup: Setup, argv: list[str], env: dict) -> int:
     """One launch of `-g` ranks with `env` added (None removes a variable) for it only."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     with launch.environ_changed(env):
         return launch.spawn_local(setup.nranks, argv + ["--backend", setup.backend])

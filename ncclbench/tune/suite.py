@@ -14,13 +14,13 @@ from __future__ import annotations
 
 
 from ncclbench.errors import ExitCode, PlanError
-from ncclbench.launch import environ_changed
+from ncclbench.launch.launcher import environ_changed
 
 TUNE_KEYS = {"repeat", "channels", "algos", "protos", "min_gain", "output_dir", "rehearse", "plot"}
 
 
 def request_for(suite_file: str, run, ngpus, backend):
-    from ncclbench import cli
+    from ncclbench.cli import main as cli
     from ncclbench.tune.plan import parse_channels, parse_names
     from ncclbench.tune.run import RUN_OPTIONS, TuneRequest
 
@@ -50,7 +50,7 @@ def request_for(suite_file: str, run, ngpus, backend):
 def tune_entries(suite_file: str, runs, ngpus, backend, ranks_of_a_group=False):
     """(the other entries, the tune entries' prepared runs), everything checked now. The
     ranks the suite starts for its other entries leave the tune entries out."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
     from ncclbench.tune.run import prepare
 
     tunes = [r for r in runs if r.tune is not None]

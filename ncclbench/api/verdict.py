@@ -146,7 +146,7 @@ def parse_floor(spec, tolerance="10%") -> Floor:
         if not 0 < value <= 100:
             raise PlanError(f"min_peak_busbw {spec!r}: a percentage must be above 0 and at most 100")
         return Floor("percent", value)
-    from ncclbench.compare import parse_threshold  # the threshold `compare` takes (pandas: baselines only)
+    from ncclbench.results.compare import parse_threshold  # the threshold `compare` takes (pandas: baselines only)
 
     try:
         tol = parse_threshold(tolerance)
@@ -159,7 +159,7 @@ def read_baseline(path: str, datatype: str) -> dict:
     """{(collective, size, placement): busbw} of a results file (text, JSON or CSV) for the
     one datatype preflight runs, reduction sum where the collective has one; PlanError when
     it cannot be read."""
-    from ncclbench.resultsio import ResultsFormatError, read_results
+    from ncclbench.results.readers import ResultsFormatError, read_results
 
     try:
         frame = read_results(path)

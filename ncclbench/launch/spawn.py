@@ -97,7 +97,7 @@ def reserve_port() -> socket.socket:
 
 def start_ranks(nprocs: int, command: list[str]) -> int:
     """Run `command` as ranks 0..nprocs-1 of a one-node world; the run's exit code."""
-    from ncclbench.launch import describe_failures, exit_code_of_failure, say
+    from ncclbench.launch.launcher import describe_failures, exit_code_of_failure, say
 
     procs: dict[int, subprocess.Popen] = {}
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}

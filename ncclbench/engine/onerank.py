@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 
 from ncclbench.dtypes import DTYPES
-from ncclbench.results import PlacementResult
+from ncclbench.results.records import PlacementResult
 
 # The collectives NCCL handles with ncclLaunchOneRank on one rank (point-to-point ones,
 # alltoall, gather, scatter, sendrecv, move data through the send/recv path even there).

@@ -11,11 +11,11 @@ import sys
 import click
 
 from ncclbench import __version__
-from ncclbench.clitypes import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, GetoptCommand
-from ncclbench.collectives import REGISTRY, lookup
+from ncclbench.cli.types import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, GetoptCommand
+from ncclbench.engine.collectives import REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 # the option table and its conversion into a Plan, shared with the Python API
-from ncclbench.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, collective_options,  # noqa: F401
+from ncclbench.api.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, collective_options,  # noqa: F401
                                options_for, split_spec_text)
 
 
@@ -25,7 +25,7 @@ def validate_for_backend(plan, nranks: int | None) -> None:
 
 
 def choose_backend(requested: str | None) -> str:
-    from ncclbench.launch import visible_gpu_count
+    from ncclbench.launch.launcher import visible_gpu_count
 
     if requested:
         return requested
@@ -35,7 +35,7 @@ def choose_backend(requested: str | None) -> str:
 def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: int | None = None) -> None:
     """Say once, after validation, that a GPU-less machine falls back to gloo (and with
     how many ranks `-g all` runs there)."""
-    from ncclbench.launch import say
+    from ncclbench.launch.launcher import say
 
     if requested is None and chosen == "gloo" and rank == 0 and not os.environ.get("NCCLBENCH_SPAWNED"):
         ranks = f" with {all_ranks} ranks (-g all)" if all_ranks else ""
@@ -43,7 +43,7 @@ def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: i
 
 
 def output_spec(plan, o: dict):
-    from ncclbench.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
+    from ncclbench.results.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
 
     if o["output_file"] and o["csv_path"] and os.path.realpath(o["output_file"]) == os.path.realpath(o["csv_path"]):
         raise _fail(f"-J and --csv name the same file {o['csv_path']}: the JSON rewrites would erase the CSV rows")
@@ -70,7 +70,7 @@ def local_rank_count(requested, backend: str) -> int:
     """The ranks to start on this node for -g `requested` (None: 1; `all`: one per visible
     GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
     a GPU backend cannot have that many GPUs."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     ngpus = 1 if requested is None else requested
     if ngpus != ALL_GPUS and ngpus < 1:
@@ -91,7 +91,7 @@ def local_rank_count(requested, backend: str) -> int:
 
 
 def run_collective(coll_name: str, o: dict) -> int:
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
 
     argv = sys.argv[1:]
     info = launch.detect()
@@ -145,9 +145,9 @@ def multinode_args(o: dict, ngpus: int) -> dict:
 def run_as_rank(plan, info, spec) -> int:
     from dataclasses import replace
 
-    from ncclbench import launch
-    from ncclbench.output import Reporter
-    from ncclbench.runner import leave_launched_rank, run_rank
+    from ncclbench.launch import launcher as launch
+    from ncclbench.results.output import Reporter
+    from ncclbench.engine.runner import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
 
@@ -162,7 +162,7 @@ def run_as_rank(plan, info, spec) -> int:
 def topology_context(plan):
     """(summary line, NVLink peak GB/s, trailer-line maker) for GPU runs; empty otherwise."""
     try:
-        from ncclbench.topo import header_context
+        from ncclbench.topology.probe import header_context
     except ImportError:
         return None, None, None
     return header_context(plan.backend)
@@ -215,13 +215,13 @@ def _register_optional_commands():
     """Commands that live in their own modules (topology, results tools)."""
     import importlib
 
-    for module, names in (("ncclbench.topo_cli", ("topo_command", "p2p_command")),
-                          ("ncclbench.compare", ("compare_command",)),
-                          ("ncclbench.plot", ("plot_command",)),
-                          ("ncclbench.tools", ("show_command", "suite_command")),
-                          ("ncclbench.pairs", ("pairs_command",)),
-                          ("ncclbench.tune.cli", ("tune_command",)),
-                          ("ncclbench.preflight_check", ("preflight_command",))):
+    for module, names in (("ncclbench.cli.topo", ("topo_command", "p2p_command")),
+                          ("ncclbench.results.compare", ("compare_command",)),
+                          ("ncclbench.results.plot", ("plot_command",)),
+                          ("ncclbench.cli.tools", ("show_command", "suite_command")),
+                          ("ncclbench.engine.pairs", ("pairs_command",)),
+                          ("ncclbench.cli.tune", ("tune_command",)),
+                          ("ncclbench.api.preflight", ("preflight_command",))):
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(exc, "launched_rank", False):
             # at once: the launcher's SIGTERM to the ranks left would otherwise kill the
             # rank while its interpreter shuts down (Python's handlers reset), its code lost
-            from ncclbench.watchdog import hard_exit
+            from ncclbench.engine.watchdog import hard_exit
 
             hard_exit(int(exc.exit_code))
         sys.exit(int(exc.exit_code))

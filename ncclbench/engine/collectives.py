@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ncclbench.checkdata import InputPattern
+from ncclbench.engine.checkdata import InputPattern
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ register(Collective(
 # The count column is the even per-peer count (0 in matrix mode); size and algbw use the
 # busiest rank's larger total; nccl-tests does not check in-place (it is timed only).
 def _variable(count, itemsize, nranks, traffic=None):
-    from ncclbench.traffic import Traffic, busiest_totals
+    from ncclbench.engine.traffic import Traffic, busiest_totals
 
     traffic = traffic or Traffic()
     base = _chunk(count, itemsize, nranks) if traffic.generated else 0

@@ -55,7 +55,7 @@ def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
     `overrides` (parse_overrides) replace those options in every entry."""
     import yaml
 
-    from ncclbench.collectives import lookup
+    from ncclbench.engine.collectives import lookup
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -1,5 +1,5 @@
 """Starting ranks: run as the rank a launcher made us, or start this node's ranks: with
-torchrun's environment but without torch in this process on one node (ncclbench.spawn),
+torchrun's environment but without torch in this process on one node (ncclbench.launch.spawn),
 through torchrun's elastic agent (torch.distributed.run) across nodes."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ran_as_rank = False  # this process ran as one rank of a run (entry.main then sk
 
 def detect(explicit: dict | None = None):
     """This process's LaunchInfo; PlanError on a contradictory environment."""
-    from ncclbench.launchenv import LaunchEnvError, detect as detect_env
+    from ncclbench.launch.env import LaunchEnvError, detect as detect_env
 
     try:
         return detect_env(os.environ, explicit=explicit or None)
@@ -29,7 +29,7 @@ def detect(explicit: dict | None = None):
 
 
 def prepare_environ(info) -> None:
-    from ncclbench.launchenv import LaunchEnvError, apply_to_environ
+    from ncclbench.launch.env import LaunchEnvError, apply_to_environ
 
     global ran_as_rank
     ran_as_rank = True
@@ -93,7 +93,7 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     os.environ[startup.LAUNCH_TIME_ENV] = f"{startup.own_start():.3f}"
     if nnodes > 1 or rdzv_endpoint:
         return spawn_with_torchrun(nprocs, argv, nnodes, node_rank, rdzv_endpoint)
-    from ncclbench.spawn import start_ranks
+    from ncclbench.launch.spawn import start_ranks
 
     return start_ranks(nprocs, [sys.executable, "-u", "-m", "ncclbench", *argv])
 
@@ -209,7 +209,7 @@ def visible_gpu_count() -> int:
     """CUDA GPUs this process may use, counted through NVML (no torch import and no CUDA
     driver call, which would make a later fork unusable for CUDA); torch is asked only
     where NVML cannot tell (MIG devices in CUDA_VISIBLE_DEVICES, a broken NVML)."""
-    from ncclbench import topo
+    from ncclbench.topology import probe as topo
 
     count = topo.visible_cuda_count()
     if count is not None:

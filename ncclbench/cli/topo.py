@@ -1,4 +1,4 @@
-"""Click commands `topo` and `p2p` (registered by ncclbench.cli with add_command).
+"""Click commands `topo` and `p2p` (registered by ncclbench.cli.main with add_command).
 
 Results go to stdout, messages to stderr. Bad input: one line on stderr, exit 2.
 Tables are drawn with rich on a terminal and as plain aligned text otherwise,
@@ -15,8 +15,8 @@ from typing import Any, NoReturn, Sequence
 
 import click
 
-from ncclbench import topo as topo_mod
-from ncclbench.clitypes import BadInput, OneLineErrorCommand
+from ncclbench.topology import probe as topo_mod
+from ncclbench.cli.types import BadInput, OneLineErrorCommand
 from ncclbench.errors import error_line
 
 # --------------------------------------------------------------- click plumbing
@@ -255,7 +255,7 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
 
 
 def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from ncclbench.p2p import parse_size
+    from ncclbench.topology.p2p import parse_size
 
     try:
         return parse_size(value)
@@ -277,7 +277,7 @@ def _devices_option(ctx: click.Context, param: click.Parameter, value: str | Non
 
 def p2p_report(result: Any, summary: str | None, peak: float | None) -> list[TextTable | str]:
     config = result.config
-    from ncclbench.p2p import format_size
+    from ncclbench.topology.p2p import format_size
 
     labels = [str(d.index) for d in result.devices]
     corner = "src\\dst"
@@ -357,7 +357,7 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
     """
     if json_path == "-" and csv_path == "-":
         raise BadInput("--json - and --csv - cannot both write to stdout")
-    from ncclbench import p2p
+    from ncclbench.topology import p2p
 
     count = p2p.visible_gpu_count()
     if count == 0:

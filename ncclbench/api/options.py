@@ -12,8 +12,8 @@ import os
 
 import click
 
-from ncclbench.clitypes import GPU_COUNT, SIZE, FiniteFloat
-from ncclbench.collectives import lookup
+from ncclbench.cli.types import GPU_COUNT, SIZE, FiniteFloat
+from ncclbench.engine.collectives import lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import PlanError
 from ncclbench.sizes import parse_size
@@ -95,7 +95,7 @@ def _fail(message: str) -> PlanError:
 
 
 def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: int | None = None):
-    from ncclbench.plan import Plan
+    from ncclbench.engine.plan import Plan
 
     try:
         dtypes = tuple(d.name for d in resolve_dtypes(o["datatype"]))
@@ -170,7 +170,7 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
 def alltoallv_traffic(coll_name: str, o: dict):
     """(Traffic, print summary) for alltoallv from its options, else nccl-tests' variables;
     (None, False) for other collectives, which refuse the options."""
-    from ncclbench.traffic import Traffic, parse_fraction, parse_scale, read_matrix
+    from ncclbench.engine.traffic import Traffic, parse_fraction, parse_scale, read_matrix
 
     keys = ("a2av_spread", "a2av_matrix", "a2av_scale", "a2av_summary")
     spread, matrix, scale, summary = (o.get(k) for k in keys)
@@ -203,7 +203,7 @@ def alltoallv_traffic(coll_name: str, o: dict):
 
 def split_spec_text(option: str | None) -> str | None:
     """The --split spec (or nccl-tests' variables), normalised, or None."""
-    from ncclbench.launchenv import LaunchEnvError, parse_split, split_spec_from_environ
+    from ncclbench.launch.env import LaunchEnvError, parse_split, split_spec_from_environ
 
     try:
         spec = parse_split(option) if option else split_spec_from_environ()

@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclbench import report, startup
+from ncclbench import startup
+from ncclbench.results import report
 from ncclbench.errors import PlanError
-from ncclbench.results import ResultRow, RunInfo, RunSummary, json_number
+from ncclbench.results.records import ResultRow, RunInfo, RunSummary, json_number
 
 CSV_COLUMNS = [
     "timestamp", "collective", "placement", "size_bytes", "count", "dtype", "op", "root",

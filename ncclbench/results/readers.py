@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ncclbench.collectives import lookup as _lookup_collective
+from ncclbench.engine.collectives import lookup as _lookup_collective
 from ncclbench.dtypes import DTYPE_ALIASES
 from ncclbench.errors import BenchError, ExitCode
 from ncclbench.lazy import lazy_import

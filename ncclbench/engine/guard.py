@@ -267,7 +267,7 @@ class _Watcher:
                 return
 
     def _leave(self, board: SetupBoard, said: bool) -> None:
-        from ncclbench.watchdog import hard_exit
+        from ncclbench.engine.watchdog import hard_exit
 
         key = board._key(self.step)
         code = int(ExitCode.TIMEOUT)

@@ -5,7 +5,7 @@ For each group given (each mesh dimension on its own groups, all of a dimension'
 once, as the job runs them): a short plan (all_reduce, all_gather, reduce_scatter at three
 sizes) through the engine of `measure()`, sized to the time budget by a calibration op.
 Judged relative (each group against the other groups of its dimension, each rank's own time
-against the other ranks', by the robust rule of ncclbench.verdict) and absolute (a floor in
+against the other ranks', by the robust rule of ncclbench.api.verdict) and absolute (a floor in
 GB/s, a percentage of the link peak the topology probe finds, or a baseline results file).
 What is flagged is measured again and only kept when it is flagged both times. Then the
 suspect ranks are paired with known-good partners (send/recv both ways, the engine of
@@ -27,7 +27,7 @@ import time
 
 import click
 
-from ncclbench.clitypes import GetoptCommand
+from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, TimeoutExpired, first_line
 
 DEFAULT_TIMEOUT_S = 600.0  # for agreeing on the inputs, before the timeout asked for is known to be valid
@@ -106,7 +106,7 @@ class Preflight:
 
     # ---- the phases ----
     def run(self):
-        from ncclbench.api import GroupCall
+        from ncclbench.api.measure import GroupCall
 
         self.world = GroupCall(None, "the job's default group", exit_on_timeout=self.exit_on_timeout)
         if self.json_path:
@@ -132,9 +132,9 @@ class Preflight:
 
     def _check_inputs(self) -> dict:
         from ncclbench.backends.torch_dist import group_backend_name
-        from ncclbench.collectives import lookup
+        from ncclbench.engine.collectives import lookup
         from ncclbench.dtypes import resolve_dtypes
-        from ncclbench.verdict import parse_floor, read_baseline
+        from ncclbench.api.verdict import parse_floor, read_baseline
 
         a = self.args
         try:
@@ -185,7 +185,7 @@ class Preflight:
         self.topo = {self.host[r]: t for r, t in enumerate(topo) if t is not None}
 
     def _measure_and_judge(self):
-        from ncclbench.verdict import judge_absolute, judge_relative, wrong_data
+        from ncclbench.api.verdict import judge_absolute, judge_relative, wrong_data
 
         s = self.setup
         plans = self.plans = {name: self._size_plan(name) for name, _ in s["dims"]}
@@ -244,7 +244,7 @@ class Preflight:
                 "estimate_s": round(fixed + iters * per_iter, 3)}
 
     def _measure(self, dim: str, collective: str, sizes: str, **options):
-        from ncclbench.api import _measure
+        from ncclbench.api.measure import _measure
 
         group = dict(self.setup["dims"])[dim]
         options = dict(options, datatype=self.setup["datatype"], timeout=self.timeout_s)
@@ -253,7 +253,7 @@ class Preflight:
 
     def _measure_dim(self, dim: str, plan: dict) -> list:
         """Every collective of the plan on this rank's group of `dim`; every group's cells."""
-        from ncclbench.verdict import Cell
+        from ncclbench.api.verdict import Cell
 
         mine = []
         for coll in self.setup["collectives"]:
@@ -279,7 +279,7 @@ class Preflight:
 
     def _link_peaks(self, runs: dict) -> dict:
         """{group: link peak GB/s or None}, and the transport lines of each group."""
-        from ncclbench.verdict import transport_notes
+        from ncclbench.api.verdict import transport_notes
 
         self.transport, peaks = {}, {}
         for dim, cells in runs.items():
@@ -293,7 +293,7 @@ class Preflight:
 
     # ---- localisation and the report ----
     def _verdict(self, plans, runs, peaks, rel, absolute, wrong):
-        from ncclbench.verdict import PreflightReport
+        from ncclbench.api.verdict import PreflightReport
 
         slow = self._slow_groups(rel, absolute)
         flagged_ranks = {r: (d, hits) for d, f in rel.items() for r, hits in f.ranks.items()}
@@ -335,7 +335,7 @@ class Preflight:
 
     def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set]:
         """Suspects with known-good partners (twice): ({bad rank: evidence}, {ranks cleared})."""
-        from ncclbench.verdict import judge_pairs, repair_rounds
+        from ncclbench.api.verdict import judge_pairs, repair_rounds
 
         good = [r for r in sorted(self.host) if r not in suspects]
         same_host = {r: any(len({self.host[m] for m in g}) == 1 for (_d, g) in slow if r in g) for r in suspects}
@@ -371,12 +371,12 @@ class Preflight:
     def _pairs(self, rounds: list, nbytes: int) -> dict:
         """One pass of the rounds with the engine of `ncclbench pairs` on the default group;
         {(a, b): GB/s per direction}."""
-        from ncclbench import faults
-        from ncclbench.api import GroupCall, _own_stream
+        from ncclbench.engine import faults
+        from ncclbench.api.measure import GroupCall, _own_stream
         from ncclbench.backends.torch_dist import TorchBackend
-        from ncclbench.pairs import PairsPlan, measure_rounds
-        from ncclbench.verdict import pair_busbw
-        from ncclbench.watchdog import SizeWatchdog
+        from ncclbench.engine.pairs import PairsPlan, measure_rounds
+        from ncclbench.api.verdict import pair_busbw
+        from ncclbench.engine.watchdog import SizeWatchdog
 
         call = GroupCall(None, "the preflight pair exchanges", parent=self.world, exit_on_timeout=self.exit_on_timeout)
         backend = TorchBackend.adopt(None)
@@ -473,7 +473,7 @@ class Preflight:
     def _timed_out(self, message: str):
         """Every rank's report after a timeout: the late ranks' hosts to drain, from the
         message the first rank to give up left in the store."""
-        from ncclbench.verdict import PreflightReport
+        from ncclbench.api.verdict import PreflightReport
 
         m = re.search(r"rank\(s\) ([\d,]+) never reached it", message)
         late = [int(x) for x in m.group(1).split(",")] if m else []
@@ -490,7 +490,7 @@ class Preflight:
 
 def _both(first, second):
     """The findings flagged in both measurements (the second run's evidence)."""
-    from ncclbench.verdict import DimFindings
+    from ncclbench.api.verdict import DimFindings
 
     return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups},
                        ranks={r: h for r, h in second.ranks.items() if r in first.ranks})
@@ -542,8 +542,8 @@ def _free_memory(backends: dict):
 
 def _topology_facts() -> dict | None:
     """This host's GPU links, NVLink peak and RDMA NICs, for the transport lines."""
-    from ncclbench import topo
-    from ncclbench.verdict import nic_rate_gbps
+    from ncclbench.topology import probe as topo
+    from ncclbench.api.verdict import nic_rate_gbps
 
     try:
         t = topo.probe(include_nics=True)
@@ -608,7 +608,7 @@ def _make_groups(mesh: str | None, host_of: list[str]) -> dict:
 def run_preflight_rank(o: dict, info) -> int:
     """One rank of `ncclbench preflight` under a launcher: its own process group, the checks,
     rank 0 prints and writes the report; the exit code a CI job can gate on."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
     from ncclbench.backends import create_backend
 
     launch.prepare_environ(info)
@@ -647,9 +647,9 @@ def run_preflight_rank(o: dict, info) -> int:
 def preflight_command(**o):
     """Check the job's groups before training: exit 0 when they run as they should, 1 when a
     group, rank or host is slow (the report names it), 7 wrong data, 4 timeout."""
-    from ncclbench import launch
-    from ncclbench.cli import choose_backend
-    from ncclbench.output import check_writable
+    from ncclbench.launch import launcher as launch
+    from ncclbench.cli.main import choose_backend
+    from ncclbench.results.output import check_writable
 
     info = launch.detect()
     o["backend"] = choose_backend(o["backend"])

@@ -428,6 +428,6 @@ def run_p2p(
 def visible_gpu_count() -> int:
     """How many CUDA GPUs this process may use (through NVML: `p2p` on a machine without
     two GPUs says so without importing torch)."""
-    from ncclbench.launch import visible_gpu_count as count
+    from ncclbench.launch.launcher import visible_gpu_count as count
 
     return count()

@@ -5,7 +5,7 @@ so scripts written for nccl-tests output read ours unchanged."""
 
 from __future__ import annotations
 
-from ncclbench.results import PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.results.records import PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.startup import summary_line as summary_line_of_startup
 
 _GROUP_PLAIN = "#                                                              out-of-place                       in-place          "

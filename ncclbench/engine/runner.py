@@ -7,16 +7,18 @@ import os
 import socket
 import sys
 
-from ncclbench import __version__, faults, onerank
-from ncclbench.checkdata import InputPattern, bit_view, count_mismatches, poison, to_dtype
-from ncclbench.collectives import CheckContext, Collective
+from ncclbench import __version__
+from ncclbench.engine import faults
+from ncclbench.engine import onerank
+from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, poison, to_dtype
+from ncclbench.engine.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
                               error_line, first_line, interruption_message)
-from ncclbench.guard import SetupBoard, attempt, ranks_text, verdict
-from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
-from ncclbench.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
-from ncclbench.timing import TimingMode, combine, measure, per_iter_summary
+from ncclbench.engine.guard import SetupBoard, attempt, ranks_text, verdict
+from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+from ncclbench.engine.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
+from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
 
 # Elements per expected-value chunk: computing a chunk's expected values took 65-92 bytes of
 # int64 temporaries per element on the CPU (about 400 MiB here), well inside the 2 GiB that validate()
@@ -403,7 +405,7 @@ class RankHooks:
     rank owns its process, so termination signals stop the sweep in order, a timeout ends
     the process (a rank stuck inside a collective cannot be unstuck from Python), and errors
     are said on stderr. The Python API runs inside a user's job and overrides them
-    (ncclbench.api)."""
+    (ncclbench.api.measure)."""
 
     def board(self, backend) -> ProgressBoard:
         return ProgressBoard(default_store(), backend.rank, backend.nranks)

@@ -11,10 +11,10 @@ from typing import Sequence
 
 import click
 
-from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand
-from ncclbench.compare import read_inputs
+from ncclbench.cli.types import SIZE, BadInput, OneLineErrorCommand
+from ncclbench.results.compare import read_inputs
 from ncclbench.lazy import lazy_import
-from ncclbench.resultsio import filter_results
+from ncclbench.results.readers import filter_results
 from ncclbench.sizes import format_size
 
 pd = lazy_import("pandas")  # imported when results are read; matplotlib only when a figure is drawn

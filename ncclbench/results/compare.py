@@ -21,8 +21,8 @@ import click
 
 from ncclbench.errors import ExitCode
 from ncclbench.lazy import lazy_import
-from ncclbench.resultsio import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
-from ncclbench.clitypes import SIZE, BadInput, OneLineErrorCommand, ParsedType
+from ncclbench.results.readers import PLACEMENTS, ResultsFormatError, default_labels, filter_results, read_results
+from ncclbench.cli.types import SIZE, BadInput, OneLineErrorCommand, ParsedType
 from ncclbench.sizes import format_size
 
 np = lazy_import("numpy")

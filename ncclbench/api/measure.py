@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 from ncclbench.errors import (BenchError, CollectiveError, ExitCode, LaunchError, PlanError, PreflightError,
                               TimeoutExpired, error_line, first_line)
-from ncclbench.runner import RankHooks, failed_verdict, run_plan
-from ncclbench.watchdog import PROGRESS_KEY, ProgressBoard, SizeWatchdog, default_store, hard_exit
+from ncclbench.engine.runner import RankHooks, failed_verdict, run_plan
+from ncclbench.engine.watchdog import PROGRESS_KEY, ProgressBoard, SizeWatchdog, default_store, hard_exit
 
 DEFAULT_SIZES = "8M:1G:x4"
 GLOO_GRACE_S = 5.0  # gloo's own timeout expires this long after the watchdog has named the late ranks
@@ -87,9 +87,9 @@ def parse_sizes(spec) -> dict:
 
 def plan_for(collective: str, sizes, options: dict, backend: str, nranks: int):
     """The Plan the command line would build for these options (its option table and its
-    conversion, ncclbench.options), on a group of `nranks` ranks of `backend`."""
-    from ncclbench.collectives import REGISTRY, lookup
-    from ncclbench.options import build_plan, options_for
+    conversion, ncclbench.api.options), on a group of `nranks` ranks of `backend`."""
+    from ncclbench.engine.collectives import REGISTRY, lookup
+    from ncclbench.api.options import build_plan, options_for
 
     try:
         coll = lookup(str(collective))
@@ -374,7 +374,7 @@ class _Collector:
 
 @functools.lru_cache(maxsize=None)
 def _topology(backend: str):
-    from ncclbench.topo import header_context
+    from ncclbench.topology.probe import header_context
 
     return header_context(backend)
 
@@ -514,7 +514,7 @@ class Rows(Sequence):
         """The rows as a DataFrame with the columns of --csv (one row per size and placement)."""
         import pandas as pd
 
-        from ncclbench.output import CSV_COLUMNS, csv_records
+        from ncclbench.results.output import CSV_COLUMNS, csv_records
 
         records = [rec for row in self.rows for rec in csv_records(self.info, row)] if self.info else []
         frame = pd.DataFrame(records, columns=CSV_COLUMNS)
@@ -542,8 +542,8 @@ class Rows(Sequence):
         ranks without rows."""
         if self.summary is None:
             return ""
-        from ncclbench import report
-        from ncclbench.topo import peak_percent_line
+        from ncclbench.results import report
+        from ncclbench.topology.probe import peak_percent_line
 
         p, info = self.plan, self.info
         lines = report.header_lines(info, p.per_iter, p.per_iter_skip, p.report_timestamps)
@@ -561,6 +561,6 @@ class Rows(Sequence):
                             "(or pass all_ranks=True)")
         import datetime as _dt
 
-        from ncclbench.output import run_json, write_json_atomic
+        from ncclbench.results.output import run_json, write_json_atomic
 
         write_json_atomic(str(path), run_json(self.info, self.summary, _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")))

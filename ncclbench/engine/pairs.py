@@ -8,7 +8,7 @@ and pairs running side by side load the fabric as collectives do. Within a pair 
 ranks send and receive at once (batch_isend_irecv), so each pair's figure is the
 bandwidth per direction while both directions are busy.
 
-Timing uses the engine every collective uses (ncclbench.timing.measure): one untimed
+Timing uses the engine every collective uses (ncclbench.engine.timing.measure): one untimed
 exchange, a barrier, `iters` exchanges between two device marks. A pair's time is the
 slower of its two ranks' (the exchange is over when both sides are done); its busbw is
 bytes / time. Rank 0 prints the matrix and the pairs furthest below the median;
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import click
 
-from ncclbench.clitypes import GetoptCommand
+from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.sizes import format_size, parse_size
 
@@ -184,7 +184,7 @@ def pattern_byte(rank: int) -> int:
 def measure_rounds(backend, plan: PairsPlan, rounds, slow_s: float) -> tuple[dict[int, float], list[int]]:
     """This rank's seconds per exchange with each peer, and the peers whose data arrived
     wrong. Every rank runs measure() once per round, idle or not: it holds a barrier."""
-    from ncclbench.timing import TimingSettings, measure
+    from ncclbench.engine.timing import TimingSettings, measure
 
     settings = TimingSettings(iters=plan.iters)
     send = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
@@ -236,7 +236,7 @@ def device_line(backend) -> dict:
 def run_rank(plan: PairsPlan, info) -> int:
     """One rank's whole job. Every rank ends with the same verdict (each computes it from
     the same gathered numbers); rank 0 prints and writes the files."""
-    from ncclbench import launch
+    from ncclbench.launch import launcher as launch
     from ncclbench.backends import create_backend
 
     launch.prepare_environ(info)
@@ -385,7 +385,7 @@ class PairsResult:
 # ---------------------------------------------------------------------------
 
 def build_plan(o: dict, backend: str) -> PairsPlan:
-    from ncclbench.output import check_writable
+    from ncclbench.results.output import check_writable
 
     try:
         nbytes = parse_size(o["size"])
@@ -404,8 +404,8 @@ def build_plan(o: dict, backend: str) -> PairsPlan:
 def run_pairs(o: dict) -> int:
     """Run as a launched rank, or self-spawn -g local ranks that re-enter here (as the
     collectives do, see cli.run_collective)."""
-    from ncclbench import launch
-    from ncclbench.cli import choose_backend, multinode_args
+    from ncclbench.launch import launcher as launch
+    from ncclbench.cli.main import choose_backend, multinode_args
 
     argv = sys.argv[1:]
     info = launch.detect()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, dataclass, field
 
-from ncclbench.collectives import Collective, lookup
+from ncclbench.engine.collectives import Collective, lookup
 from ncclbench.dtypes import DTYPES
 from ncclbench.errors import PlanError
 from ncclbench.sizes import size_sweep
-from ncclbench.timing import Average, TimingMode, TimingSettings
-from ncclbench.traffic import Traffic
+from ncclbench.engine.timing import Average, TimingMode, TimingSettings
+from ncclbench.engine.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Plan:
         Groups must have one size: the rows combine every group's times."""
         if not self.split:
             return [list(range(nranks))]
-        from ncclbench.launchenv import split_groups
+        from ncclbench.launch.env import split_groups
 
         groups = list(split_groups(nranks, self.split).values())
         if len({len(g) for g in groups}) > 1:

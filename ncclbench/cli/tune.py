@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ncclbench.clitypes import SIZE, FiniteFloat, GetoptCommand
+from ncclbench.cli.types import SIZE, FiniteFloat, GetoptCommand
 from ncclbench.errors import PlanError
 
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
@@ -72,7 +72,7 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
 
 
 def collective_names(names) -> list[str]:
-    from ncclbench.collectives import lookup
+    from ncclbench.engine.collectives import lookup
 
     if not names:
         raise PlanError("name one or more collectives to tune (e.g. ncclbench tune allreduce -g 8)")

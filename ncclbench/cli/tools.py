@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ncclbench.clitypes import ALL_GPUS, GPU_COUNT, GetoptCommand
+from ncclbench.cli.types import ALL_GPUS, GPU_COUNT, GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
 
@@ -26,8 +26,9 @@ from ncclbench.errors import ExitCode, PlanError
 @click.option("--group", "group_index", type=int, default=None, hidden=True)
 def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
-    from ncclbench import cli, launch
-    from ncclbench.suite import env_groups, load_suite, parse_overrides
+    from ncclbench.cli import main as cli
+    from ncclbench.launch import launcher as launch
+    from ncclbench.engine.suite import env_groups, load_suite, parse_overrides
 
     from ncclbench.tune.suite import run_tune_entries, tune_entries
 
@@ -103,9 +104,10 @@ def _one_stream_per_launch(suite_file, members, plans) -> None:
 def _run_group(plans, labels, info, spec, suite_file) -> int:
     from dataclasses import replace
 
-    from ncclbench import cli, launch
-    from ncclbench.output import Reporter
-    from ncclbench.runner import leave_launched_rank, run_rank
+    from ncclbench.cli import main as cli
+    from ncclbench.launch import launcher as launch
+    from ncclbench.results.output import Reporter
+    from ncclbench.engine.runner import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
     reporters = []
@@ -163,15 +165,15 @@ def show_command(result_file, as_rich):
         for line in _replay_lines(doc):
             print(line)
         return
-    from ncclbench.resultsio import read_results
+    from ncclbench.results.readers import read_results
 
     frame = read_results(result_file)
     _print_frame(frame, as_rich)
 
 
 def _replay_lines(doc: dict) -> list[str]:
-    from ncclbench import report
-    from ncclbench.results import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+    from ncclbench.results import report
+    from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 
     nb = doc["ncclbench"]
     cfg = dict(doc.get("config", {}))

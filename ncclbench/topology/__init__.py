@@ -1,0 +1,1 @@
+"""What the node is: NVML, nvidia-smi and CUDA peer-access probes, copy-engine bandwidth."""
