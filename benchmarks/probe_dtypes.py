@@ -10,7 +10,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ncclbench.engine.checkdata import InputPattern, count_mismatches, premul_scalar, to_dtype
+from ncclbench.engine.checkdata import InputPattern, count_mismatches
+from ncclbench.dtypes import premul_scalar, to_dtype
 from ncclbench.dtypes import DTYPES, OPS
 
 backend_name = sys.argv[1] if len(sys.argv) > 1 else "torch"

@@ -132,7 +132,7 @@ def gpu_counts(visible: int) -> list[int]:
 
 
 def plan_cases(args, work: Path) -> list[Case]:
-    from ncclbench.launch.launcher import visible_gpu_count
+    from ncclbench.topology.probe import visible_gpu_count
 
     visible = visible_gpu_count()
     has_cupy = _importable("cupy")

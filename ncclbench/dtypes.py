@@ -72,3 +72,25 @@ def resolve_ops(text: str) -> list[str]:
     if key not in OPS:
         raise ValueError(f"unknown op {text!r}; choose from {', '.join(OPS)} or all")
     return [key]
+
+
+def premul_scalar(rank: int) -> int:
+    """-o mulsum: the factor rank `rank` (in its communicator) multiplies its input by.
+    2 or 1, exact in every type, and different between neighbours so that a backend that
+    ignored the factor, or used one rank's for all, gives wrong sums; rank 0's is 2, so
+    that even a one-rank run shows a factor that was not applied."""
+    return 2 - rank % 2
+
+
+def to_dtype(values, dtype: DType):
+    """Cast exact integer values (int64 or float64 tensor) into `dtype`."""
+    import torch
+
+    target = dtype.torch_dtype()
+    if dtype.name in ("uint32", "uint64"):
+        # torch's unsigned 32/64-bit types are storage-only: build the bits in the signed
+        # twin (values are non-negative, so the bits are identical).
+        return values.to(getattr(torch, dtype.signed_view)).view(target)
+    if dtype.is_float and dtype.itemsize == 1:
+        return values.to(torch.float32).to(target)
+    return values.to(target)

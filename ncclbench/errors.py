@@ -32,6 +32,12 @@ class BenchError(Exception):
             self.exit_code = exit_code
 
 
+class BadInput(BenchError):
+    """Bad input found inside a command (exit code 2); the command classes print it as one line."""
+
+    exit_code = ExitCode.USAGE
+
+
 class PlanError(BenchError):
     """The requested benchmark cannot run as asked (detected before launching)."""
 

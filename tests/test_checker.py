@@ -4,8 +4,9 @@ collective, exactness for every dtype/op, and a planted error that must be count
 import pytest
 import torch
 
-from ncclbench.engine.checkdata import InputPattern, bit_view, codebook, count_mismatches, premul_scalar, to_dtype
-from ncclbench.engine.collectives import REGISTRY, CheckContext
+from ncclbench.engine.checkdata import InputPattern, bit_view, codebook, count_mismatches
+from ncclbench.dtypes import premul_scalar, to_dtype
+from ncclbench.engine.collectives import CheckContext, REGISTRY
 from ncclbench.dtypes import DTYPES, OPS
 from ncclbench.engine.traffic import Traffic
 
@@ -280,18 +281,18 @@ def test_all_pairs_depend_on_ranks_per_communicator():
     """-d all -o all: NCCL refuses fp8 avg/mulsum in a one-rank communicator (measured,
     NCCL 2.28.9), so those pairs are skipped on 1 rank (or --split groups of 1) and run on 2;
     an explicit fp8 avg on 1 rank is refused with one line."""
-    from ncclbench.cli import main as cli
+    from ncclbench.api import options as plan_options
     from ncclbench.errors import PlanError
 
     def skipped(nranks, **extra):
-        o = cli.options_for({"datatype": "all", "op": "all", **extra})
-        return set(cli.build_plan("allreduce", o, "cupy", [], nranks).skipped)
+        o = plan_options.options_for({"datatype": "all", "op": "all", **extra})
+        return set(plan_options.build_plan("allreduce", o, "cupy", [], nranks).skipped)
 
     fp8_pairs = {(d, op) for d in ("f8e4m3", "f8e5m2") for op in ("avg", "mulsum")}
     assert skipped(1) == fp8_pairs
     assert skipped(2) == set() and skipped(None) == set()
     assert skipped(4, split="MOD 4") == fp8_pairs  # four groups of one rank
-    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "f8e5m2", "op": "avg"}), "cupy", [], 1)
+    plan = plan_options.build_plan("allreduce", plan_options.options_for({"datatype": "f8e5m2", "op": "avg"}), "cupy", [], 1)
     with pytest.raises(PlanError, match="one-rank communicator"):
         plan.check_runnable(1)
     plan.check_runnable(2)
@@ -302,16 +303,16 @@ def test_skip_note_names_the_rank_count_when_it_matters():
     in one-rank communicators) and stays the plain backend note otherwise."""
     from types import SimpleNamespace
 
-    from ncclbench.cli import main as cli
+    from ncclbench.api import options as plan_options
     from ncclbench.engine.runner import build_run_info
 
     backend = SimpleNamespace(library_version=lambda: (22809, "NCCL 2.28.9 via CuPy"), nranks=1, group_size=1,
                               in_place_only=frozenset(), timing_name=lambda: "eager (CUDA events)")
-    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "all", "op": "all"}), "cupy", [], 1)
+    plan = plan_options.build_plan("allreduce", plan_options.options_for({"datatype": "all", "op": "all"}), "cupy", [], 1)
     (note,) = [n for n in build_run_info(plan, backend, []).notes if n.startswith("skipped")]
     assert note == ("skipped what the cupy backend with 1 rank(s) per communicator cannot run: "
                     "f8e4m3 (avg, mulsum), f8e5m2 (avg, mulsum)")
-    plan = cli.build_plan("allreduce", cli.options_for({"datatype": "all", "op": "all"}), "gloo", [], 2)
+    plan = plan_options.build_plan("allreduce", plan_options.options_for({"datatype": "all", "op": "all"}), "gloo", [], 2)
     backend.nranks = backend.group_size = 2
     (note,) = [n for n in build_run_info(plan, backend, []).notes if n.startswith("skipped")]
     assert note.startswith("skipped what the gloo backend cannot run: int8 (avg, mulsum)")

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from ncclbench.results.compare import compare_command, compare_frames, parse_threshold, print_rich
+from ncclbench.cli.compare import compare_command
+from ncclbench.results.compare import compare_frames, parse_threshold, print_rich
 from ncclbench.results.readers import read_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"

@@ -10,8 +10,9 @@ import functools
 import pytest
 import torch
 
-from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, to_dtype
-from ncclbench.engine.collectives import REGISTRY, CheckContext
+from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches
+from ncclbench.dtypes import to_dtype
+from ncclbench.engine.collectives import CheckContext, REGISTRY
 from ncclbench.dtypes import DTYPES, OPS
 from ncclbench.engine.traffic import Traffic
 

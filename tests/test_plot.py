@@ -8,7 +8,8 @@ import matplotlib.image
 import pytest
 from click.testing import CliRunner
 
-from ncclbench.results.plot import DPI, build_figure, figure_size_inches, plot_command
+from ncclbench.results.plot import DPI, build_figure, figure_size_inches
+from ncclbench.cli.plot import plot_command
 from ncclbench.results.readers import read_many, read_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"

@@ -283,9 +283,9 @@ def test_no_nvml_means_no_answer_and_no_driver_means_no_gpu(monkeypatch):
     monkeypatch.setattr(topo, "nvidia_driver_loaded", lambda: False)
     asked = SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: 7))  # what asking torch would answer
     monkeypatch.setitem(sys.modules, "torch", asked)
-    assert launch.visible_gpu_count() == 0
+    assert topo.visible_gpu_count() == 0
     monkeypatch.setattr(topo, "nvidia_driver_loaded", lambda: True)  # a driver NVML cannot read: torch decides
-    assert launch.visible_gpu_count() == 7
+    assert topo.visible_gpu_count() == 7
 
 
 # ---- -g all ------------------------------------------------------------------------------------
@@ -307,10 +307,10 @@ def spawned(monkeypatch):
     (4, "cupy", (4, "cupy")), (3, "gloo", (3, "gloo")),
 ])
 def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected, spawned, monkeypatch, capsys):
-    from ncclbench.launch import launcher as launch
+    from ncclbench.topology import probe as topo_probe
     from ncclbench.cli.main import main
 
-    monkeypatch.setattr(launch, "visible_gpu_count", lambda: visible)
+    monkeypatch.setattr(topo_probe, "visible_gpu_count", lambda: visible)
     args = ["allreduce", "-g", "all", "-b", "8", "-e", "1M", "-f", "4", "--no-save"]
     args += ["--backend", backend] if backend else []
     monkeypatch.setattr(sys, "argv", ["ncclbench", *args])  # what the ranks are started with
@@ -329,10 +329,10 @@ def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected,
     (["-g", "2", "--backend", "cupy"], "-g 2 asks for more GPUs than the 0 visible"),
 ])
 def test_a_gpu_count_that_cannot_be_met_is_exit_5(args, message, spawned, monkeypatch, capsys):
-    from ncclbench.launch import launcher as launch
+    from ncclbench.topology import probe as topo_probe
     from ncclbench.cli.main import main
 
-    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(topo_probe, "visible_gpu_count", lambda: 0)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", *args, "--no-save"])
     assert exc.value.code == 5 and message in capsys.readouterr().err

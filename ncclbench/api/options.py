@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ncclbench.cli.types import GPU_COUNT, SIZE, FiniteFloat
+from ncclbench.api.params import FiniteFloat, GPU_COUNT, SIZE
 from ncclbench.engine.collectives import lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import PlanError
@@ -240,3 +240,39 @@ def options_for(values: dict) -> dict:
 def option_command() -> click.Command:
     """A command holding every collective option (for options_for's defaults and types)."""
     return click.command("options")(collective_options(lambda **_options: None))
+
+
+def validate_for_backend(plan, nranks: int | None) -> None:
+    """What can be refused before any process starts (nranks: the whole world, if known)."""
+    plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
+
+
+def choose_backend(requested: str | None) -> str:
+    from ncclbench.topology.probe import visible_gpu_count
+
+    if requested:
+        return requested
+    return "nccl" if visible_gpu_count() > 0 else "gloo"
+
+
+def multinode_args(o: dict, ngpus: int) -> dict:
+    """torchrun's multi-node rendezvous from --nnodes/--node-rank/--master-*/--rdzv-endpoint."""
+    nnodes, node_rank = o.get("nnodes", 1), o.get("node_rank", 0)
+    endpoint = o.get("rdzv_endpoint")
+    if nnodes == 1:
+        if node_rank:
+            raise _fail(f"--node-rank {node_rank} needs --nnodes > {node_rank}")
+        if endpoint or o.get("master_addr"):
+            given = "--rdzv-endpoint" if endpoint else "--master-addr"
+            raise _fail(f"{given} applies to --nnodes > 1 (a single node's ranks meet on a free local port)")
+        return {}
+    if node_rank >= nnodes:
+        raise _fail(f"--node-rank {node_rank} does not exist with --nnodes {nnodes} (use 0..{nnodes - 1})")
+    if endpoint is None:
+        if not o.get("master_addr"):
+            raise _fail("--nnodes > 1 needs --master-addr (node 0's address) or --rdzv-endpoint HOST:PORT")
+        endpoint = f"{o['master_addr']}:{o['master_port']}"
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _fail(f"--rdzv-endpoint must be HOST:PORT with a port from 1 to 65535 (got {endpoint!r})")
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint}

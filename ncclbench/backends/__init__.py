@@ -41,7 +41,7 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
         backend = backend_class(name, launch, timeout_s, stream_null)
         startup.mark("backend_ready")
         return backend
-    from ncclbench.engine import faults
+    from ncclbench.testing import faults
 
     store = meeting_store(launch, timeout_s)
     run = guard(store)
@@ -78,3 +78,13 @@ def process_group_store(store):
     import torch.distributed as dist
 
     return {"store": dist.PrefixStore("default_pg", store)}
+
+
+def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """(peer, first chunk sent, first chunk received) per step; each step moves `step` chunks."""
+    steps, step = [], 1
+    while step < nranks:
+        peer = rank ^ step
+        steps.append((peer, (rank // step) * step, (peer // step) * step))
+        step *= 2
+    return steps

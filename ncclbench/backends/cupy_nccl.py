@@ -12,7 +12,7 @@ import functools
 
 from ncclbench.backends import process_group_store, process_group_timeout
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
-from ncclbench.engine.checkdata import premul_scalar
+from ncclbench.dtypes import premul_scalar
 from ncclbench.errors import PlanError
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); passed as ints so that types newer
@@ -78,7 +78,7 @@ def destroy_op(comm, op: int) -> None:
 
 def factor_bytes(torch, dtype, factor: int) -> bytes:
     """`factor` as one element of torch dtype `dtype`, in bytes."""
-    from ncclbench.engine.checkdata import to_dtype
+    from ncclbench.dtypes import to_dtype
     from ncclbench.dtypes import DTYPES
 
     value = to_dtype(torch.tensor([factor]), DTYPES[_TORCH_TO_NAME[str(dtype)]])
@@ -315,7 +315,7 @@ class CupyBackend(TorchBackend):
         self._grouped_call("sendrecv", send, recv)
 
     def hypercube(self, send, recv):
-        from ncclbench.engine.collectives import hypercube_schedule
+        from ncclbench.backends import hypercube_schedule
 
         n, me = self.group_size, self.group_rank
         chunk, item = recv.numel() // n, recv.element_size()

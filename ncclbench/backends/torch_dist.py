@@ -13,7 +13,7 @@ import time
 import warnings
 
 from ncclbench.backends import process_group_store, process_group_timeout
-from ncclbench.engine.checkdata import premul_scalar
+from ncclbench.dtypes import premul_scalar
 from ncclbench.errors import ExitCode, PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
@@ -169,7 +169,7 @@ class TorchBackend:
         import torch
         import torch.distributed as dist
 
-        from ncclbench.engine import faults
+        from ncclbench.testing import faults
 
         self = cls.__new__(cls)
         self.torch, self.dist, self.adopted = torch, dist, True
@@ -407,7 +407,7 @@ class TorchBackend:
         self._p2p(ops)
 
     def hypercube(self, send, recv):
-        from ncclbench.engine.collectives import hypercube_schedule
+        from ncclbench.backends import hypercube_schedule
 
         n, me = self.group_size, self.group_rank
         chunk = recv.numel() // n

@@ -11,25 +11,14 @@ import sys
 import click
 
 from ncclbench import __version__
-from ncclbench.cli.types import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, GetoptCommand
+from ncclbench.api.params import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT
+from ncclbench.cli.types import GetoptCommand
 from ncclbench.engine.collectives import REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 # the option table and its conversion into a Plan, shared with the Python API
-from ncclbench.api.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, collective_options,  # noqa: F401
-                               options_for, split_spec_text)
-
-
-def validate_for_backend(plan, nranks: int | None) -> None:
-    """What can be refused before any process starts (nranks: the whole world, if known)."""
-    plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
-
-
-def choose_backend(requested: str | None) -> str:
-    from ncclbench.launch.launcher import visible_gpu_count
-
-    if requested:
-        return requested
-    return "nccl" if visible_gpu_count() > 0 else "gloo"
+from ncclbench.api.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, choose_backend,  # noqa: F401
+                                   collective_options, multinode_args, options_for, split_spec_text,
+                                   validate_for_backend)
 
 
 def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: int | None = None) -> None:
@@ -71,15 +60,16 @@ def local_rank_count(requested, backend: str) -> int:
     GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
     a GPU backend cannot have that many GPUs."""
     from ncclbench.launch import launcher as launch
+    from ncclbench.topology import probe
 
     ngpus = 1 if requested is None else requested
     if ngpus != ALL_GPUS and ngpus < 1:
         raise _fail(f"-g must be at least 1 (got {ngpus})")
     if backend not in ("nccl", "cupy"):
         if ngpus == ALL_GPUS:
-            return launch.visible_gpu_count() or CPU_RANKS_FOR_ALL
+            return probe.visible_gpu_count() or CPU_RANKS_FOR_ALL
         return ngpus
-    visible = launch.visible_gpu_count()
+    visible = probe.visible_gpu_count()
     if visible == 0 and requested in (None, ALL_GPUS):
         raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
                         ExitCode.BAD_GPU_COUNT)
@@ -117,29 +107,6 @@ def run_collective(coll_name: str, o: dict) -> int:
     if o["backend"] is None:
         child_argv += ["--backend", backend]
     return launch.spawn_local(ngpus, child_argv, **spawn)
-
-
-def multinode_args(o: dict, ngpus: int) -> dict:
-    """torchrun's multi-node rendezvous from --nnodes/--node-rank/--master-*/--rdzv-endpoint."""
-    nnodes, node_rank = o.get("nnodes", 1), o.get("node_rank", 0)
-    endpoint = o.get("rdzv_endpoint")
-    if nnodes == 1:
-        if node_rank:
-            raise _fail(f"--node-rank {node_rank} needs --nnodes > {node_rank}")
-        if endpoint or o.get("master_addr"):
-            given = "--rdzv-endpoint" if endpoint else "--master-addr"
-            raise _fail(f"{given} applies to --nnodes > 1 (a single node's ranks meet on a free local port)")
-        return {}
-    if node_rank >= nnodes:
-        raise _fail(f"--node-rank {node_rank} does not exist with --nnodes {nnodes} (use 0..{nnodes - 1})")
-    if endpoint is None:
-        if not o.get("master_addr"):
-            raise _fail("--nnodes > 1 needs --master-addr (node 0's address) or --rdzv-endpoint HOST:PORT")
-        endpoint = f"{o['master_addr']}:{o['master_port']}"
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise _fail(f"--rdzv-endpoint must be HOST:PORT with a port from 1 to 65535 (got {endpoint!r})")
-    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint}
 
 
 def run_as_rank(plan, info, spec) -> int:
@@ -216,12 +183,12 @@ def _register_optional_commands():
     import importlib
 
     for module, names in (("ncclbench.cli.topo", ("topo_command", "p2p_command")),
-                          ("ncclbench.results.compare", ("compare_command",)),
-                          ("ncclbench.results.plot", ("plot_command",)),
+                          ("ncclbench.cli.compare", ("compare_command",)),
+                          ("ncclbench.cli.plot", ("plot_command",)),
                           ("ncclbench.cli.tools", ("show_command", "suite_command")),
-                          ("ncclbench.engine.pairs", ("pairs_command",)),
+                          ("ncclbench.cli.pairs", ("pairs_command",)),
                           ("ncclbench.cli.tune", ("tune_command",)),
-                          ("ncclbench.api.preflight", ("preflight_command",))):
+                          ("ncclbench.cli.preflight", ("preflight_command",))):
         try:
             mod = importlib.import_module(module)
         except ImportError:

@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from ncclbench.cli.types import ALL_GPUS, GPU_COUNT, GetoptCommand
+from ncclbench.api.params import ALL_GPUS, GPU_COUNT
+
+from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
 
@@ -26,6 +28,7 @@ from ncclbench.errors import ExitCode, PlanError
 @click.option("--group", "group_index", type=int, default=None, hidden=True)
 def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
+    from ncclbench.api import options as plan_options
     from ncclbench.cli import main as cli
     from ncclbench.launch import launcher as launch
     from ncclbench.engine.suite import env_groups, load_suite, parse_overrides
@@ -39,7 +42,7 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
     groups = env_groups(runs)
     info = launch.detect()
     launched = info.launcher != "none"
-    chosen = cli.choose_backend(backend)
+    chosen = plan_options.choose_backend(backend)
     common = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "output_file": None,
               "quiet": quiet}
     local = None if launched else cli.local_rank_count(ngpus, chosen)
@@ -50,8 +53,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
         plans = []
         for run in members:
             try:
-                plan = cli.build_plan(run.collective, cli.options_for(run.options), chosen, sys.argv[1:], nranks)
-                cli.validate_for_backend(plan, nranks)
+                plan = plan_options.build_plan(run.collective, plan_options.options_for(run.options), chosen, sys.argv[1:], nranks)
+                plan_options.validate_for_backend(plan, nranks)
             except PlanError as exc:
                 raise PlanError(f"suite {suite_file}: runs[{run.index}] ({run.label}): {exc}") from None
             plans.append(plan)

@@ -16,7 +16,8 @@ from typing import Any, NoReturn, Sequence
 import click
 
 from ncclbench.topology import probe as topo_mod
-from ncclbench.cli.types import BadInput, OneLineErrorCommand
+from ncclbench.errors import BadInput
+from ncclbench.cli.types import OneLineErrorCommand
 from ncclbench.errors import error_line
 
 # --------------------------------------------------------------- click plumbing

@@ -6,7 +6,9 @@ import sys
 
 import click
 
-from ncclbench.cli.types import SIZE, FiniteFloat, GetoptCommand
+from ncclbench.api.params import FiniteFloat, SIZE
+
+from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
 
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")

@@ -1,22 +1,14 @@
-"""Click plumbing shared by the subcommands: parameter types, and the command class
-whose every bad input ends in one line on stderr and exit code 2."""
+"""The command classes the subcommands share: getopt-style long options, and every bad
+input ending in one line on stderr and exit code 2. Parameter types are in api.params."""
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import NoReturn
 
 import click
 
-from ncclbench.errors import BenchError, ExitCode, error_line
-from ncclbench.sizes import parse_size
-
-
-class BadInput(BenchError):
-    """Bad input found inside a command (exit code 2); OneLineErrorCommand prints it as one line."""
-
-    exit_code = ExitCode.USAGE
+from ncclbench.errors import BadInput, ExitCode, error_line
 
 
 class GetoptCommand(click.Command):
@@ -89,56 +81,3 @@ class OneLineErrorCommand(GetoptCommand):
     def _fail(self, message: str) -> NoReturn:
         click.echo(error_line(self.name, " ".join(message.split())), err=True)
         sys.exit(ExitCode.USAGE)
-
-
-class ParsedType(click.ParamType):
-    """A parameter read by `parse(text)`, whose ValueError becomes Click's usage error."""
-
-    def __init__(self, name: str, parse):
-        self.name = name
-        self._parse = parse
-
-    def convert(self, value, param, ctx):
-        try:
-            return self._parse(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-SIZE = ParsedType("size", parse_size)  # a byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)
-
-
-class FiniteFloat(click.FloatRange):
-    """A float range that also refuses nan and inf (click.FloatRange lets both through)."""
-
-    def convert(self, value, param, ctx):
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-    def _describe_range(self) -> str:
-        # Click describes an unbounded range as "x<=None" in --help; say nothing instead
-        if self.min is None and self.max is None:
-            return ""
-        return super()._describe_range()
-
-
-ALL_GPUS = "all"
-CPU_RANKS_FOR_ALL = 2  # -g all without a GPU: the smallest world in which every collective moves data
-
-
-def parse_gpu_count(text) -> int | str:
-    """-g: a number of local ranks, or `all` (one per visible GPU)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    word = str(text).strip().lower()
-    if word == ALL_GPUS:
-        return ALL_GPUS
-    try:
-        return int(word)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of ranks or 'all'") from None
-
-
-GPU_COUNT = ParsedType("N|all", parse_gpu_count)

@@ -36,14 +36,6 @@ CODEBOOK_MAX = 4095  # data-movement values per type (fewer where the type has f
 _P = 2**31 - 1  # hash modulus: products of two residues stay below 2^62 (exact in int64)
 
 
-def premul_scalar(rank: int) -> int:
-    """-o mulsum: the factor rank `rank` (in its communicator) multiplies its input by.
-    2 or 1, exact in every type, and different between neighbours so that a backend that
-    ignored the factor, or used one rank's for all, gives wrong sums; rank 0's is 2, so
-    that even a one-rank run shows a factor that was not applied."""
-    return 2 - rank % 2
-
-
 def _hash(idx, seed: int):
     """Pseudo-random residues in [0, _P) per element, the same on CPU and GPU (only exact
     int64 arithmetic). Non-linear: a window of elements shifted by a multiple of some
@@ -328,20 +320,6 @@ def _combine(acc, v, op: str):
     if op == "max":
         return torch.maximum(acc, v)
     return acc + v
-
-
-def to_dtype(values, dtype: DType):
-    """Cast exact integer values (int64 or float64 tensor) into `dtype`."""
-    import torch
-
-    target = dtype.torch_dtype()
-    if dtype.name in ("uint32", "uint64"):
-        # torch's unsigned 32/64-bit types are storage-only: build the bits in the signed
-        # twin (values are non-negative, so the bits are identical).
-        return values.to(getattr(torch, dtype.signed_view)).view(target)
-    if dtype.is_float and dtype.itemsize == 1:
-        return values.to(torch.float32).to(target)
-    return values.to(target)
 
 
 def bit_view(tensor, dtype: DType):

@@ -258,16 +258,6 @@ register(Collective(
     call=lambda b, s, r, op, root, lay: b.alltoallv(s, r, lay),
 ))
 
-def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
-    """(peer, first chunk sent, first chunk received) per step; each step moves `step` chunks."""
-    steps, step = [], 1
-    while step < nranks:
-        peer = rank ^ step
-        steps.append((peer, (rank // step) * step, (peer // step) * step))
-        step *= 2
-    return steps
-
-
 def lookup(name: str) -> Collective:
     """Find a collective by CLI name, nccl-tests name, or `<name>_perf` binary name."""
     key = name.strip().lower().replace("-", "_")

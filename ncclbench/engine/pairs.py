@@ -1,4 +1,4 @@
-"""`ncclbench pairs`: send/recv bandwidth between every pair of ranks of one job, to find
+"""Send/recv bandwidth between every pair of ranks of one job, to find
 the one slow link, NIC or GPU that drags every collective down.
 
 Pairs are measured in rounds of a round-robin tournament (the circle method): in each
@@ -29,11 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-import click
-
-from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
-from ncclbench.sizes import format_size, parse_size
+from ncclbench.sizes import format_size
 
 SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
 DEFAULT_SLOW_SECONDS = 0.1
@@ -378,79 +375,3 @@ class PairsResult:
                 writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["rank_a"])
                 writer.writeheader()
                 writer.writerows(records)
-
-
-# ---------------------------------------------------------------------------
-# The command
-# ---------------------------------------------------------------------------
-
-def build_plan(o: dict, backend: str) -> PairsPlan:
-    from ncclbench.results.output import check_writable
-
-    try:
-        nbytes = parse_size(o["size"])
-    except ValueError as exc:
-        raise PlanError(str(exc)) from None
-    if nbytes < 1:
-        raise PlanError("-b must be at least 1 byte")
-    fail_below = parse_percent(o["fail_below"]) if o["fail_below"] is not None else None
-    for path, what in ((o["json_path"], "JSON file"), (o["csv_path"], "CSV file")):
-        if path:
-            check_writable(path, what)
-    return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
-                     o["json_path"], o["csv_path"])
-
-
-def run_pairs(o: dict) -> int:
-    """Run as a launched rank, or self-spawn -g local ranks that re-enter here (as the
-    collectives do, see cli.run_collective)."""
-    from ncclbench.launch import launcher as launch
-    from ncclbench.cli.main import choose_backend, multinode_args
-
-    argv = sys.argv[1:]
-    info = launch.detect()
-    launched = info.launcher != "none"
-    backend = choose_backend(o["backend"])
-    plan = build_plan(o, backend)
-    if launched:
-        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
-            raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
-                            f"{info.local_world_size} ranks on this node); drop -g")
-        if info.world_size < 2:
-            raise PlanError("pairs needs at least 2 ranks")
-        return run_rank(plan, info)
-    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
-    if ngpus < 1:
-        raise PlanError(f"-g must be at least 1 (got {ngpus})")
-    if ngpus * o["nnodes"] < 2:
-        raise PlanError("pairs needs at least 2 ranks: use -g 2 or more, or start it under torchrun/srun/mpirun")
-    if backend == "nccl" and ngpus > launch.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {launch.visible_gpu_count()} visible",
-                        ExitCode.BAD_GPU_COUNT)
-    spawn = multinode_args(o, ngpus)
-    child_argv = list(argv) + ([] if o["backend"] else ["--backend", backend])
-    return launch.spawn_local(ngpus, child_argv, **spawn)
-
-
-@click.command(name="pairs", cls=GetoptCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-b", "--size", default="256M", show_default=True, help="Bytes each way per exchange (8, 64K, 256M, 1G).")
-@click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed exchanges per pair.")
-@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Untimed exchanges per pair before timing.")
-@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each. Omit under torchrun/srun/mpirun.")
-@click.option("--fail-below", "fail_below", default=None, metavar="X%",
-              help="Exit 1 when any pair is more than X% below the median pair.")
-@click.option("--json", "json_path", default=None, help="Write the matrix and every pair to this JSON file.")
-@click.option("--csv", "csv_path", default=None, help="Write one row per pair to this CSV file (overwritten).")
-@click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds an exchange may take before the run is aborted.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
-@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1.")
-@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
-def pairs_command(**options):
-    """Send/recv bandwidth between every pair of ranks, in round-robin rounds that keep
-    every rank busy; flags pairs far below the median."""
-    sys.exit(int(run_pairs(options)))

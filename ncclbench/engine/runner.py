@@ -8,9 +8,10 @@ import socket
 import sys
 
 from ncclbench import __version__
-from ncclbench.engine import faults
+from ncclbench.testing import faults
 from ncclbench.engine import onerank
-from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, poison, to_dtype
+from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, poison
+from ncclbench.dtypes import to_dtype
 from ncclbench.engine.collectives import CheckContext, Collective
 from ncclbench.dtypes import DTYPES, DType
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
@@ -512,6 +513,51 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
+def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list) -> None:
+    """Every (dtype, op, root) and size of the plan, `run_cycles` times (0: until stopped);
+    rank 0 adds each row to `rows` and to its report as it comes."""
+    step = 0
+    sizes = plan.sizes()
+    cycle = 0
+    while plan.run_cycles == 0 or cycle < plan.run_cycles:
+        cycle += 1
+        for dtype, op, root in runner.combinations():
+            step += 1
+            board.reach(step)
+            watchdog.arm(f"{step}|{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})")
+            runner.warm_up(buffers, dtype, op, root, sizes)
+            for size in sizes:
+                step += 1
+                watchdog.arm(f"{step}|{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})")
+                faults.before_size(backend.rank, size)
+                board.reach(step)  # "arrived": about to enter this size's collectives
+                layout, mine = runner.measure_size(buffers, dtype, op, root, size)
+                everyone = backend.all_gather_object(mine)
+                watchdog.disarm()
+                if report is not None:
+                    row = runner.to_row(everyone, layout, dtype, op, root)
+                    rows.append(row)
+                    report.add_row(row)
+
+
+def _judge(summary: RunSummary, plan, report, hooks: RankHooks) -> None:
+    """Rank 0's verdict on a finished sweep, its trailer, and the reason on stderr.
+
+    Only rank 0 holds the rows, so only rank 0 judges them; the other ranks exit 0 and
+    rank 0's code is the run's (an early non-zero exit elsewhere would make the launcher
+    kill rank 0 while it is still writing)."""
+    if summary.complete and summary.wrong:
+        summary.status = "wrong_results"
+    elif summary.complete and summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
+        summary.status = "bandwidth_low"
+    report.finish(summary)
+    for err in summary.errors:
+        hooks.say(err)
+    verdict = failed_verdict(summary, plan)
+    if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
+        hooks.say(verdict)
+
+
 def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> RunSummary:
     """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
     `hooks`: how the run meets the process around it (default: the command line's)."""
@@ -547,36 +593,12 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         report = make_report(plan, info)
     faults.after_report(backend.rank)
 
-    def sweep(buffers) -> None:
-        step = 0
-        sizes = plan.sizes()
-        cycle = 0
-        while plan.run_cycles == 0 or cycle < plan.run_cycles:
-            cycle += 1
-            for dtype, op, root in runner.combinations():
-                step += 1
-                board.reach(step)
-                watchdog.arm(f"{step}|{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})")
-                runner.warm_up(buffers, dtype, op, root, sizes)
-                for size in sizes:
-                    step += 1
-                    watchdog.arm(f"{step}|{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})")
-                    faults.before_size(backend.rank, size)
-                    board.reach(step)  # "arrived": about to enter this size's collectives
-                    layout, mine = runner.measure_size(buffers, dtype, op, root, size)
-                    everyone = backend.all_gather_object(mine)
-                    watchdog.disarm()
-                    if report is not None:
-                        row = runner.to_row(everyone, layout, dtype, op, root)
-                        rows.append(row)
-                        report.add_row(row)
-
     try:
         try:
             hooks.stop_on_signals()
             if hooks.held_signals():  # noted while the report began
                 raise _interrupt_for(hooks.held_signals()[0])
-            sweep(buffers)
+            _sweep(plan, backend, runner, buffers, board, watchdog, report, rows)
         finally:
             # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
@@ -600,21 +622,8 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     summary = RunSummary(rows, complete=(status == "ok"), status=status, errors=errors)
     if plan.memory_report:
         summary.memory = dict(memory or {}, **(backend.memory_usage(peak=True) or {}))
-    # Only rank 0 holds the rows, so only rank 0 judges them; the other ranks exit 0 and
-    # rank 0's code is the run's (an early non-zero exit elsewhere would make the launcher
-    # kill rank 0 while it is still writing).
-    if report is not None and summary.complete and summary.wrong:
-        summary.status = "wrong_results"
-    elif report is not None and summary.complete and \
-            summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
-        summary.status = "bandwidth_low"
     if report is not None:
-        report.finish(summary)
-        for err in summary.errors:
-            hooks.say(err)
-        verdict = failed_verdict(summary, plan)
-        if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
-            hooks.say(verdict)
+        _judge(summary, plan, report, hooks)
     return summary
 
 

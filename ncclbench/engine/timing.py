@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
-from ncclbench.engine import faults
+from ncclbench.testing import faults
 
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo

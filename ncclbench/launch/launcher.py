@@ -205,24 +205,5 @@ def describe_failures(failures: dict) -> list[str]:
     return lines
 
 
-def visible_gpu_count() -> int:
-    """CUDA GPUs this process may use, counted through NVML (no torch import and no CUDA
-    driver call, which would make a later fork unusable for CUDA); torch is asked only
-    where NVML cannot tell (MIG devices in CUDA_VISIBLE_DEVICES, a broken NVML)."""
-    from ncclbench.topology import probe as topo
-
-    count = topo.visible_cuda_count()
-    if count is not None:
-        return count
-    if not topo.nvidia_driver_loaded():
-        return 0
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
-        return 0
-
-
 def say(message: str) -> None:
     print(f"ncclbench: {message}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""`ncclbench plot FILE... -o busbw.png`: bus bandwidth and time against message size.
+"""Plots of result files: bus bandwidth and time against message size (`ncclbench plot`).
 
 Uses matplotlib's object API with the Agg renderer (no pyplot, no display, no global
 backend switch), so it works headless and inside other programs."""
@@ -9,12 +9,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import click
-
-from ncclbench.cli.types import SIZE, BadInput, OneLineErrorCommand
-from ncclbench.results.compare import read_inputs
 from ncclbench.lazy import lazy_import
-from ncclbench.results.readers import filter_results
 from ncclbench.sizes import format_size
 
 pd = lazy_import("pandas")  # imported when results are read; matplotlib only when a figure is drawn
@@ -161,37 +156,3 @@ def _link_peaks(rows: pd.DataFrame) -> list[tuple[str, float]]:
     peaks = peaks[pd.to_numeric(peaks["link_peak_gbps"], errors="coerce") > 0]
     peaks = peaks.drop_duplicates("link_peak_gbps")
     return [(str(label), float(peak)) for label, peak in peaks.itertuples(index=False)]
-
-
-@click.command("plot", cls=OneLineErrorCommand)
-@click.argument("files", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Image to write; the format follows the extension (.png, .svg, .pdf).")
-@click.option("--placement", type=click.Choice(["out_of_place", "in_place", "both"]), default="out_of_place",
-              show_default=True)
-@click.option("--label", "labels", multiple=True, help="Legend label per file, in order. Default: file names.")
-@click.option("--title", default=None, help="Figure title. Default: what all series have in common.")
-@click.option("--min-size", type=SIZE, default=None, help="Leave out sizes below this (e.g. 1K).")
-@click.option("--max-size", type=SIZE, default=None, help="Leave out sizes above this (e.g. 1G).")
-def plot_command(files: Sequence[str], output, placement, labels, title, min_size, max_size):
-    """Plot bus bandwidth and time against size for result files (text, JSON or CSV).
-
-    One series per file, collective, dtype, op, root and placement; the link peak, when
-    the file records one, is a dashed line. Exit status: 0 written, 2 bad input."""
-    try:
-        check_output_name(output)  # before any file is read
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    frames = read_inputs(list(files), labels)
-    frame = filter_results(pd.concat(frames, ignore_index=True, sort=False),
-                           placement=placement, min_size=min_size, max_size=max_size)
-    if frame.empty:
-        raise BadInput(f"no rows left to plot after filters (placement {placement}, "
-                       f"sizes {min_size}..{max_size})")
-    try:
-        count = plot_results(frame, output, title=title)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    except OSError as exc:
-        raise BadInput(f"{output}: cannot write: {exc.strerror or exc}") from None
-    click.echo(f"wrote {output} ({count} series)")

@@ -326,6 +326,75 @@ def _matrix(n: int, value: Any = None) -> list[list[Any]]:
     return [[value] * n for _ in range(n)]
 
 
+def _chosen_devices(config: P2PConfig, count: int) -> list[int]:
+    devices = list(config.devices) if config.devices is not None else list(range(count))
+    bad = [d for d in devices if not 0 <= d < count]
+    if bad:
+        raise P2PError(f"no CUDA GPU {bad[0]}: {count} visible")
+    if len(set(devices)) != len(devices):
+        raise P2PError("a GPU is listed twice")
+    if len(devices) < 2:
+        raise P2PError("p2p needs at least 2 GPUs")
+    return devices
+
+
+@dataclass
+class _Buffers:
+    """Two buffers per GPU (it sends from `src` and receives into `dst`), its copy stream,
+    and the destination-side streams the latency rounds cycle through."""
+    src: dict
+    dst: dict
+    streams: dict
+    dst_side: dict
+
+    @classmethod
+    def make(cls, api: Any, devices: list[int], size: int) -> "_Buffers":
+        bufs = cls({d: api.empty(d, size) for d in devices}, {d: api.empty(d, size) for d in devices},
+                   {d: api.stream(d) for d in devices},
+                   {d: [api.stream(d) for _ in range(DST_SIDE_STREAMS)] for d in devices})
+        for d in devices:
+            bufs.src[d].fill_(fill_value(d))
+        api.synchronize(devices)
+        return bufs
+
+
+# Spin long enough for the host to queue a batch (ms); raised when too short.
+_SPIN_MS = {"bandwidth": 1.0, "latency": 5.0}
+
+
+def _one_way(api: Any, config: P2PConfig, bufs: _Buffers, a: int, b: int, notes: list[str], spin_ms: dict):
+    """(GB/s, verified, latency in us) of copies from GPU a to GPU b."""
+    size = config.size_bytes
+    small = min(config.latency_bytes, size)
+    bufs.dst[b].zero_()
+    api.synchronize([b])
+    job = Copy(bufs.dst[b], bufs.src[a], a, b, bufs.streams[a])
+    if config.warmup:
+        _time_batch(api, [job], config.warmup, 0.0)
+    ms = _median_ms(api, [job], config.iters, config.reps, spin_ms, notes, "bandwidth")
+    gbps = bandwidth_gbps(size, ms)
+    api.synchronize([a, b])
+    verified = bool(bufs.dst[b].eq(fill_value(a)).all())
+    # Latency: one small copy after another on the source stream; a round cycles
+    # through the destination-side streams (see DST_SIDE_STREAMS).
+    tiny = Copy(bufs.dst[b][:small], bufs.src[a][:small], a, b, bufs.streams[a])
+    tiny_jobs = [dataclasses.replace(tiny, dst_side_stream=s) for s in bufs.dst_side[b]] if a != b else [tiny]
+    rounds = max(1, math.ceil(config.latency_iters / len(tiny_jobs)))
+    _time_batch(api, tiny_jobs, 1, 0.0, serial=True)
+    ms_per_round = _median_ms(api, tiny_jobs, rounds, config.reps, spin_ms, notes, "latency", serial=True)
+    return gbps, verified, ms_per_round / len(tiny_jobs) * 1e3
+
+
+def _both_ways(api: Any, config: P2PConfig, bufs: _Buffers, a: int, b: int, notes: list[str], spin_ms: dict) -> float:
+    """GB/s of copies a -> b and b -> a at once."""
+    there = Copy(bufs.dst[b], bufs.src[a], a, b, bufs.streams[a])
+    back = Copy(bufs.dst[a], bufs.src[b], b, a, bufs.streams[b])
+    if config.warmup:
+        _time_batch(api, [there, back], config.warmup, 0.0)
+    ms = _median_ms(api, [there, back], config.iters, config.reps, spin_ms, notes, "bandwidth")
+    return bandwidth_gbps(2 * config.size_bytes, ms)
+
+
 def run_p2p(
     config: P2PConfig,
     api: Any | None = None,
@@ -335,16 +404,7 @@ def run_p2p(
     than 2 GPUs are usable; CUDA errors (out of memory ...) propagate."""
     started = time.perf_counter()
     api = api or TorchCudaApi()
-    count = api.device_count()
-    devices = list(config.devices) if config.devices is not None else list(range(count))
-    bad = [d for d in devices if not 0 <= d < count]
-    if bad:
-        raise P2PError(f"no CUDA GPU {bad[0]}: {count} visible")
-    if len(set(devices)) != len(devices):
-        raise P2PError("a GPU is listed twice")
-    if len(devices) < 2:
-        raise P2PError("p2p needs at least 2 GPUs")
-
+    devices = _chosen_devices(config, api.device_count())
     n = len(devices)
     notes: list[str] = []
     result = P2PResult(
@@ -359,17 +419,9 @@ def run_p2p(
         notes=notes,
         versions=api.versions() if hasattr(api, "versions") else {},
     )
-    size = config.size_bytes
-    small = min(config.latency_bytes, size)
-    # Two buffers per GPU: it sends from `src` and receives into `dst`.
-    src = {d: api.empty(d, size) for d in devices}
-    dst = {d: api.empty(d, size) for d in devices}
-    streams = {d: api.stream(d) for d in devices}
-    dst_side = {d: [api.stream(d) for _ in range(DST_SIDE_STREAMS)] for d in devices}
-    for d in devices:
-        src[d].fill_(fill_value(d))
-    api.synchronize(devices)
+    bufs = _Buffers.make(api, devices, config.size_bytes)
     deadline = started + config.time_limit_s
+    spin_ms = dict(_SPIN_MS)
 
     def out_of_time(what: str) -> bool:
         if time.perf_counter() < deadline:
@@ -379,47 +431,21 @@ def run_p2p(
             notes.append(message)
         return True
 
-    # Spin long enough for the host to queue a batch (ms); raised when too short.
-    spin_ms = {"bandwidth": 1.0, "latency": 5.0}
     pairs = [(i, j) for i in range(n) for j in range(n)]
     if progress:
-        progress(f"p2p: {n} GPUs, {len(pairs)} ordered pairs, {format_size(size)} copies")
+        progress(f"p2p: {n} GPUs, {len(pairs)} ordered pairs, {format_size(config.size_bytes)} copies")
     for i, j in pairs:
         if out_of_time("unidirectional"):
             break
-        a, b = devices[i], devices[j]
-        dst[b].zero_()
-        api.synchronize([b])
-        job = Copy(dst[b], src[a], a, b, streams[a])
-        if config.warmup:
-            _time_batch(api, [job], config.warmup, 0.0)
-        ms = _median_ms(api, [job], config.iters, config.reps, spin_ms, notes, "bandwidth")
-        result.unidirectional_gbps[i][j] = bandwidth_gbps(size, ms)
-        api.synchronize([a, b])
-        result.verified[i][j] = bool(dst[b].eq(fill_value(a)).all())
-
-        # Latency: one small copy after another on the source stream; a round cycles
-        # through the destination-side streams (see DST_SIDE_STREAMS).
-        tiny = Copy(dst[b][:small], src[a][:small], a, b, streams[a])
-        tiny_jobs = [dataclasses.replace(tiny, dst_side_stream=s) for s in dst_side[b]] if a != b else [tiny]
-        rounds = max(1, math.ceil(config.latency_iters / len(tiny_jobs)))
-        _time_batch(api, tiny_jobs, 1, 0.0, serial=True)
-        ms_per_round = _median_ms(api, tiny_jobs, rounds, config.reps, spin_ms, notes, "latency", serial=True)
-        result.latency_us[i][j] = ms_per_round / len(tiny_jobs) * 1e3
-
+        result.unidirectional_gbps[i][j], result.verified[i][j], result.latency_us[i][j] = \
+            _one_way(api, config, bufs, devices[i], devices[j], notes, spin_ms)
     if config.bidirectional:
         for i in range(n):
             for j in range(i + 1, n):
                 if out_of_time("bidirectional"):
                     break
-                a, b = devices[i], devices[j]
-                there = Copy(dst[b], src[a], a, b, streams[a])
-                back = Copy(dst[a], src[b], b, a, streams[b])
-                if config.warmup:
-                    _time_batch(api, [there, back], config.warmup, 0.0)
-                ms = _median_ms(api, [there, back], config.iters, config.reps, spin_ms, notes, "bandwidth")
-                result.bidirectional_gbps[i][j] = result.bidirectional_gbps[j][i] = bandwidth_gbps(2 * size, ms)
-
+                result.bidirectional_gbps[i][j] = result.bidirectional_gbps[j][i] = \
+                    _both_ways(api, config, bufs, devices[i], devices[j], notes, spin_ms)
     api.synchronize(devices)
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
@@ -428,6 +454,6 @@ def run_p2p(
 def visible_gpu_count() -> int:
     """How many CUDA GPUs this process may use (through NVML: `p2p` on a machine without
     two GPUs says so without importing torch)."""
-    from ncclbench.launch.launcher import visible_gpu_count as count
+    from ncclbench.topology.probe import visible_gpu_count as count
 
     return count()

@@ -1200,7 +1200,39 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
     host = probe_host(sysfs)
     versions = Versions()
     sources: dict[str, str] = {}
+    nvml = _nvml_module(nvml, versions, notes)
+    snapshot = _probe_nvml(nvml, host.cpu_count, notes) if nvml else None
+    cuda = _default_cuda() if cuda is _DEFAULT else cuda
+    cuda_gpus, peer = _probe_cuda(cuda, notes) if cuda else ([], None)
+    _torch_versions(versions)
+    smi_text = _SmiText(_run_nvidia_smi if smi is _DEFAULT else (smi or None))
 
+    nvml_gpus = _nvml_records(snapshot, smi_text, versions, sources)
+    gpus, records, join, gpu_order = _ordered_gpus(cuda_gpus, nvml_gpus, env, notes)
+    nvml_p2p, link_ends, link_matrix = _links(snapshot, gpus, records, smi_text, sources)
+    _attach_nvlinks(gpus, records, snapshot, smi_text, sources)
+    nvswitch, evidence = _nvswitch_of(link_ends, gpus, link_matrix)
+    nics, nic_links = _nics_near(include_nics, sysfs, gpus, sources)
+    return Topology(
+        host=host,
+        versions=versions,
+        gpus=gpus,
+        link_matrix=link_matrix,
+        peer_access=peer if cuda_gpus else None,
+        nvml_p2p=nvml_p2p,
+        nvswitch=nvswitch,
+        nvswitch_evidence=evidence,
+        nics=nics,
+        nic_links=nic_links,
+        gpu_order=gpu_order,
+        join=join,
+        sources=sources,
+        notes=notes,
+        env=_interesting_env(env),
+    )
+
+
+def _nvml_module(nvml, versions: Versions, notes: list[str]):
     if nvml is _DEFAULT:
         try:
             import pynvml as nvml  # noqa: PLC0415 (optional dependency, slow-ish import)
@@ -1209,30 +1241,32 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
             nvml = None
     if isinstance(nvml, types.ModuleType):
         versions.pynvml = _module_version("nvidia-ml-py")
-    snapshot = _probe_nvml(nvml, host.cpu_count, notes) if nvml else None
+    return nvml
 
-    cuda = _default_cuda() if cuda is _DEFAULT else cuda
-    cuda_gpus, peer = _probe_cuda(cuda, notes) if cuda else ([], None)
-    _torch_versions(versions)
 
-    run_smi: Callable[[Sequence[str]], str | None] | None
-    run_smi = _run_nvidia_smi if smi is _DEFAULT else (smi or None)
-    smi_cache: dict[tuple[str, ...], str | None] = {}
+class _SmiText:
+    """nvidia-smi's output per argument list, run at most once each (None: not run)."""
 
-    def smi_text(args: Sequence[str]) -> str | None:
-        if run_smi is None:
+    def __init__(self, run: Callable[[Sequence[str]], str | None] | None):
+        self.run = run
+        self._cache: dict[tuple[str, ...], str | None] = {}
+
+    def __call__(self, args: Sequence[str]) -> str | None:
+        if self.run is None:
             return None
-        if tuple(args) not in smi_cache:
-            smi_cache[tuple(args)] = run_smi(args)
-        return smi_cache[tuple(args)]
+        if tuple(args) not in self._cache:
+            self._cache[tuple(args)] = self.run(args)
+        return self._cache[tuple(args)]
 
-    # NVML-shaped records for every GPU, from NVML or from nvidia-smi text.
+
+def _nvml_records(snapshot, smi_text: _SmiText, versions: Versions, sources: dict) -> list[_NvmlGpu]:
+    """NVML-shaped records for every GPU, from NVML or from nvidia-smi text."""
     nvml_gpus: list[_NvmlGpu] = snapshot.gpus if snapshot else []
     if snapshot:
         versions.driver, versions.cuda_driver = snapshot.driver, snapshot.cuda_driver
         versions.nvml = snapshot.nvml_version
         sources["gpus"] = "nvml"
-    elif run_smi is not None:
+    elif smi_text.run is not None:
         query = smi_text(SMI_GPU_QUERY)
         for row in parse_smi_gpu_query(query or ""):
             nvml_gpus.append(
@@ -1243,8 +1277,12 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
             sources["gpus"] = "nvidia-smi --query-gpu"
             driver = smi_text(["--query-gpu=driver_version", "--format=csv,noheader"])
             versions.driver = driver.splitlines()[0].strip() if driver else None
+    return nvml_gpus
 
-    # Which GPUs, in which order: torch.cuda's when torch can use CUDA.
+
+def _ordered_gpus(cuda_gpus, nvml_gpus, env, notes: list[str]):
+    """(gpus, their NVML records, how the two were joined, whose order): torch.cuda's order
+    when torch can use CUDA."""
     if cuda_gpus:
         mapping, join = _join_cuda_nvml(cuda_gpus, nvml_gpus, env) if nvml_gpus else ([None] * len(cuda_gpus), "none")
         gpu_order = "cuda"
@@ -1253,7 +1291,6 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
         if nvml_gpus:
             notes.append("CUDA cannot be used here: GPUs are listed in NVML order without CUDA indices")
     by_nvml_index = {g.index: g for g in nvml_gpus}
-
     gpus: list[GpuInfo] = []
     records: list[_NvmlGpu | None] = []
     for position, nvml_index in enumerate(mapping):
@@ -1274,10 +1311,15 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
                 nvlink=None,
             )
         )
-    n = len(gpus)
-    if n == 0:
+    if not gpus:
         notes.append("no GPU visible")
+    return gpus, records, join, gpu_order
 
+
+def _links(snapshot, gpus: list[GpuInfo], records, smi_text: _SmiText, sources: dict):
+    """(NVML's P2P matrices, each GPU's NVLink ends, the link matrix) in our GPU order;
+    what NVML could not answer is read from `nvidia-smi topo -m`."""
+    n = len(gpus)
     # NVML matrices are by position in snapshot.gpus; put them in our GPU order.
     position = {g.index: k for k, g in enumerate(snapshot.gpus)} if snapshot else {}
 
@@ -1291,8 +1333,6 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
         return out
 
     nvml_p2p = {cap: reindex(snapshot.p2p[cap] if snapshot else None) for cap in P2P_CAPS_INDEX}
-
-    # NVLink per GPU, then the pairwise link matrix.
     link_ends = [r.link_ends if r else [] for r in records]
     nvlink_ok = [[(code == "OK") if code not in (None, "X") else None for code in row] for row in nvml_p2p["nvlink"]]
     counts = [[0] * n for _ in range(n)]
@@ -1304,35 +1344,40 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
     ]
     if snapshot:
         sources["link_matrix"] = "nvml"
+    _fill_from_smi_matrix(link_matrix, gpus, smi_text, sources, snapshot is not None)
+    return nvml_p2p, link_ends, link_matrix
 
-    # What NVML could not answer, nvidia-smi may: the matrix, then the link speeds.
-    missing_pairs = any(link_matrix[i][j] is None for i in range(n) for j in range(n))
-    smi_matrix = None
-    if n and missing_pairs:
-        topo_text = smi_text(SMI_TOPO)
-        if topo_text:
-            try:
-                smi_matrix = parse_topo_matrix(topo_text)
-            except ValueError:
-                smi_matrix = None
-    if smi_matrix is not None:
-        for i, a in enumerate(gpus):
-            for j, b in enumerate(gpus):
-                if link_matrix[i][j] is None and a.nvml_index is not None and b.nvml_index is not None:
-                    link_matrix[i][j] = smi_matrix.code(f"GPU{a.nvml_index}", f"GPU{b.nvml_index}")
-        for gpu in gpus:
-            row = f"GPU{gpu.nvml_index}"
-            gpu.cpu_affinity = gpu.cpu_affinity or smi_matrix.affinity_of(row, "CPU Affinity")
-            gpu.numa_affinity = gpu.numa_affinity or smi_matrix.affinity_of(row, "NUMA Affinity")
-        sources["link_matrix"] = "nvidia-smi topo -m" if not snapshot else "nvml + nvidia-smi topo -m"
 
+def _fill_from_smi_matrix(link_matrix, gpus: list[GpuInfo], smi_text: _SmiText, sources: dict, had_nvml: bool) -> None:
+    n = len(gpus)
+    if not n or not any(link_matrix[i][j] is None for i in range(n) for j in range(n)):
+        return
+    topo_text = smi_text(SMI_TOPO)
+    if not topo_text:
+        return
+    try:
+        smi_matrix = parse_topo_matrix(topo_text)
+    except ValueError:
+        return
+    for i, a in enumerate(gpus):
+        for j, b in enumerate(gpus):
+            if link_matrix[i][j] is None and a.nvml_index is not None and b.nvml_index is not None:
+                link_matrix[i][j] = smi_matrix.code(f"GPU{a.nvml_index}", f"GPU{b.nvml_index}")
+    for gpu in gpus:
+        row = f"GPU{gpu.nvml_index}"
+        gpu.cpu_affinity = gpu.cpu_affinity or smi_matrix.affinity_of(row, "CPU Affinity")
+        gpu.numa_affinity = gpu.numa_affinity or smi_matrix.affinity_of(row, "NUMA Affinity")
+    sources["link_matrix"] = "nvml + nvidia-smi topo -m" if had_nvml else "nvidia-smi topo -m"
+
+
+def _attach_nvlinks(gpus: list[GpuInfo], records, snapshot, smi_text: _SmiText, sources: dict) -> None:
+    """Each GPU's NVLinks and their speeds: NVML's, or `nvidia-smi nvlink --status` where
+    NVML has no speed (without NVML nothing is known about NVLinks)."""
     smi_links: dict[int, GpuLinkStatus] = {}
-    # Without NVML nothing is known about NVLinks; with it, only missing speeds.
     needs_speeds = snapshot is None or any(r is None or (r.link_ends and not all(r.link_gbps)) for r in records)
-    if n and needs_speeds:
+    if gpus and needs_speeds:
         status_text = smi_text(SMI_NVLINK_STATUS)
         smi_links = {g.index: g for g in parse_nvlink_status(status_text or "")}
-
     for gpu, record in zip(gpus, records):
         if record and record.link_ends and all(record.link_gbps):
             speeds: list[float | None] = list(record.link_gbps)
@@ -1357,18 +1402,21 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
         )
         sources.setdefault("nvlink", source)
 
-    # NVSwitch: NVML names the far end when it can; otherwise infer from counts.
-    if any(end.remote_type == "nvswitch" for ends in link_ends for end in ends):
-        nvswitch, evidence = True, "NVML: the NVLinks end at an NVSwitch (nvmlDeviceGetNvLinkRemoteDeviceType)"
-    elif link_ends and all(ends and all(end.remote_type == "gpu" for end in ends) for ends in link_ends):
-        nvswitch, evidence = False, "NVML: every NVLink ends at a GPU"
-    else:
-        active = [g.nvlink.active_links if g.nvlink else None for g in gpus]
-        nvswitch, evidence = infer_nvswitch(link_matrix, active)
 
-    # NICs and their distance to each GPU.
+def _nvswitch_of(link_ends, gpus: list[GpuInfo], link_matrix):
+    """NVSwitch or not, and why: NVML names the far end when it can; otherwise inferred."""
+    if any(end.remote_type == "nvswitch" for ends in link_ends for end in ends):
+        return True, "NVML: the NVLinks end at an NVSwitch (nvmlDeviceGetNvLinkRemoteDeviceType)"
+    if link_ends and all(ends and all(end.remote_type == "gpu" for end in ends) for ends in link_ends):
+        return False, "NVML: every NVLink ends at a GPU"
+    active = [g.nvlink.active_links if g.nvlink else None for g in gpus]
+    return infer_nvswitch(link_matrix, active)
+
+
+def _nics_near(include_nics: bool, sysfs, gpus: list[GpuInfo], sources: dict):
+    """The host's NICs and each GPU's PCIe distance code to each."""
     nics: list[NicInfo] = []
-    nic_links: list[list[str | None]] = [[] for _ in range(n)]
+    nic_links: list[list[str | None]] = [[] for _ in gpus]
     if include_nics:
         nics, nic_paths = probe_nics(sysfs)
         if nics:
@@ -1378,24 +1426,7 @@ def _probe(include_nics, nvml, cuda, smi, sysfs, env, notes) -> Topology:
                 nic_links[i] = [
                     pcie_code_from_paths(gpu_path, nic_paths.get(nic.name), gpu_numa, nic.numa_node) for nic in nics
                 ]
-
-    return Topology(
-        host=host,
-        versions=versions,
-        gpus=gpus,
-        link_matrix=link_matrix,
-        peer_access=peer if cuda_gpus else None,
-        nvml_p2p=nvml_p2p,
-        nvswitch=nvswitch,
-        nvswitch_evidence=evidence,
-        nics=nics,
-        nic_links=nic_links,
-        gpu_order=gpu_order,
-        join=join,
-        sources=sources,
-        notes=notes,
-        env=_interesting_env(env),
-    )
+    return nics, nic_links
 
 
 def _module_version(distribution: str) -> str | None:
@@ -1473,3 +1504,20 @@ def header_context(backend: str) -> tuple[str | None, float | None, Callable | N
     if not peak:
         return summary, None, None
     return summary, peak, lambda s: peak_percent_line(s.peak_busbw, peak)
+
+
+def visible_gpu_count() -> int:
+    """CUDA GPUs this process may use, counted through NVML (no torch import and no CUDA
+    driver call, which would make a later fork unusable for CUDA); torch is asked only
+    where NVML cannot tell (MIG devices in CUDA_VISIBLE_DEVICES, a broken NVML)."""
+    count = visible_cuda_count()
+    if count is not None:
+        return count
+    if not nvidia_driver_loaded():
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
+        return 0

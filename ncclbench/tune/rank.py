@@ -47,9 +47,9 @@ class StatusLog:
 
 
 def build_plans(work: dict, nranks: int) -> dict:
-    from ncclbench.cli import main as cli
+    from ncclbench.api import options as plan_options
 
-    return {coll: cli.build_plan(coll, cli.options_for(opts), work["backend"], ["tune"], nranks)
+    return {coll: plan_options.build_plan(coll, plan_options.options_for(opts), work["backend"], ["tune"], nranks)
             for coll, opts in work["options"].items()}
 
 
@@ -129,7 +129,7 @@ FAULT_ITEM_ENV = "NCCLBENCH_FAULT_ITEM"  # tests: NCCLBENCH_FAULT applies to the
 
 @contextmanager
 def faults_for(item):
-    from ncclbench.engine import faults
+    from ncclbench.testing import faults
 
     wanted = os.environ.get(FAULT_ITEM_ENV)
     saved = os.environ.get(faults.ENV)

@@ -116,7 +116,7 @@ def requested_backend(request: TuneRequest) -> str:
 
 
 def check_gpus(request: TuneRequest) -> None:
-    from ncclbench.launch.launcher import visible_gpu_count
+    from ncclbench.topology.probe import visible_gpu_count
 
     visible = visible_gpu_count()
     if visible == 0:
@@ -149,12 +149,12 @@ def check_request(request: TuneRequest) -> None:
 
 
 def candidate_plans(request: TuneRequest, ctx: Context, backend: str) -> dict[str, CandidatePlan]:
-    from ncclbench.cli import main as cli
+    from ncclbench.api import options as plan_options
 
     plans = {}
     for coll in request.collectives:
-        plan = cli.build_plan(coll, cli.options_for(request.options), backend, ["tune"], ctx.nranks)
-        cli.validate_for_backend(plan, ctx.nranks)
+        plan = plan_options.build_plan(coll, plan_options.options_for(request.options), backend, ["tune"], ctx.nranks)
+        plan_options.validate_for_backend(plan, ctx.nranks)
         try:
             plans[coll] = candidates(coll, ctx, request.algos, request.protos, request.channels)
         except ValueError as exc:

@@ -20,7 +20,7 @@ TUNE_KEYS = {"repeat", "channels", "algos", "protos", "min_gain", "output_dir", 
 
 
 def request_for(suite_file: str, run, ngpus, backend):
-    from ncclbench.cli import main as cli
+    from ncclbench.api import options as plan_options
     from ncclbench.tune.plan import parse_channels, parse_names
     from ncclbench.tune.run import RUN_OPTIONS, TuneRequest
 
@@ -35,7 +35,7 @@ def request_for(suite_file: str, run, ngpus, backend):
                         f"({', '.join(RUN_OPTIONS)})")
     defaults = {"minbytes": 8, "maxbytes": "1G", "stepfactor": 2, "warmup_iters": 5}
     try:
-        opts = cli.options_for(dict(defaults, **run.options))
+        opts = plan_options.options_for(dict(defaults, **run.options))
         request = TuneRequest(
             collectives=[run.collective], options={k: opts[k] for k in RUN_OPTIONS}, ngpus=ngpus or 1,
             backend=backend, rehearse=bool(t.get("rehearse")), repeat=int(t.get("repeat", 3)),
