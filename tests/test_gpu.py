@@ -1,4 +1,4 @@
-"""Real NCCL on real GPUs (run on the device machine: `pytest -m gpu`)."""
+"""Real NCCL on real GPUs (run on a GPU host: `pytest -m gpu`)."""
 
 import json
 import signal

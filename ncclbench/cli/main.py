@@ -178,28 +178,17 @@ for _coll in REGISTRY.values():
     cli.add_command(_make_command(_coll))
 
 
-def _register_optional_commands():
-    """Commands that live in their own modules (topology, results tools)."""
-    import importlib
+def _register_tool_commands():
+    """The commands that are not one collective each: each lives in its own module of cli/."""
+    from ncclbench.cli import compare, pairs, plot, preflight, show, suite, topo, tune
 
-    for module, names in (("ncclbench.cli.topo", ("topo_command", "p2p_command")),
-                          ("ncclbench.cli.compare", ("compare_command",)),
-                          ("ncclbench.cli.plot", ("plot_command",)),
-                          ("ncclbench.cli.tools", ("show_command", "suite_command")),
-                          ("ncclbench.cli.pairs", ("pairs_command",)),
-                          ("ncclbench.cli.tune", ("tune_command",)),
-                          ("ncclbench.cli.preflight", ("preflight_command",))):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        for name in names:
-            cmd = getattr(mod, name, None)
-            if cmd is not None:
-                cli.add_command(cmd)
+    for command in (topo.topo_command, topo.p2p_command, compare.compare_command, plot.plot_command,
+                    suite.suite_command, show.show_command, pairs.pairs_command, tune.tune_command,
+                    preflight.preflight_command):
+        cli.add_command(command)
 
 
-_register_optional_commands()
+_register_tool_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
