@@ -397,7 +397,7 @@ def test_the_launcher_outlives_its_ranks_after_repeated_signals(tmp_path):
 RANK1_FAULTS = [
     # (fault on rank 1, exit code, words of rank 1's reason)
     ("alloc_fail", 2, "cannot allocate the buffers (8.0 MiB): out of memory"),
-    ("plan_fail", 2, "buffers need 8.0 MiB but the GPU has 0.0 MiB free"),
+    ("plan_fail", 2, "buffers need 8.0 MiB but the GPU has 0 B free"),
     ("no_gpu", 5, "local rank 1 has no GPU"),
     ("device_fail", 3, "setting up the device: RuntimeError: CUDA error"),
     ("comm_fail", 3, "starting the gloo communicator: RuntimeError: NCCL error"),
@@ -406,6 +406,11 @@ RANK1_FAULTS = [
 
 def _error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("ncclbench:")]
+
+
+def _c10d_noise(stderr: str) -> list[str]:
+    """torch's c10d warnings (a store wait that timed out logs two per wait)."""
+    return [ln for ln in stderr.splitlines() if "[c10d]" in ln or "socket.cpp" in ln]
 
 
 @pytest.mark.parametrize("fault,code,reason", RANK1_FAULTS, ids=[f[0] for f in RANK1_FAULTS])
@@ -424,6 +429,7 @@ def test_a_set_up_failure_on_one_rank_is_said_once_and_every_rank_leaves_with_it
     assert r.returncode == code, r.stderr[-3000:]
     lines = _error_lines(r.stderr)
     assert len(lines) == 1 and lines[0].startswith("ncclbench: error: rank 1 on ") and reason in lines[0], r.stderr
+    assert _c10d_noise(r.stderr) == []  # before: 2 c10d warnings per half second rank 0 waited
     assert "Traceback" not in r.stderr and table_rows(r.stdout) == [] and "saved" not in r.stdout + r.stderr
     assert not (tmp_path / "r.json").exists() and not list(store.glob("*.json"))
     assert time.time() - start < 60  # well within -T: nobody waits for the failed rank
@@ -480,10 +486,91 @@ def test_an_error_in_the_sweep_on_one_rank_under_torchrun(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, NCCL_NVLS_ENABLE="0", NCCLBENCH_FAULT="error:rank=1,size=16384"))
     assert r.returncode == 1, r.stderr[-3000:]
-    assert "[rank 1] RuntimeError: CUDA error" in r.stderr, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and re.fullmatch(SWEEP_ERROR_LINE.format(rank=1, size=16384), lines[0]), r.stderr[-3000:]
     assert sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", r.stderr, re.M)) == ["3", "3"], r.stderr[-3000:]
     assert len(table_rows(r.stdout)) == 4  # 1K to 8K
-    assert json.loads((tmp_path / "r.json").read_text())["ncclbench"]["status"] == "error"
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "error" and doc["errors"] == [lines[0].removeprefix("ncclbench: error: ")]
+
+
+SWEEP_ERROR_LINE = (r"ncclbench: error: rank {rank} on \S+ during all_reduce at {size} B \(float, sum, root -1\): "
+                    r"RuntimeError: CUDA error: an illegal memory access was encountered \(NCCLBENCH_FAULT error\)")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_error_in_the_sweep_on_one_rank_is_one_line_naming_it(tmp_path, rank):
+    """A collective fails mid-sweep on one rank only; its peer then fails too, as a lost
+    peer. The run ends with one line, the failed rank's, naming it, its host and what ran;
+    rank 0's JSON and its trailer hold the same line, rows done kept (before: two lines,
+    the peer's 'Connection reset by peer' first and no host)."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", "60",
+                 "-J", str(tmp_path / "r.json"), "--no-save"],
+                env={"NCCLBENCH_FAULT": f"error:rank={rank},size=16384"}, timeout=180)
+    assert r.returncode == 3, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and re.fullmatch(SWEEP_ERROR_LINE.format(rank=rank, size=16384), lines[0]), r.stderr
+    assert _c10d_noise(r.stderr) == [] and "Traceback" not in r.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "error" and doc["errors"] == [lines[0].removeprefix("ncclbench: error: ")]
+    assert len(table_rows(r.stdout)) == 4
+    assert not wait_gone(str(tmp_path))
+
+
+def test_a_killed_rank_is_one_line_naming_it_and_its_host(tmp_path):
+    """Killed mid-sweep (no word of its own): the -g launcher's line names it and its host;
+    rank 0, which only lost its peer, adds nothing on stderr but keeps why in its JSON."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", "60",
+                 "-J", str(tmp_path / "r.json"), "--no-save"],
+                env={"NCCLBENCH_FAULT": "kill:rank=1,size=16384"}, timeout=180)
+    assert r.returncode == 3, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and re.fullmatch(r"ncclbench: error: rank 1 \(pid \d+\) on \S+ was killed by SIGKILL; "
+                                            r"rows finished before it are kept, the run is incomplete", lines[0]), r.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ncclbench"]["status"] == "error"
+    assert doc["errors"][0].startswith("rank 0 on ") and " lost a peer during " in doc["errors"][0], doc["errors"]
+
+
+def test_a_killed_rank_under_torchrun_is_one_line_from_rank_0():
+    """Under an outside launcher, rank 0 says once that it lost a peer and where; torchrun's
+    own summary names the rank that died."""
+    torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
+    cmd = [torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench", "allreduce", "--backend", "gloo",
+           "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", "60", "--no-save"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, NCCL_NVLS_ENABLE="0", NCCLBENCH_FAULT="kill:rank=1,size=16384"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and re.match(r"ncclbench: error: rank 0 on \S+ lost a peer during all_reduce at 16384 B",
+                                        lines[0]), r.stderr[-3000:]
+
+
+def test_a_rank_that_arrives_late_leaves_stderr_clean(tmp_path):
+    """Ranks that reach the set-up seconds apart wait for each other without torch's c10d
+    warnings (before: two lines for every half second of waiting)."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "1K", "-n", "2", "--no-save"],
+                env={"NCCLBENCH_FAULT": "device_stall:rank=1,seconds=3"}, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _c10d_noise(r.stderr) == [] and _error_lines(r.stderr) == [], r.stderr
+
+
+def test_the_first_cause_of_a_sweep_failure_is_kept_and_read():
+    """Unit: the first failure posted stays (compare_set); a lost peer is told by its words."""
+    import torch.distributed as dist
+
+    from ncclbench.engine.guard import lost_peer, post_cause, read_cause
+
+    store = dist.PrefixStore("t", dist.HashStore())
+    assert read_cause(store, 0.05) is None
+    post_cause(store, "rank 3 on h: RuntimeError: CUDA error")
+    post_cause(store, "rank 1 on h: RuntimeError: later")
+    assert read_cause(store) == "rank 3 on h: RuntimeError: CUDA error"
+    assert read_cause(None) is None
+    post_cause(None, "ignored")  # no store: nothing to do, no error
+    assert lost_peer("RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4")
+    assert lost_peer("DistBackendError: NCCL error: remote process exited or there was a network error")
+    assert not lost_peer("RuntimeError: CUDA error: an illegal memory access was encountered")
 
 
 def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):

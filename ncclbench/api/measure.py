@@ -355,7 +355,10 @@ class _ApiHooks(RankHooks):
     def say(self, message: str) -> None:
         self.said.append(message)
 
-    def timed_out(self, what, behind, timeout_s, rank, finish) -> None:
+    def sweep_error(self, message: str) -> BaseException:
+        return CollectiveError(message)
+
+    def timed_out(self, what, behind, timeout_s, rank, finish, cause=lambda: None) -> None:
         self.call.timed_out(what, behind(), timeout_s, rank)
 
 

@@ -24,6 +24,7 @@ def _flag(letter, long, help_text, default=0):
 
 
 MAX_TIMEOUT_S = 1e6  # -T: about 11.6 days; longer deadlines overflow the watchdog's clock
+MAX_UNALIGN = 1 << 20  # -u: elements; past a page or two misalignment means nothing more, and huge values overflow
 
 
 def collective_options(f):
@@ -57,7 +58,7 @@ def collective_options(f):
         _flag("-C", "--report_cputime", "Report host time per op instead of device time."),
         _flag("-I", "--per_iter_timing", "Per-iteration timing columns (i_min i_max i_p99 i_cv%)."),
         click.option("-K", "--per_iter_skip", type=click.IntRange(min=0), default=0, show_default=True, help="Iterations left out of the -I summary."),
-        click.option("-u", "--unalign", type=click.IntRange(min=0), default=0, show_default=True, help="Misalign every buffer by this many elements."),
+        click.option("-u", "--unalign", type=click.IntRange(0, MAX_UNALIGN), default=0, show_default=True, help="Misalign every buffer by this many elements."),
         click.option("-R", "--local_register", type=click.IntRange(0, 2), default=0, show_default=True, help="Register buffers with NCCL: 1 user buffers, 2 symmetric windows."),
         click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
         click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),

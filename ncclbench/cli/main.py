@@ -34,6 +34,9 @@ def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: i
 def output_spec(plan, o: dict):
     from ncclbench.results.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
 
+    for flag, key in (("-J", "output_file"), ("--csv", "csv_path")):
+        if o[key] is not None and not o[key].strip():
+            raise _fail(f"{flag} needs a file name (got an empty one)")
     if o["output_file"] and o["csv_path"] and os.path.realpath(o["output_file"]) == os.path.realpath(o["csv_path"]):
         raise _fail(f"-J and --csv name the same file {o['csv_path']}: the JSON rewrites would erase the CSV rows")
     if o["output_file"]:

@@ -29,7 +29,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from ncclbench.dtypes import DType
+from ncclbench.dtypes import DType, to_dtype
 
 GROUP_MAX = 32  # ranks active per element in a reduction: bounds the checker's work
 CODEBOOK_MAX = 4095  # data-movement values per type (fewer where the type has fewer exact integers)

@@ -29,6 +29,49 @@ class Failure:
     message: str
 
 
+# Words with which a collective says that a peer went away (gloo, NCCL, the OS), rather
+# than what went wrong: on the ranks that merely lost a failed peer, these are the errors.
+LOST_PEER_SIGNS = ("reset by peer", "closed by peer", "connection closed", "broken pipe", "connection refused",
+                   "remote process exited", "communicator was aborted", "ncclremoteerror", "socket closed",
+                   "peer closed", "end of file")
+CAUSE_KEY = "ncclbench/sweep_cause"  # the first failure mid-sweep that was not a lost peer
+CAUSE_GRACE_S = 2.0  # how long rank 0, having lost a peer, waits for the peer's own reason
+
+
+def lost_peer(message: str) -> bool:
+    low = message.lower()
+    return any(sign in low for sign in LOST_PEER_SIGNS)
+
+
+def post_cause(store, message: str) -> None:
+    """Offer `message` as the run's cause; the first one posted stays."""
+    if store is None:
+        return
+    try:
+        store.compare_set(CAUSE_KEY, "", message)
+    except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+        pass
+
+
+def read_cause(store, wait_s: float = 0.0) -> str | None:
+    """The cause a failed rank posted, waiting up to `wait_s` for one (growing pauses,
+    `check` not `wait`, which logs c10d warnings on every timeout)."""
+    if store is None:
+        return None
+    deadline, pause = time.monotonic() + wait_s, 0.01
+    while True:
+        try:
+            if store.check([CAUSE_KEY]):
+                return store.get(CAUSE_KEY).decode()
+        except Exception:  # noqa: BLE001
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.1)
+
+
 def attempt(step: Callable[[], object], rank: int, what: str):
     """(step's value, None), or (None, the Failure it raised). `what` prefixes errors that
     are not ncclbench's own (a CUDA or NCCL error), which do not say where they came from."""
@@ -102,7 +145,8 @@ class SetupBoard:
     after GRACE_S, or at the -T deadline."""
 
     POLL_S = 0.05
-    WAIT_S = 0.5     # longest wait inside the store, so that a stop signal is seen in time
+    WAIT_S = 0.5     # longest wait between looks at the rest, so that a stop signal is seen in time
+    POLL_MAX_S = 0.1  # longest pause between two looks at the store
     GRACE_S = 5.0    # after a failure is known: for ranks still busy to report theirs
     HEARD_S = 10.0   # how long the rank that spoke waits for the others to read it (it may host the store)
 
@@ -145,22 +189,29 @@ class SetupBoard:
     def _key(self, step: str):
         return lambda name: f"ncclbench/setup/{step}/{name}"
 
+    def _posted(self, name: str, seconds: float) -> bool:
+        """Whether `name` is in the store, asking with `check` at growing intervals (5 ms up
+        to POLL_MAX_S) for at most `seconds`. Not `store.wait`: torch logs two c10d warning
+        lines on stderr for every wait that times out, and ranks that arrive seconds apart
+        (a slow device, a failed one) would bury the run's one error line under them. One
+        small request per rank every POLL_MAX_S at most, only while ranks are apart."""
+        deadline = time.monotonic() + seconds
+        pause = 0.005
+        while True:
+            if self.store.check([name]):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, self.POLL_MAX_S)
+
     def _settle(self, step: str, what: str, start: float, failed_here: bool) -> None:
-        import datetime
-
-        from torch.distributed import DistStoreError
-
         key = self._key(step)
         failure_seen = time.monotonic() if failed_here else None
         decided_at = speaker = None
         while True:
-            # one request per rank while the others arrive (no polling of counters: a
-            # thousand ranks would flood the store), woken at once when the last one posts
-            try:
-                self.store.wait([key("complete")], datetime.timedelta(seconds=self.WAIT_S))
-                complete = True
-            except DistStoreError:
-                complete = False
+            complete = self._posted(key("complete"), self.WAIT_S)
             if self.store.check([key("said")]):
                 # read before saying it was heard: the speaker may host the store and leave
                 # as soon as every rank has, and a read after that finds the store gone

@@ -8,18 +8,18 @@ import socket
 import sys
 
 from ncclbench import __version__
-from ncclbench.testing import faults
+from ncclbench.dtypes import DTYPES, DType, to_dtype
 from ncclbench.engine import onerank
 from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, poison
-from ncclbench.dtypes import to_dtype
 from ncclbench.engine.collectives import CheckContext, Collective
-from ncclbench.dtypes import DTYPES, DType
-from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, Terminated,
-                              error_line, first_line, interruption_message)
-from ncclbench.engine.guard import SetupBoard, attempt, ranks_text, verdict
+from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, RankFailures,
+                              Terminated, error_line, first_line, interruption_message)
+from ncclbench.engine.guard import (CAUSE_GRACE_S, SetupBoard, attempt, lost_peer, post_cause, ranks_text, read_cause,
+                                    verdict)
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.engine.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
+from ncclbench.testing import faults
 
 # Elements per expected-value chunk: computing a chunk's expected values took 65-92 bytes of
 # int64 temporaries per element on the CPU (about 400 MiB here), well inside the 2 GiB that validate()
@@ -32,7 +32,9 @@ def now() -> str:
 
 
 def memory_text(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} B"
 
 
 class Buffers:
@@ -44,8 +46,9 @@ class Buffers:
             self.send_raw = backend.alloc_bytes(send_bytes)
             self.recv_raw = backend.alloc_bytes(recv_bytes)
         except (RuntimeError, MemoryError) as exc:  # torch's CPU and CUDA out-of-memory errors
+            lower = "lower -e or -u" if unalign else "lower -e"
             raise PlanError(f"cannot allocate the buffers ({memory_text(send_bytes + recv_bytes)}): "
-                            f"{first_line(exc, 200)}; lower -e") from None
+                            f"{first_line(exc, 200)}; {lower}") from None
         self.unalign = unalign
 
     def typed(self, dtype: DType):
@@ -423,13 +426,48 @@ class RankHooks:
     def say(self, message: str) -> None:
         print(error_line(None, message), file=sys.stderr, flush=True)
 
-    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish) -> None:
+    def sweep_failed(self, board, rank: int, nranks: int, doing: str | None, exc: Exception) -> tuple[str, bool]:
+        """A collective failed mid-sweep on this rank: (the line the run ends with, whether
+        this rank says it). A failure of its own is said here, with rank and host, and
+        posted for the others; a rank that only lost a failed peer says nothing but takes
+        that peer's line as its run's error (rank 0, after waiting briefly for it), so the
+        run ends with one line naming the rank where it went wrong. A lost peer that posted
+        nothing (killed) is named by the -g launcher on its node; under other launchers
+        rank 0 says that it lost a peer, and the launcher's own report names which."""
+        own = f"{type(exc).__name__}: {first_line(exc, 240)}"
+        during = f" during {doing}" if doing else ""
+        host = socket.gethostname()
+        store = getattr(board, "store", None)
+        if not lost_peer(own):
+            message = f"rank {rank} on {host}{during}: {own}"
+            post_cause(store, message)
+            return message, True
+        message = f"rank {rank} on {host} lost a peer{during}: {own}"
+        if rank != 0:
+            return message, False
+        cause = read_cause(store, CAUSE_GRACE_S if nranks > 1 else 0.0)
+        if cause is not None:
+            return cause, False
+        one_node_spawn = bool(os.environ.get("NCCLBENCH_SPAWNED")) and \
+            os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE")
+        return message, not one_node_spawn
+
+    def sweep_error(self, message: str) -> BaseException:
+        """What a rank other than rank 0 leaves with after a failure mid-sweep: its code,
+        nothing printed again (sweep_failed decided who speaks)."""
+        return RankFailures([message], ExitCode.NCCL_ERROR)
+
+    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish, cause=lambda: None) -> None:
         """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
-        reached it. `finish(message)` (rank 0 once its report began, else None) writes the
-        report's trailer. Runs on the watchdog's thread."""
+        reached it; `cause()`: the failure another rank posted, if one did (a rank whose
+        collective failed leaves, and its peers wait inside NCCL until -T). `finish(message)`
+        (rank 0 once its report began, else None) writes the report's trailer. Runs on the
+        watchdog's thread."""
         # only the reporting rank reads the board: rank 0's store may be gone elsewhere
         late = [r for r in behind() if r != rank] if finish is not None else []
         who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        first = cause() if finish is not None else None
+        who += f"; it failed first on {first}" if first else ""
         message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
         if finish is not None:
             try:
@@ -513,9 +551,9 @@ def _severity(code: int) -> int:
     return order.index(code) if code in order else len(order)
 
 
-def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list) -> None:
+def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, doing: list) -> None:
     """Every (dtype, op, root) and size of the plan, `run_cycles` times (0: until stopped);
-    rank 0 adds each row to `rows` and to its report as it comes."""
+    rank 0 adds each row to `rows` and to its report as it comes. `doing[0]`: what runs now."""
     step = 0
     sizes = plan.sizes()
     cycle = 0
@@ -524,11 +562,13 @@ def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list) 
         for dtype, op, root in runner.combinations():
             step += 1
             board.reach(step)
-            watchdog.arm(f"{step}|{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})")
+            doing[0] = f"{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})"
+            watchdog.arm(f"{step}|{doing[0]}")
             runner.warm_up(buffers, dtype, op, root, sizes)
             for size in sizes:
                 step += 1
-                watchdog.arm(f"{step}|{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})")
+                doing[0] = f"{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})"
+                watchdog.arm(f"{step}|{doing[0]}")
                 faults.before_size(backend.rank, size)
                 board.reach(step)  # "arrived": about to enter this size's collectives
                 layout, mine = runner.measure_size(buffers, dtype, op, root, size)
@@ -540,7 +580,7 @@ def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list) 
                     report.add_row(row)
 
 
-def _judge(summary: RunSummary, plan, report, hooks: RankHooks) -> None:
+def _judge(summary: RunSummary, plan, report, hooks: RankHooks, said: bool = False) -> None:
     """Rank 0's verdict on a finished sweep, its trailer, and the reason on stderr.
 
     Only rank 0 holds the rows, so only rank 0 judges them; the other ranks exit 0 and
@@ -551,7 +591,7 @@ def _judge(summary: RunSummary, plan, report, hooks: RankHooks) -> None:
     elif summary.complete and summary.bandwidth_ok(plan.min_bw, plan.min_peak_bw) is False:
         summary.status = "bandwidth_low"
     report.finish(summary)
-    for err in summary.errors:
+    for err in [] if said else summary.errors:  # said: by the rank that failed first
         hooks.say(err)
     verdict = failed_verdict(summary, plan)
     if verdict:  # exit 7 says why on stderr too, for logs that keep only stderr (CI)
@@ -564,7 +604,8 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     hooks = hooks or RankHooks()
     report = None
     rows: list[ResultRow] = []
-    status, errors = "ok", []
+    status, errors, said = "ok", [], False
+    doing = [None]  # what the sweep runs now, for the line a failure ends with
     runner = RankRunner(plan, backend)
     runner.agree_on_plan()
     board = hooks.board(backend)
@@ -575,7 +616,8 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
         hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
-                        finish_on_timeout if report is not None else None)
+                        finish_on_timeout if report is not None else None,
+                        cause=lambda: read_cause(getattr(board, "store", None)))
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
@@ -598,7 +640,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
             hooks.stop_on_signals()
             if hooks.held_signals():  # noted while the report began
                 raise _interrupt_for(hooks.held_signals()[0])
-            _sweep(plan, backend, runner, buffers, board, watchdog, report, rows)
+            _sweep(plan, backend, runner, buffers, board, watchdog, report, rows, doing)
         finally:
             # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
@@ -609,10 +651,12 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         errors = [interruption_message(exc)]
     except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
         status = "error"
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        errors = [f"{type(exc).__name__}: {text}"]
+        message, speak = hooks.sweep_failed(board, backend.rank, backend.nranks, doing[0], exc)
+        errors, said = [message], not speak
         if report is None:
-            raise CollectiveError(errors[0]) from exc
+            if speak:
+                hooks.say(message)
+            raise hooks.sweep_error(message) from exc
     finally:
         faults.after_sweep(backend.rank)
         watchdog.stop()
@@ -623,7 +667,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     if plan.memory_report:
         summary.memory = dict(memory or {}, **(backend.memory_usage(peak=True) or {}))
     if report is not None:
-        _judge(summary, plan, report, hooks)
+        _judge(summary, plan, report, hooks, said)
     return summary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import signal
 import sys
 
@@ -200,7 +201,8 @@ def describe_failures(failures: dict) -> list[str]:
         if f.exitcode < 0:
             name = f.signal_name()
             if name != "SIGTERM":
-                lines.append(f"rank {rank} (pid {f.pid}) was killed by {name}; "
+                host = getattr(f, "hostname", None) or socket.gethostname()  # the agent's records name it
+                lines.append(f"rank {rank} (pid {f.pid}) on {host} was killed by {name}; "
                              "rows finished before it are kept, the run is incomplete")
     return lines
 

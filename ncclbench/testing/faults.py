@@ -83,8 +83,7 @@ def corrupt_output(rank: int, view, size: int) -> None:
     """Plant one wrong element in this rank's checked output (at sizes >= size= only)."""
     f = active("corrupt")
     if f is not None and f.applies(rank, size) and view.numel():
-        flat = view.view(-1)
-        flat[flat.numel() // 2] = flat[flat.numel() // 2] + 1
+        _flip_middle_element(view)
 
 
 def corrupt_in_graph(rank: int, view, size: int) -> None:
@@ -93,13 +92,19 @@ def corrupt_in_graph(rank: int, view, size: int) -> None:
     graph can see (at sizes >= size= only)."""
     f = active("corrupt_graph")
     if f is not None and f.applies(rank, size) and view.numel():
-        import torch
+        _flip_middle_element(view)
 
-        width = view.element_size()
-        bits = view.view(-1).view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width])
-        middle = bits.numel() // 2
-        # an in-place kernel (capturable); a high bit, so that even avg's tolerance cannot absorb it
-        bits[middle: middle + 1].bitwise_xor_(1 << (8 * width - 3))
+
+def _flip_middle_element(view) -> None:
+    """Flip a high bit of the middle element, in place (a kernel, so capturable). Never a
+    no-op in any type (adding 1 is one for a bfloat16 above 256), and far enough from the
+    value that even avg's tolerance cannot absorb it."""
+    import torch
+
+    width = view.element_size()
+    bits = view.view(-1).view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width])
+    middle = bits.numel() // 2
+    bits[middle: middle + 1].bitwise_xor_(1 << (8 * width - 3))
 
 
 def plan_tweak(rank: int, fingerprint: dict) -> dict:
