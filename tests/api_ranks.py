@@ -91,6 +91,21 @@ def scenario_timeout(out, dist, torch, ncclbench, outdir):
     os._exit(0)
 
 
+def scenario_preflight_absent(out, dist, torch, ncclbench, outdir):
+    """Rank 1 never calls preflight: rank 0's own timeout (3 s) applies from its first step."""
+    if dist.get_rank() == 1:
+        time.sleep(15)
+        _write(out, outdir, 1)
+        os._exit(0)
+    start = time.time()
+    report = ncclbench.preflight(None, budget_s=1, timeout=3)
+    out["elapsed"] = time.time() - start
+    out["report"] = {"passed": report.passed, "timed_out": report.timed_out, "failures": report.failures,
+                     "exit_code": int(report.exit_code)}
+    _write(out, outdir, 0)
+    os._exit(0)
+
+
 def scenario_preflight(out, dist, torch, ncclbench, outdir):
     r = dist.get_rank()
     tp = [dist.new_group([0, 1]), dist.new_group([2, 3])]

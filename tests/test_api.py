@@ -204,3 +204,15 @@ def test_api_vs_cli_script_builds_the_same_plan_and_its_table(tmp_path):
                            "algbw_gbps": 1.0, "busbw_gbps": 0.5}]).to_csv(tmp_path / f"{kind}_{k}.csv", index=False)
     lines = script.table(tmp_path, 2)
     assert lines[-1].startswith("| 1024 | out_of_place | 100.50 | 110.50 | 1.100 |")
+
+
+def test_counts_from_python_are_whole_numbers():
+    """Click truncates 2.7 to 2 and reads True as 1: the API and suite files refuse both for a
+    count, and take a bool for a 0/1 switch."""
+    from ncclbench.api.options import options_for
+    from ncclbench.errors import PlanError
+
+    for bad in ({"iters": 2.7}, {"iters": True}, {"warmup_iters": 0.5}):
+        with pytest.raises(PlanError, match="must be a whole number"):
+            options_for(bad)
+    assert options_for({"iters": 3.0})["iters"] == 3 and options_for({"report_cputime": True})["report_cputime"] == 1

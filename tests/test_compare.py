@@ -248,3 +248,17 @@ def test_rich_rendering_on_a_terminal(tmp_path, base):
     print_rich(compare_frames(read_results(base), read_results(new)), console)
     text = console.file.getvalue()
     assert "REGRESSION" in text and "FAIL" in text and "1G" in text
+
+
+def test_a_base_with_nothing_comparable_is_bad_input(tmp_path):
+    """A one-rank run's file (busbw 0, out-of-place N/A) against itself: exit 2, not a PASS
+    that compared nothing; the N/A cells read N/A."""
+    one = write_run(tmp_path / "one.csv", {1 << 10: 1.0, 1 << 20: 1.0})
+    frame = pd.read_csv(one)
+    frame["busbw_gbps"] = 0.0  # the factor is 0 on one rank
+    frame.loc[frame.placement == "out_of_place", ["time_us", "algbw_gbps", "busbw_gbps", "nwrong"]] = None
+    frame.to_csv(one, index=False)
+    result = run(one, one)
+    assert result.exit_code == 2 and "nothing to compare" in result.output, result.output
+    shown = run(one, one, "--metric", "time")
+    assert shown.exit_code == 0 and "N/A" in shown.output and "nan" not in shown.output, shown.output

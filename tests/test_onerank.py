@@ -65,7 +65,10 @@ def test_premul_sum_runs_a_kernel_even_on_one_rank():
 
 
 def test_na_cells_keep_the_layout_and_stay_out_of_the_summary():
-    na = onerank.not_measured(cell())
+    import dataclasses
+
+    na = onerank.not_measured(dataclasses.replace(cell(), rank_us=(12.5,)))
+    assert len(na.rank_us) == 1 and all(t != t for t in na.rank_us)  # the per-rank times too: nan, as the cell
     rows = [ResultRow("all_reduce", size, size // 4, "float", "sum", -1, na, cell(t, bw))
             for size, t, bw in ((8, 10.0, 0.5), (1024, 20.0, 3.0))]
     for per_iter in (False, True):

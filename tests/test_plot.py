@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.image
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -107,3 +108,19 @@ def test_unreadable_input_is_one_line(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "not a recognised results file" in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_file_whose_cells_are_all_na_is_one_clear_error(tmp_path):
+    """One rank on torch's backends: out-of-place is N/A everywhere. plot says so and how to
+    plot the in-place column, instead of matplotlib's log-scale error."""
+    frame = pd.DataFrame([{"collective": "all_reduce", "placement": p, "size_bytes": s, "count": s // 4,
+                           "dtype": "float", "op": "sum", "root": -1, "time_us": None if p == "out_of_place" else 20.0,
+                           "algbw_gbps": None if p == "out_of_place" else s / 20e3, "busbw_gbps": None if p == "out_of_place" else 0.0,
+                           "nwrong": None if p == "out_of_place" else 0, "ranks": 1, "backend": "nccl"}
+                          for s in (1024, 4096) for p in ("out_of_place", "in_place")])
+    path = tmp_path / "one.csv"
+    frame.to_csv(path, index=False)
+    bad = CliRunner().invoke(plot_command, [str(path), "-o", str(tmp_path / "p.png")])
+    assert bad.exit_code == 2 and "every cell left to plot is N/A" in bad.output, bad.output
+    good = CliRunner().invoke(plot_command, [str(path), "-o", str(tmp_path / "p.png"), "--placement", "in_place"])
+    assert good.exit_code == 0 and (tmp_path / "p.png").stat().st_size > 0, good.output

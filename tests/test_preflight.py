@@ -136,6 +136,26 @@ def test_preflight_passes_then_names_a_planted_slow_rank(tmp_path):
     assert any(e.startswith("rank 1 ") for h in doc["hosts"] for e in h["evidence"])
 
 
+def test_a_rank_that_never_calls_preflight_is_named_within_the_timeout_asked_for(tmp_path):
+    """preflight(timeout=3) on rank 0 while rank 1 never calls it: its first step (agreeing
+    on the inputs) ends at 3 s naming rank 1 (before: 600 s, the default, or until rank 1's
+    process went away)."""
+    rec = run_ranks("preflight_absent", 2, tmp_path, timeout=120)[0]
+    report = rec["report"]
+    assert not report["passed"] and report["timed_out"] and report["exit_code"] == 4, rec
+    assert "rank(s) 1" in report["failures"][0], rec
+    assert rec["elapsed"] < 20, rec  # 3 s, and gloo's own grace after the named ranks
+
+
+def test_the_agreement_deadline_reads_the_timeout_asked_for():
+    from ncclbench.api.preflight import DEFAULT_TIMEOUT_S, _agreement_timeout
+
+    assert _agreement_timeout(3, 10) == 3.0
+    assert _agreement_timeout(None, 30) == 90.0 and _agreement_timeout(None, 1) == 60.0
+    assert _agreement_timeout("soon", 1) == DEFAULT_TIMEOUT_S == _agreement_timeout(-1, 1)
+    assert _agreement_timeout(None, "x") == DEFAULT_TIMEOUT_S
+
+
 def test_command_times_out_on_a_stalled_rank(tmp_path):
     report = tmp_path / "report.json"
     r = run_cli(["preflight", "-g", "2", "--backend", "gloo", "--budget", "1", "-T", "3", "--json", str(report)],

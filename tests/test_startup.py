@@ -61,8 +61,13 @@ def test_help_and_version_import_nothing_heavy(tmp_path, args):
     (["show", "missing.json"], 2),
     (["plot", "missing.csv", "-o", "out.jpg"], 2),
     (["suite", "missing.yaml"], 2),
+    (["plot", "CONF", "-o", "no-such-dir/out.png"], 2),  # refused before the data is read
+    (["tune", "allreduce", "-g", "2", "--verify", "CONF", "--plugin", "no-such-plugin.so"], 2),
+    (["tune", "allreduce", "-g", "2", "--verify", "CONF", "--plugin", "CONF"], 2),  # not a shared library
 ])
 def test_usage_errors_import_nothing_heavy(tmp_path, args, code):
+    (tmp_path / "tuned.conf").write_text("allreduce,0,65536,tree,simple,-1,1,2\n")
+    args = [str(tmp_path / "tuned.conf") if a == "CONF" else a for a in args]
     r, heavy = heavy_imports(tmp_path, args)
     assert r.returncode == code, r.stderr[-2000:]
     assert r.stderr.strip().startswith("ncclbench") and "Traceback" not in r.stderr

@@ -86,7 +86,13 @@ def test_one_rank_says_there_is_nothing_to_tune(tmp_path):
     r, out = _tune(["allreduce", "-g", "1", "--rehearse", *SMALL], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "chooses no algorithm or protocol" in r.stdout
-    assert json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]["ranges"] == []
+    doc = json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]
+    assert doc["ranges"] == []
+    # torch's backends have no out-of-place call on one rank: the default column says N/A,
+    # never the in-place no-op's busbw (before: the in-place cell, thousands of GB/s)
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and ln.split()[0][0].isdigit()]
+    assert rows and all(row[1] == "N/A" for row in rows), r.stdout
+    assert all(v["default_busbw"] is None and v["default_repeats"] == [None, None] for v in doc["verdicts"])
     assert sorted(p.name for p in (out / "raw").glob("*.json")) == ["all_reduce.default.r1.json",
                                                                    "all_reduce.default.r2.json"]
 

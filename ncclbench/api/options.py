@@ -227,6 +227,7 @@ def options_for(values: dict) -> dict:
         if param.name in values and opts[param.name] is not None:
             if isinstance(opts[param.name], (dict, list)):
                 raise PlanError(f"{param.name} must be a single value (got {opts[param.name]!r})")
+            opts[param.name] = _whole_number(param, opts[param.name])
             try:
                 opts[param.name] = param.type_cast_value(ctx, opts[param.name])
             except click.BadParameter as exc:
@@ -235,6 +236,22 @@ def options_for(values: dict) -> dict:
         opts[key] = parse_size(opts[key])
     opts["datatype"], opts["op"], opts["root"] = str(opts["datatype"]), str(opts["op"]), str(opts["root"])
     return opts
+
+
+def _whole_number(param: click.Parameter, value):
+    """A count from Python (the API, a suite file) as the command line would read it: Click
+    truncates 2.7 to 2 and reads True as 1, so both are refused here; a bool is fine for a
+    0/1 switch (report_cputime=True)."""
+    if not isinstance(param.type, click.types.IntParamType):
+        return value
+    switch = isinstance(param.type, click.IntRange) and (param.type.min, param.type.max) == (0, 1)
+    if isinstance(value, bool):
+        if switch:
+            return int(value)
+        raise PlanError(f"{param.name} must be a whole number (got {value!r})")
+    if isinstance(value, float) and not value.is_integer():
+        raise PlanError(f"{param.name} must be a whole number (got {value!r})")
+    return value
 
 
 @functools.lru_cache(maxsize=None)

@@ -88,12 +88,23 @@ def resolve_groups(groups) -> list[tuple[str, object]]:
     return items
 
 
+def _agreement_timeout(timeout, budget_s) -> float:
+    """The deadline for agreeing on the inputs, before they are checked: the one asked for
+    (or the budget's default) where it reads as one, else DEFAULT_TIMEOUT_S. A rank that
+    never calls preflight is then named within the caller's timeout, not 600 s later."""
+    try:
+        value = max(60.0, 3.0 * float(budget_s)) if timeout is None else float(timeout)
+    except (TypeError, ValueError):
+        return DEFAULT_TIMEOUT_S
+    return value if 0 <= value < 1e6 else DEFAULT_TIMEOUT_S
+
+
 class Preflight:
     def __init__(self, groups, floor, budget_s, band, collectives, tolerance, datatype, timeout, json_path,
                  exit_on_timeout: bool = False):
         self.args = dict(groups=groups, floor=floor, budget_s=budget_s, band=band, collectives=collectives,
                          tolerance=tolerance, datatype=datatype, timeout=timeout)
-        self.timeout_s = DEFAULT_TIMEOUT_S  # until the inputs are checked
+        self.timeout_s = _agreement_timeout(timeout, budget_s)  # until the inputs are checked
         self.json_path, self.exit_on_timeout = json_path, exit_on_timeout
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
@@ -143,10 +154,16 @@ class Preflight:
             raise PlanError(f"budget_s must be above 0 and timeout at least 0 seconds (got {budget:g}, {timeout:g})")
         try:
             datatype = resolve_dtypes(a["datatype"])[0].name
-            collectives = [lookup(c).name for c in ([a["collectives"]] if isinstance(a["collectives"], str)
-                                                    else a["collectives"])]
-        except (ValueError, KeyError) as exc:
+        except ValueError as exc:
             raise PlanError(f"preflight: {first_line(exc)}") from None
+        names = [a["collectives"]] if isinstance(a["collectives"], str) else list(a["collectives"])
+        collectives = []
+        for name in names:
+            try:
+                collectives.append(lookup(str(name)).name)
+            except KeyError:
+                raise PlanError(f"preflight: unknown collective {name!r} (use {', '.join(PREFLIGHT_COLLECTIVES)}, "
+                                "or any ncclbench collective)") from None
         floor = parse_floor(a["floor"], a["tolerance"])
         baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
         dims = resolve_groups(a["groups"])
@@ -193,6 +210,9 @@ class Preflight:
         for d in [d for d in runs if all(len(g) == 1 for g in self.instances[d])]:
             self.notes.append(f"{d}: one-rank groups cross no link (busbw is 0 by definition): measured, not judged")
             judged[d] = []
+        for d in [d for d in runs if len(self.instances[d]) == 1 and len(self.instances[d][0]) > 1]:
+            self.notes.append(f"{d}: one group, so no peer group to compare it with: a slow rank in it shows only "
+                              "against the floor (--min-peak-busbw; give a mesh to compare groups)")
         rel = {d: judge_relative(cells, s["band"]) for d, cells in judged.items()}
         absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in judged.items()}
         wrong = {d: wrong_data(cells) for d, cells in runs.items()}

@@ -14,7 +14,7 @@ import click
 from ncclbench.api.params import SIZE, ParsedType
 from ncclbench.cli.types import OneLineErrorCommand
 from ncclbench.errors import BadInput, ExitCode
-from ncclbench.results.compare import (METRICS, Comparison, compare_frames, comparisons_to_frame, comparisons_to_json,
+from ncclbench.results.compare import (METRICS, NOT_COMPARABLE, Comparison, compare_frames, comparisons_to_frame, comparisons_to_json,
                                        format_plain, parse_threshold, print_rich, read_inputs)
 from ncclbench.results.readers import filter_results
 
@@ -49,6 +49,9 @@ def compare_command(base, new, metric, threshold, min_size, max_size, placement,
         if comparison.rows.empty:
             raise BadInput(f"no matching rows between {base} and {path} "
                            "(rows match on collective, dtype, op, root, size > 0 and placement, after filters)")
+        if (comparison.rows["status"] == NOT_COMPARABLE).all():
+            raise BadInput(f"nothing to compare between {base} and {path}: every matched row is 0 or N/A in BASE "
+                           "(one rank: busbw is 0, and torch's backends print out-of-place as N/A)")
         comparisons.append(comparison)
 
     _print_report(comparisons)

@@ -8,10 +8,11 @@ import click
 
 from ncclbench.api.params import SIZE
 from ncclbench.cli.types import OneLineErrorCommand
-from ncclbench.errors import BadInput
+from ncclbench.errors import BadInput, PlanError
 from ncclbench.lazy import lazy_import
 from ncclbench.results.compare import read_inputs
 from ncclbench.results.plot import check_output_name, plot_results
+from ncclbench.results.output import check_writable
 from ncclbench.results.readers import filter_results
 
 pd = lazy_import("pandas")
@@ -34,7 +35,8 @@ def plot_command(files: Sequence[str], output, placement, labels, title, min_siz
     the file records one, is a dashed line. Exit status: 0 written, 2 bad input."""
     try:
         check_output_name(output)  # before any file is read
-    except ValueError as exc:
+        check_writable(output, "image")
+    except (ValueError, PlanError) as exc:
         raise BadInput(str(exc)) from None
     frames = read_inputs(list(files), labels)
     frame = filter_results(pd.concat(frames, ignore_index=True, sort=False),

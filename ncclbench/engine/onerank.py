@@ -51,7 +51,7 @@ def not_measured(cell: PlacementResult) -> PlacementResult:
     """The cell printed N/A: no time, no bandwidth, nothing checked."""
     nan = math.nan
     return replace(cell, time_us=nan, algbw=nan, busbw=nan, nwrong=None, host_us=nan, per_iter=None, measured=False,
-                   device_us=None)
+                   device_us=None, rank_us=tuple(nan for _ in cell.rank_us))
 
 
 def honest_cells(cells: list[PlacementResult], collective: str, in_place_only, group_size: int) -> list[PlacementResult]:

@@ -289,8 +289,8 @@ def _display_table(c: Comparison) -> _DisplayTable:
             status += f" (#wrong {record['new_nwrong']:g})"
         cells.append([str(record[k]) for k in varying] + [
             format_size(int(record["size_bytes"])),
-            f"{record['base']:.2f}",
-            f"{record['new']:.2f}",
+            "N/A" if pd.isna(record["base"]) else f"{record['base']:.2f}",
+            "N/A" if pd.isna(record["new"]) else f"{record['new']:.2f}",
             "n/a" if pd.isna(ratio) else f"{ratio:.3f}",
             "" if pd.isna(ratio) else f"{round(record['change_pct'], 1) + 0.0:+.1f}%",  # + 0.0: no "-0.0%"
             status,
@@ -304,7 +304,7 @@ def _footer(c: Comparison) -> list[str]:
     counts = [f"{s[REGRESSION]} regression(s)", f"{s[WRONG]} with wrong results"]
     counts += [f"{s[IMPROVED]} improved"] if s[IMPROVED] else []
     counts += [f"{s[OK]} ok"]
-    counts += [f"{s[NOT_COMPARABLE]} not comparable (BASE value 0)"] if s[NOT_COMPARABLE] else []
+    counts += [f"{s[NOT_COMPARABLE]} not comparable (BASE value 0 or N/A)"] if s[NOT_COMPARABLE] else []
     lines = [f"{verdict}: {', '.join(counts)}, of {s['matched']} matched rows"]
     if c.base_unmatched or c.new_unmatched:
         lines.append(f"note: {c.base_unmatched} BASE row(s) and {c.new_unmatched} NEW row(s) had no match")

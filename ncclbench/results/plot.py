@@ -84,6 +84,10 @@ def build_figure(frame: pd.DataFrame, title: str | None = None) -> tuple[Figure,
     rows = frame[frame["size_bytes"] > 0]
     if rows.empty:
         raise ValueError("no rows with a size above 0 to plot")
+    rows = rows[pd.to_numeric(rows["time_us"], errors="coerce").notna()]  # N/A cells: nothing measured
+    if rows.empty:
+        raise ValueError("every cell left to plot is N/A (one rank on torch's backends has no out-of-place "
+                         "call: try --placement in_place)")
     # Repeated measurements of a point (a log holding the same test twice): keep the last.
     rows = rows.drop_duplicates(SERIES_KEYS + ["size_bytes"], keep="last")
     varying = [c for c in SERIES_KEYS if rows[c].nunique() > 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -114,10 +115,11 @@ def read_rows(path: str, into: Measured) -> None:
     for r in doc.get("results", []):
         size = int(r["size"])
         oop = r["out_of_place"]
-        if oop.get("bus_bw") is None:  # printed N/A (one rank, torch's backends): the in-place cell instead
-            oop = r["in_place"]
-        into.busbw.setdefault(size, []).append(float(oop["bus_bw"]))
-        into.time_us.setdefault(size, []).append(float(oop.get("time", oop.get("cpu_time", 0.0))))
+        # N/A (one rank on torch's backends: no out-of-place call) stays N/A, as nan: the
+        # in-place cell there times a call NCCL skips, not the out-of-place busbw asked for
+        bus, time_us = oop.get("bus_bw"), oop.get("time", oop.get("cpu_time"))
+        into.busbw.setdefault(size, []).append(float("nan") if bus is None else float(bus))
+        into.time_us.setdefault(size, []).append(float("nan") if time_us is None else float(time_us))
         wrong = any(float(r[p]["nwrong"] or 0) > 0 for p in ("out_of_place", "in_place") if r[p]["nwrong"] is not None)
         into.wrong[size] = into.wrong.get(size, False) or wrong
         into.log_bytes[size] = log_bytes(int(r["count"]), r["type"])
@@ -187,7 +189,8 @@ def perf_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> list[Perf
         if m is None:
             continue
         for size in sorted(m.busbw):
-            if size <= 0 or m.wrong.get(size) or size in outcome.overridden.get(combo.label, []):
+            if size <= 0 or m.wrong.get(size) or size in outcome.overridden.get(combo.label, []) \
+                    or any(math.isnan(b) for b in m.busbw[size]):
                 continue
             setting = outcome.choices.get(combo.label, {}).get(size)
             channels = setting[2] if setting and setting[2] else -1

@@ -3,6 +3,7 @@ collective. matplotlib is imported here only, when a plot is drawn."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 
@@ -39,6 +40,8 @@ def draw(outcome, path: str, nccl_text: str) -> None:
         if not sizes:
             continue
         values = [statistics.median(m.busbw[s]) for s in sizes]
+        if all(math.isnan(v) for v in values):  # N/A everywhere (one rank on torch's backends)
+            continue
         if label == "default":
             ax.plot(sizes, values, color="black", linewidth=3.0, label="NCCL default", zorder=10)
         else:

@@ -13,6 +13,7 @@ itself), as NCCL's optimize_config.py draws its ranges."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -31,7 +32,17 @@ class Series:
 
     @property
     def median(self) -> float:
+        """nan where the cell was N/A (one rank on torch's backends: no out-of-place call)."""
         return statistics.median(self.busbw) if self.busbw else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.busbw) and not math.isnan(self.median)
+
+
+def finite(values: list[float]) -> list[float | None]:
+    """Repeats for JSON: nan (not measured) as null."""
+    return [None if math.isnan(v) else v for v in values]
 
 
 @dataclass
@@ -48,7 +59,7 @@ class Verdict:
     def noise_pct(self) -> float | None:
         """The default's repeats: half their spread, in % of their median."""
         d = self.default
-        if len(d.busbw) < 2 or d.median <= 0:
+        if len(d.busbw) < 2 or not d.measured or d.median <= 0:
             return None
         return (max(d.busbw) - min(d.busbw)) / 2 / d.median * 100
 
@@ -69,7 +80,7 @@ def judge(size: int, default: Series, candidates: dict[str, Series], repeats: in
         return v
     v.best, v.best_series = max(eligible.items(), key=lambda kv: kv[1].median)
     base = default.median
-    v.gain_pct = (v.best_series.median / base - 1) * 100 if base > 0 else None
+    v.gain_pct = (v.best_series.median / base - 1) * 100 if base > 0 and v.best_series.measured else None
     if repeats < 2 or len(default.busbw) < 2:
         v.why = "one repeat: no noise band, no win called (use --repeat 3)"
         return v

@@ -12,7 +12,7 @@ from ncclbench.sizes import format_size
 from ncclbench.tune import analysis, table
 from ncclbench.tune.files import config_text, performance_csv
 from ncclbench.tune.plan import DEFAULT, ONE_RANK_NOTE, Combination
-from ncclbench.tune.ranges import RULE_TEXT, win_ranges
+from ncclbench.tune.ranges import RULE_TEXT, finite, win_ranges
 
 
 def collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results):
@@ -161,10 +161,11 @@ def outcome_json(outcome, ranges, setup) -> dict:
                                  "overridden_sizes": outcome.overridden.get(label, [])}
                          for label, s in outcome.status.items()},
         "nccl_choice": {str(size): list(s) for size, s in sorted(outcome.choices.get("default", {}).items())},
-        "verdicts": [{"size": v.size, "default_busbw": v.default.median, "default_repeats": v.default.busbw,
+        "verdicts": [{"size": v.size, "default_busbw": v.default.median if v.default.measured else None,
+                      "default_repeats": finite(v.default.busbw),
                       "noise_pct": v.noise_pct, "nccl_choice": list(v.default.setting) if v.default.setting else None,
-                      "best": v.best, "best_busbw": v.best_series.median if v.best_series else None,
-                      "best_repeats": v.best_series.busbw if v.best_series else None,
+                      "best": v.best, "best_busbw": v.best_series.median if v.best_series and v.best_series.measured else None,
+                      "best_repeats": finite(v.best_series.busbw) if v.best_series else None,
                       "best_setting": list(v.best_series.setting) if v.best_series and v.best_series.setting else None,
                       "gain_pct": v.gain_pct, "win": v.win, "why": v.why} for v in outcome.verdicts],
         "ranges": [{"setting": list(r.setting), "combination": r.label, "sizes": r.sizes, "gains_pct": r.gains,

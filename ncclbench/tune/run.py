@@ -180,7 +180,7 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
 
         config = read_verify_config(request.verify)
         setup.verify_rows = (config, relevant_rows(setup, config))
-        setup.plugin = check_plugin(request.plugin, nccl_version())
+        setup.plugin = check_plugin(request.plugin, nccl_version)
     if backend == "nccl":
         check_gpus(request)
         if request.channels:

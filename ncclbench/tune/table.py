@@ -18,13 +18,20 @@ def setting_text(setting: tuple | None) -> str:
     return f"{algo or '?'}/{proto or '?'}" + (f" ch{channels}" if channels else "")
 
 
+def gbps_text(series) -> str:
+    """A median busbw in 9 columns: N/A where the cell was not measured."""
+    if series is None:
+        return f"{'-':>9s}"
+    return f"{series.median:9.2f}" if series.measured else f"{'N/A':>9s}"
+
+
 def verdict_line(v: Verdict) -> str:
     noise = f"+-{v.noise_pct:.1f}%" if v.noise_pct is not None else "N/A"
     best = v.best or "-"
-    busbw = f"{v.best_series.median:9.2f}" if v.best_series else f"{'-':>9s}"
+    busbw = gbps_text(v.best_series)
     gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
     win = {True: "yes", False: "no", None: "-"}[v.win]
-    return (f"  {format_size(v.size):>8s} {v.default.median:9.2f} {noise:>7s}  {setting_text(v.default.setting):<18s} "
+    return (f"  {format_size(v.size):>8s} {gbps_text(v.default)} {noise:>7s}  {setting_text(v.default.setting):<18s} "
             f"{best:<18s} {busbw} {gain}  {win:<4s} {v.why}")
 
 

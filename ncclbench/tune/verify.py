@@ -23,7 +23,8 @@ from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import format_size
 from ncclbench.tune import analysis
 from ncclbench.tune.plan import COLLECTIVES, DEFAULT, ONE_RANK_NOTE
-from ncclbench.tune.ranges import Series, judge
+from ncclbench.tune.ranges import Series, finite, judge
+from ncclbench.tune.table import gbps_text
 
 INTERFACES = (6, 5, 4, 3, 2)
 
@@ -44,9 +45,10 @@ def max_interface(nccl: tuple | None) -> int | None:
     return 5 if tuple(nccl[:2]) >= (2, 28) else 4
 
 
-def check_plugin(path: str, nccl: tuple | None) -> Plugin:
+def check_plugin(path: str, nccl) -> Plugin:
     """The plugin, loaded here once to read its exports; PlanError (exit 2) when NCCL could
-    not use it or it would crash NCCL."""
+    not use it or it would crash NCCL. `nccl`: NCCL's version, or a function that returns
+    it, asked only once the file is a loadable tuner plugin (reading it imports torch)."""
     if not os.path.isfile(path):
         raise PlanError(f"--plugin {path}: no such file")
     try:
@@ -60,6 +62,8 @@ def check_plugin(path: str, nccl: tuple | None) -> Plugin:
         name = (ctypes.c_char_p.in_dll(lib, f"ncclTunerPlugin_v{found[0]}").value or b"").decode(errors="replace")
     except ValueError:
         name = "?"
+    if callable(nccl):
+        nccl = nccl()
     newest = max_interface(nccl)
     version = ".".join(map(str, nccl)) if nccl else "?"
     if newest is not None and not any(v <= newest for v in found):
@@ -176,13 +180,13 @@ def collective_report(setup, coll, base, tuned, choices, rows):
         if row is not None:
             per_row[row.line].append((size, applied, v))
         gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
-        tuned_text = f"{v.best_series.median:9.2f}" if v.best_series else f"{'N/A':>9s}"
+        tuned_text = gbps_text(v.best_series) if v.best_series else f"{'N/A':>9s}"
         ran_text = "N/A" if ran is None else f"{ran[0]}/{ran[1]}" + (f" ch{ran[2]}" if ran[2] else "")
-        lines.append(f"  {format_size(size):>8s} {v.default.median:9.2f} {tuned_text} {gain}  "
+        lines.append(f"  {format_size(size):>8s} {gbps_text(v.default)} {tuned_text} {gain}  "
                      f"{(row.line if row else '-'):>5}  {ran_text:<18s} {({True: 'yes', False: 'NO', None: '-'}[applied]):<8s} "
                      f"{({True: 'yes', False: 'no', None: '-'}[v.win])} ({v.why})")
-        doc_sizes.append({"size": size, "row_line": row.line if row else None, "default": base.busbw[size],
-                          "plugin": tuned.busbw.get(size, []), "nccl_ran": list(ran) if ran else None,
+        doc_sizes.append({"size": size, "row_line": row.line if row else None, "default": finite(base.busbw[size]),
+                          "plugin": finite(tuned.busbw.get(size, [])), "nccl_ran": list(ran) if ran else None,
                           "applied": applied, "gain_pct": v.gain_pct, "above_noise": v.win})
     lines.append(f"# {coll}: per config row")
     if setup.nranks == 1:  # NCCL copies locally: it never asks the plugin, there is no gain to find
