@@ -91,6 +91,13 @@ def scenario_timeout(out, dist, torch, ncclbench, outdir):
     os._exit(0)
 
 
+def scenario_sweep_error(out, dist, torch, ncclbench, outdir):
+    """NCCLBENCH_FAULT makes rank 1's collective fail at 4096 B (set by the test)."""
+    out["error"] = caught(lambda: ncclbench.measure("all_reduce", "1K:16K:x4", iters=2, timeout=30))
+    _write(out, outdir, dist.get_rank())
+    os._exit(0)  # the group lost a peer: leave without a collective
+
+
 def scenario_preflight_absent(out, dist, torch, ncclbench, outdir):
     """Rank 1 never calls preflight: rank 0's own timeout (3 s) applies from its first step."""
     if dist.get_rank() == 1:

@@ -216,3 +216,13 @@ def test_counts_from_python_are_whole_numbers():
         with pytest.raises(PlanError, match="must be a whole number"):
             options_for(bad)
     assert options_for({"iters": 3.0})["iters"] == 3 and options_for({"report_cputime": True})["report_cputime"] == 1
+
+
+def test_a_collective_failing_on_one_rank_raises_its_cause_on_every_rank(tmp_path):
+    """Rank 1's collective fails mid-sweep; rank 0 only loses its peer. Both raise
+    CollectiveError with the same message, the failed rank's own (not 'lost a peer')."""
+    recs = run_ranks("sweep_error", 2, tmp_path, env={"NCCLBENCH_FAULT": "error:rank=1,size=4096"}, timeout=180)
+    kinds = {rec["error"][0] for rec in recs}
+    messages = {rec["error"][1] for rec in recs}
+    assert kinds == {"CollectiveError"} and len(messages) == 1, recs
+    assert messages.pop().startswith("rank 1 on ") and "during all_reduce at 4096 B" in recs[0]["error"][1], recs

@@ -517,10 +517,13 @@ def test_an_error_in_the_sweep_on_one_rank_is_one_line_naming_it(tmp_path, rank)
     assert not wait_gone(str(tmp_path))
 
 
-def test_a_killed_rank_is_one_line_naming_it_and_its_host(tmp_path):
+@pytest.mark.parametrize("deadline", ["60", "1"])
+def test_a_killed_rank_is_one_line_naming_it_and_its_host(tmp_path, deadline):
     """Killed mid-sweep (no word of its own): the -g launcher's line names it and its host;
-    rank 0, which only lost its peer, adds nothing on stderr but keeps why in its JSON."""
-    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", "60",
+    rank 0, which only lost its peer, adds nothing on stderr but keeps why in its JSON. With
+    -T 1 too: rank 0's wait for a posted cause is not a size's time (before, it ran into the
+    deadline: exit 4 and a second line)."""
+    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", deadline,
                  "-J", str(tmp_path / "r.json"), "--no-save"],
                 env={"NCCLBENCH_FAULT": "kill:rank=1,size=16384"}, timeout=180)
     assert r.returncode == 3, r.stderr[-3000:]
@@ -571,6 +574,9 @@ def test_the_first_cause_of_a_sweep_failure_is_kept_and_read():
     assert lost_peer("RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4")
     assert lost_peer("DistBackendError: NCCL error: remote process exited or there was a network error")
     assert not lost_peer("RuntimeError: CUDA error: an illegal memory access was encountered")
+    # a rank's own error that ends in generic words is its own, never kept quiet as a lost peer
+    assert not lost_peer("RuntimeError: CUDA error: unspecified launch failure; cudaMemcpy: Broken pipe")
+    assert not lost_peer("OSError: [Errno 111] Connection refused") and not lost_peer("EOFError: end of file")
 
 
 def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):

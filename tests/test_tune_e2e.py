@@ -122,3 +122,18 @@ runs:
     bad.write_text(suite.read_text().replace("iters: 2\n", "iters: 2\n    cudagraph: 1\n", 1))
     r = run_cli(["suite", str(bad), "-g", "2", "--backend", "gloo", "--no-save"], timeout=120)
     assert r.returncode == 2 and "'cudagraph' is not one of them" in r.stderr, r.stderr
+
+
+def test_a_combination_failing_on_every_rank_is_an_error_not_a_crash(tmp_path):
+    """Every rank's collective fails: each item is 'error' with the failed rank's line, all in
+    one launch (before the one-line report raised RankFailures past tune's handler, every
+    item read 'crashed' and was relaunched), and nothing but tune's progress on stderr."""
+    r, out = _tune(["allreduce", "-g", "2", "--rehearse", "--algos", "ring", "--protos", "ll", "-b", "1K", "-e", "16K",
+                    "-f", "4", "-n", "2", "-w", "1", "--repeat", "2", "--no-plot", "-T", "60"], tmp_path,
+                   env={"NCCLBENCH_FAULT": "error:rank=0,size=4096;error:rank=1,size=4096"})
+    assert r.returncode == 3, r.stderr[-3000:]
+    combos = json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]["combinations"]
+    assert {label: c["status"] for label, c in combos.items()} == {"default": "error", "ring/ll": "error"}
+    assert all(c["error"].startswith("rank ") and " during all_reduce at 4096 B" in c["error"] for c in combos.values())
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")] == [], r.stderr[-3000:]
+    assert "crashed" not in r.stderr

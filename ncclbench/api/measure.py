@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from ncclbench.errors import (BenchError, CollectiveError, ExitCode, LaunchError, PlanError, PreflightError,
                               TimeoutExpired, error_line, first_line)
+from ncclbench.engine.guard import CAUSE_KEY
 from ncclbench.engine.runner import RankHooks, failed_verdict, run_plan
 from ncclbench.engine.watchdog import PROGRESS_KEY, ProgressBoard, SizeWatchdog, default_store, hard_exit
 
@@ -354,6 +355,11 @@ class _ApiHooks(RankHooks):
 
     def say(self, message: str) -> None:
         self.said.append(message)
+
+    cause_on_every_rank = True  # every rank raises the same error
+
+    def cause_key(self, run_number: int) -> str:
+        return CAUSE_KEY  # the call's own store already (a prefix per group and call)
 
     def sweep_error(self, message: str) -> BaseException:
         return CollectiveError(message)

@@ -29,12 +29,13 @@ class Failure:
     message: str
 
 
-# Words with which a collective says that a peer went away (gloo, NCCL, the OS), rather
-# than what went wrong: on the ranks that merely lost a failed peer, these are the errors.
-LOST_PEER_SIGNS = ("reset by peer", "closed by peer", "connection closed", "broken pipe", "connection refused",
-                   "remote process exited", "communicator was aborted", "ncclremoteerror", "socket closed",
-                   "peer closed", "end of file")
-CAUSE_KEY = "ncclbench/sweep_cause"  # the first failure mid-sweep that was not a lost peer
+# What gloo and NCCL say when a peer went away, rather than what went wrong: on the ranks
+# that merely lost a failed peer, these are the errors. Only phrases that name the peer:
+# generic words (a broken pipe, end of file) also end a rank's own errors, which must
+# never be taken for a lost peer and kept quiet.
+LOST_PEER_SIGNS = ("reset by peer", "closed by peer", "remote process exited", "communicator was aborted",
+                   "ncclremoteerror")
+CAUSE_KEY = "ncclbench/sweep_cause"  # + /<run>: the first failure mid-sweep that was not a lost peer
 CAUSE_GRACE_S = 2.0  # how long rank 0, having lost a peer, waits for the peer's own reason
 
 
@@ -43,17 +44,17 @@ def lost_peer(message: str) -> bool:
     return any(sign in low for sign in LOST_PEER_SIGNS)
 
 
-def post_cause(store, message: str) -> None:
+def post_cause(store, message: str, key: str = CAUSE_KEY) -> None:
     """Offer `message` as the run's cause; the first one posted stays."""
     if store is None:
         return
     try:
-        store.compare_set(CAUSE_KEY, "", message)
+        store.compare_set(key, "", message)
     except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
         pass
 
 
-def read_cause(store, wait_s: float = 0.0) -> str | None:
+def read_cause(store, wait_s: float = 0.0, key: str = CAUSE_KEY) -> str | None:
     """The cause a failed rank posted, waiting up to `wait_s` for one (growing pauses,
     `check` not `wait`, which logs c10d warnings on every timeout)."""
     if store is None:
@@ -61,8 +62,8 @@ def read_cause(store, wait_s: float = 0.0) -> str | None:
     deadline, pause = time.monotonic() + wait_s, 0.01
     while True:
         try:
-            if store.check([CAUSE_KEY]):
-                return store.get(CAUSE_KEY).decode()
+            if store.check([key]):
+                return store.get(key).decode()
         except Exception:  # noqa: BLE001
             return None
         left = deadline - time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import os
 import socket
 import sys
@@ -14,8 +15,8 @@ from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches,
 from ncclbench.engine.collectives import CheckContext, Collective
 from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, RankFailures,
                               Terminated, error_line, first_line, interruption_message)
-from ncclbench.engine.guard import (CAUSE_GRACE_S, SetupBoard, attempt, lost_peer, post_cause, ranks_text, read_cause,
-                                    verdict)
+from ncclbench.engine.guard import (CAUSE_GRACE_S, CAUSE_KEY, SetupBoard, attempt, lost_peer, post_cause, ranks_text,
+                                    read_cause, verdict)
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
 from ncclbench.engine.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
@@ -426,7 +427,15 @@ class RankHooks:
     def say(self, message: str) -> None:
         print(error_line(None, message), file=sys.stderr, flush=True)
 
-    def sweep_failed(self, board, rank: int, nranks: int, doing: str | None, exc: Exception) -> tuple[str, bool]:
+    cause_on_every_rank = False  # True: every rank ends with the cause (the API raises it everywhere)
+
+    def cause_key(self, run_number: int) -> str:
+        """Where a failed rank posts its cause: one key per run_plan of this process (every
+        rank of the command line runs the same plans in the same order)."""
+        return f"{CAUSE_KEY}/{run_number}"
+
+    def sweep_failed(self, board, rank: int, nranks: int, doing: str | None, exc: Exception,
+                     key: str = CAUSE_KEY) -> tuple[str, bool]:
         """A collective failed mid-sweep on this rank: (the line the run ends with, whether
         this rank says it). A failure of its own is said here, with rank and host, and
         posted for the others; a rank that only lost a failed peer says nothing but takes
@@ -438,16 +447,18 @@ class RankHooks:
         during = f" during {doing}" if doing else ""
         host = socket.gethostname()
         store = getattr(board, "store", None)
-        if not lost_peer(own):
+        if not lost_peer(f"{type(exc).__name__}: {exc}"):  # the whole text: the cut one may lose the words
             message = f"rank {rank} on {host}{during}: {own}"
-            post_cause(store, message)
+            post_cause(store, message, key)
             return message, True
         message = f"rank {rank} on {host} lost a peer{during}: {own}"
-        if rank != 0:
+        if rank != 0 and not self.cause_on_every_rank:
             return message, False
-        cause = read_cause(store, CAUSE_GRACE_S if nranks > 1 else 0.0)
+        cause = read_cause(store, CAUSE_GRACE_S if nranks > 1 else 0.0, key)
         if cause is not None:
             return cause, False
+        if rank != 0:
+            return message, False
         one_node_spawn = bool(os.environ.get("NCCLBENCH_SPAWNED")) and \
             os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE")
         return message, not one_node_spawn
@@ -480,6 +491,7 @@ class RankHooks:
 
 
 _held_signals: list[int] = []
+_RUN_NUMBERS = itertools.count()  # run_plan calls in this process, for per-run store keys
 
 
 def hold_termination_signals() -> None:
@@ -602,6 +614,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     """One plan on this rank's backend; rank 0 reports through `make_report(plan, run_info)`.
     `hooks`: how the run meets the process around it (default: the command line's)."""
     hooks = hooks or RankHooks()
+    run_number = next(_RUN_NUMBERS)  # the same on every rank: each runs the same plans in order
     report = None
     rows: list[ResultRow] = []
     status, errors, said = "ok", [], False
@@ -617,7 +630,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         step, label = what.split("|", 1)
         hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
                         finish_on_timeout if report is not None else None,
-                        cause=lambda: read_cause(getattr(board, "store", None)))
+                        cause=lambda: read_cause(getattr(board, "store", None), key=hooks.cause_key(run_number)))
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
@@ -651,7 +664,9 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         errors = [interruption_message(exc)]
     except Exception as exc:  # noqa: BLE001 - any collective failure ends in one line, rows kept
         status = "error"
-        message, speak = hooks.sweep_failed(board, backend.rank, backend.nranks, doing[0], exc)
+        watchdog.disarm()  # what ran is over; the wait for a peer's cause below is not a size's time
+        message, speak = hooks.sweep_failed(board, backend.rank, backend.nranks, doing[0], exc,
+                                            hooks.cause_key(run_number))
         errors, said = [message], not speak
         if report is None:
             if speak:

@@ -42,12 +42,15 @@ class Fault:
         return rank == self.rank and (self.size is None or size is None or size >= self.size)
 
 
-def active(*kinds: str) -> Fault | None:
-    """The first fault of one of `kinds` in NCCLBENCH_FAULT (faults separated by `;`)."""
+def active(*kinds: str, rank: int | None = None) -> Fault | None:
+    """The first fault of one of `kinds` in NCCLBENCH_FAULT (faults separated by `;`); with
+    `rank`, the first one for that rank (so that `error:rank=0;error:rank=1` plants both)."""
     for text in os.environ.get(ENV, "").split(";"):
         kind, _, rest = text.strip().partition(":")
         if kind in kinds:
             fields = dict(part.split("=", 1) for part in rest.split(",") if "=" in part)
+            if rank is not None and int(fields.get("rank", 0)) != rank:
+                continue
             seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
             return Fault(kind, int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None,
                          seconds, float(fields.get("factor", 1)))
@@ -56,7 +59,7 @@ def active(*kinds: str) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall", "terms", "ints", "error")
+    f = active("kill", "stall", "terms", "ints", "error", rank=rank)
     if f is None or not f.applies(rank, size):
         return
     if f.kind in ("terms", "ints"):

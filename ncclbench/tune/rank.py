@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ncclbench.errors import CollectiveError, ExitCode, first_line
+from ncclbench.errors import CollectiveError, ExitCode, RankFailures, first_line
 from ncclbench.tune.plan import Combination
 
 
@@ -152,6 +152,18 @@ def say_progress(work, item, n, outcome, seconds) -> None:
           f"(repeat {item['round']}) {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
+def _quiet_sweep_hooks():
+    """The command line's hooks, except that a failed combination is not said on stderr:
+    tune's progress line says how each item ended."""
+    from ncclbench.engine.runner import RankHooks
+
+    class QuietSweep(RankHooks):
+        def sweep_failed(self, *args, **kwargs):
+            return super().sweep_failed(*args, **kwargs)[0], False
+
+    return QuietSweep()
+
+
 def run_item(item, plan, backend, info, work) -> dict:
     """One combination on a fresh communicator: {status, errors, comm_ready}."""
     from ncclbench.engine.runner import run_plan
@@ -167,8 +179,8 @@ def run_item(item, plan, backend, info, work) -> dict:
                     "comm_ready": False}
         streams = []
         try:
-            summary = run_plan(plan, backend, item_reporter(item, work, streams))
-        except CollectiveError as exc:  # ranks other than 0 hear of a failed call this way
+            summary = run_plan(plan, backend, item_reporter(item, work, streams), hooks=_quiet_sweep_hooks())
+        except (CollectiveError, RankFailures) as exc:  # ranks other than 0 hear of a failed call this way
             return {"status": "error", "errors": [str(exc)], "comm_ready": True}
         finally:
             for stream in streams:
