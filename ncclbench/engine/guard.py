@@ -54,23 +54,31 @@ def post_cause(store, message: str, key: str = CAUSE_KEY) -> None:
         pass
 
 
-def read_cause(store, wait_s: float = 0.0, key: str = CAUSE_KEY) -> str | None:
-    """The cause a failed rank posted, waiting up to `wait_s` for one (growing pauses,
-    `check` not `wait`, which logs c10d warnings on every timeout)."""
-    if store is None:
-        return None
-    deadline, pause = time.monotonic() + wait_s, 0.01
+def posted(store, name: str, seconds: float, longest_pause: float = 0.1) -> bool:
+    """Whether `name` is in the store, asking with `check` at growing intervals (5 ms up to
+    `longest_pause`) for at most `seconds`. Not `store.wait`: torch logs two c10d warning
+    lines on stderr for every wait that times out, and ranks that arrive seconds apart (a
+    slow device, a failed one) would bury the run's one error line under them. One small
+    request per rank every `longest_pause` at most, only while ranks are apart."""
+    deadline, pause = time.monotonic() + seconds, 0.005
     while True:
-        try:
-            if store.check([key]):
-                return store.get(key).decode()
-        except Exception:  # noqa: BLE001
-            return None
+        if store.check([name]):
+            return True
         left = deadline - time.monotonic()
         if left <= 0:
-            return None
+            return False
         time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.1)
+        pause = min(pause * 2, longest_pause)
+
+
+def read_cause(store, wait_s: float = 0.0, key: str = CAUSE_KEY) -> str | None:
+    """The cause a failed rank posted, waiting up to `wait_s` for one."""
+    if store is None:
+        return None
+    try:
+        return store.get(key).decode() if posted(store, key, wait_s) else None
+    except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+        return None
 
 
 def attempt(step: Callable[[], object], rank: int, what: str):
@@ -190,29 +198,12 @@ class SetupBoard:
     def _key(self, step: str):
         return lambda name: f"ncclbench/setup/{step}/{name}"
 
-    def _posted(self, name: str, seconds: float) -> bool:
-        """Whether `name` is in the store, asking with `check` at growing intervals (5 ms up
-        to POLL_MAX_S) for at most `seconds`. Not `store.wait`: torch logs two c10d warning
-        lines on stderr for every wait that times out, and ranks that arrive seconds apart
-        (a slow device, a failed one) would bury the run's one error line under them. One
-        small request per rank every POLL_MAX_S at most, only while ranks are apart."""
-        deadline = time.monotonic() + seconds
-        pause = 0.005
-        while True:
-            if self.store.check([name]):
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, self.POLL_MAX_S)
-
     def _settle(self, step: str, what: str, start: float, failed_here: bool) -> None:
         key = self._key(step)
         failure_seen = time.monotonic() if failed_here else None
         decided_at = speaker = None
         while True:
-            complete = self._posted(key("complete"), self.WAIT_S)
+            complete = posted(self.store, key("complete"), self.WAIT_S, self.POLL_MAX_S)
             if self.store.check([key("said")]):
                 # read before saying it was heard: the speaker may host the store and leave
                 # as soon as every rank has, and a read after that finds the store gone
