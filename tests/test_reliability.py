@@ -579,6 +579,39 @@ def test_the_first_cause_of_a_sweep_failure_is_kept_and_read():
     assert not lost_peer("OSError: [Errno 111] Connection refused") and not lost_peer("EOFError: end of file")
 
 
+def test_the_cause_is_waited_for_within_its_grace_and_a_gone_store_gives_none():
+    """Unit: a cause posted late, within the wait, is read; none posted costs the whole wait
+    and no more; the set-up wait polls until the key comes; a store that is gone with the
+    rank that hosted it gives no cause instead of an error."""
+    import threading
+
+    import torch.distributed as dist
+
+    from ncclbench.engine.guard import post_cause, posted, read_cause
+
+    store = dist.HashStore()
+    threading.Timer(0.3, post_cause, (store, "rank 1 on h: late", "late")).start()
+    assert read_cause(store, 5.0, "late") == "rank 1 on h: late"
+    start = time.monotonic()
+    assert read_cause(store, 0.3, "never") is None
+    assert 0.3 <= time.monotonic() - start < 1.5
+    threading.Timer(0.3, store.set, ("complete", "1")).start()
+    assert posted(store, "complete", 5.0) and not posted(store, "absent", 0.0)
+
+    class Gone:
+        def check(self, keys):
+            raise RuntimeError("Connection reset by peer")
+
+        def get(self, key):
+            raise RuntimeError("Connection reset by peer")
+
+        def compare_set(self, key, expected, value):
+            raise RuntimeError("Connection reset by peer")
+
+    assert read_cause(Gone(), 1.0) is None
+    post_cause(Gone(), "ignored")  # cannot post: no error either
+
+
 def test_a_rank_stuck_in_its_set_up_is_named_at_the_deadline(tmp_path):
     """Rank 1 stays in its device set-up: at -T the others say so in one line and every
     rank leaves with the timeout code."""
