@@ -118,12 +118,12 @@ def scenario_preflight(out, dist, torch, ncclbench, outdir):
     tp = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     dp = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     groups = {"dp": dp[r % 2], "tp": tp[r // 2]}
-    # a wide band: this is a shared 2-core machine running 4 ranks (real clusters: the 20% default)
-    report = ncclbench.preflight(groups, budget_s=3, band="80%")
+    # the default band: gloo's, chosen for 4 ranks sharing 2 cores (NCCL's is 20%)
+    report = ncclbench.preflight(groups, budget_s=3)
     out["healthy"] = {"passed": report.passed, "failures": report.failures, "groups": len(report.groups)}
     out["sum_after_healthy"] = sum_check(dist, torch)
     os.environ["NCCLBENCH_FAULT"] = "slow:rank=1,us=20000"
-    report = ncclbench.preflight(groups, budget_s=3, band="80%", collectives=["all_reduce"],  # 20 ms an op: keep it short
+    report = ncclbench.preflight(groups, budget_s=3, collectives=["all_reduce"],  # 20 ms an op: keep it short
                                  json_path=os.path.join(outdir, "report.json"))
     os.environ.pop("NCCLBENCH_FAULT")
     out["slow"] = {"passed": report.passed, "failures": report.failures, "bad_ranks": report.bad_ranks,
@@ -139,6 +139,32 @@ def scenario_preflight(out, dist, torch, ncclbench, outdir):
     path = garbage if r == 1 else "300"  # a floor only rank 1 cannot read
     out["rank1_baseline"] = caught(lambda: ncclbench.preflight(groups, min_peak_busbw=path, budget_s=1))
     out["sum_end"] = sum_check(dist, torch)
+
+
+def slow_in_torch(dist, seconds: float) -> None:
+    """This process waits `seconds` in every collective and point-to-point call of
+    torch.distributed before it makes it: a slow node planted below ncclbench."""
+    def slowed(fn):
+        def call(*args, **kwargs):
+            time.sleep(seconds)
+            return fn(*args, **kwargs)
+        return call
+
+    for name in ("all_reduce", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
+                 "reduce_scatter_single", "batch_isend_irecv"):
+        if hasattr(dist, name):
+            setattr(dist, name, slowed(getattr(dist, name)))
+
+
+def scenario_preflight_one_group(out, dist, torch, ncclbench, outdir):
+    """One group, no floor, no mesh: healthy, then rank 2 slowed inside torch.distributed."""
+    report = ncclbench.preflight(groups={"all": None}, budget_s=2)
+    out["healthy"] = {"passed": report.passed, "failures": report.failures, "margins": report.margins}
+    if dist.get_rank() == 2:
+        slow_in_torch(dist, 0.02)
+    report = ncclbench.preflight(groups={"all": None}, budget_s=2, collectives=["all_reduce"])
+    out["slow"] = {"passed": report.passed, "failures": report.failures, "bad_ranks": report.bad_ranks,
+                   "drain": report.drain, "exit_code": int(report.exit_code), "hosts": report.hosts}
 
 
 def scenario_gpu(out, dist, torch, ncclbench, outdir):

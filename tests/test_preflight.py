@@ -40,10 +40,10 @@ def _cells(dim, times_by_group, busbw_by_group):
             for g in busbw_by_group for size in (1 << 20, 4 << 20)]
 
 
-def test_relative_judgement_finds_the_slow_group_and_its_ranks():
+def test_relative_judgement_finds_the_slow_group():
     cells = _cells("tp", {(0, 1): (900.0, 905.0), (2, 3): (100.0, 101.0)}, {(0, 1): 1.0, (2, 3): 9.0})
     found = judge_relative(cells, 0.2)
-    assert list(found.groups) == [(0, 1)] and set(found.ranks) == {0, 1}
+    assert list(found.groups) == [(0, 1)]
 
 
 def test_floors():
@@ -125,6 +125,8 @@ def test_preflight_passes_then_names_a_planted_slow_rank(tmp_path):
         slow = rec["slow"]
         assert not slow["passed"] and slow["bad_ranks"] == [1], slow
         assert "rank 1 (" in slow["failures"][0] and "drain" in slow["failures"][0] and slow["exit_code"] == 1
+        for healthy in (0, 2, 3):  # its partners in tp[0] and dp[1] are not named
+            assert all(f"rank {healthy} (" not in f for f in slow["failures"]), slow["failures"]
         assert slow["raised"][0] == "PreflightError" and "rank 1" in slow["raised"][1]
         assert slow == recs[0]["slow"]  # the same verdict on every rank
         for key in ("sum_after_healthy", "sum_after_slow", "sum_after_bad_baseline", "sum_end"):
@@ -134,6 +136,34 @@ def test_preflight_passes_then_names_a_planted_slow_rank(tmp_path):
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["passed"] is False and doc["drain"] and doc["bad_ranks"] == [1]
     assert any(e.startswith("rank 1 ") for h in doc["hosts"] for e in h["evidence"])
+
+
+def test_one_group_names_a_rank_slowed_inside_torch_distributed(tmp_path):
+    """`preflight(groups={"all": None})` on 4 ranks, no floor, no peer group: passes, then
+    fails naming rank 2 alone when torch.distributed itself waits 20 ms per call there."""
+    recs = run_ranks("preflight_one_group", 4, tmp_path, timeout=400)
+    for rec in recs:
+        assert rec["healthy"]["passed"], rec["healthy"]
+        slow = rec["slow"]
+        assert not slow["passed"] and slow["bad_ranks"] == [2] and slow["exit_code"] == 1, slow
+        assert slow["failures"][0].startswith("rank 2 (") and "drain" in slow["failures"][0], slow
+        assert all(f"rank {r} (" not in f for f in slow["failures"] for r in (0, 1, 3)), slow["failures"]
+        assert slow == recs[0]["slow"]
+
+
+def test_command_names_a_slow_rank_in_one_group_and_in_a_mesh(tmp_path):
+    """The command, default options on 4 gloo ranks (one group) and with --mesh dp=2,tp=2:
+    exit 1 naming rank 1 alone, never a partner."""
+    for extra in ([], ["--mesh", "dp=2,tp=2"]):
+        report = tmp_path / f"report{len(extra)}.json"
+        r = run_cli(["preflight", "-g", "4", "--backend", "gloo", "--budget", "2", "--collectives", "all_reduce",
+                     "--json", str(report), *extra], env={"NCCLBENCH_FAULT": "slow:rank=1,us=20000"}, timeout=300)
+        assert r.returncode == 1, (extra, r.stdout, r.stderr)
+        doc = json.loads(report.read_text())
+        assert doc["bad_ranks"] == [1] and doc["bad_links"] == [], (extra, doc["failures"])
+        failed = [ln for ln in r.stdout.splitlines() if ln.startswith("# FAILED")]
+        assert failed and all("rank 1 (" in ln for ln in failed), (extra, r.stdout)
+        assert not any(f"rank {h} (" in ln for ln in failed for h in (0, 2, 3)), (extra, r.stdout)
 
 
 def test_a_rank_that_never_calls_preflight_is_named_within_the_timeout_asked_for(tmp_path):
@@ -179,3 +209,111 @@ def test_the_rank_in_a_slow_group_of_every_dimension_is_named():
     assert list(p._mesh_culprit(slow, {}, set())) == [1]
     assert p._mesh_culprit(slow, {}, {1}) == {}  # cleared by the pair rounds
     assert p._mesh_culprit({("tp", (0, 1)): ["x"]}, {}, set()) == {}
+
+
+# ---- one group: ranks alone, pairs inside it, and who explains a slow group --------------------------
+def test_a_rank_slow_alone_is_found_among_two_or_more():
+    from ncclbench.api.verdict import judge_solo
+
+    assert list(judge_solo({0: 1e-4, 1: 3e-4}, 0.2)) == [1]  # two ranks: the slower one alone
+    assert list(judge_solo({0: 1e-4, 1: 1.1e-4, 2: 1e-4, 3: 9e-4}, 0.2)) == [3]
+    assert judge_solo({0: 1e-4, 1: 1.1e-4, 2: 1e-4, 3: 1.05e-4}, 0.2) == {}
+    assert judge_solo({0: 1e-4}, 0.2) == {}
+
+
+def test_rounds_inside_groups_cover_each_group_once_side_by_side():
+    from ncclbench.api.verdict import group_pair_rounds
+
+    groups = [(0, 2, 4, 6), (1, 3, 5)]
+    rounds = group_pair_rounds(groups)
+    assert len(rounds) == 3  # a group of 4 needs 3 rounds, of 3 also 3: run side by side
+    pairs = [p for rnd in rounds for p in rnd]
+    want = {(a, b) for g in groups for i, a in enumerate(g) for b in g[i + 1:]}
+    assert sorted(pairs) == sorted(want)
+    for rnd in rounds:  # nobody twice in one round
+        members = [r for p in rnd for r in p]
+        assert len(members) == len(set(members))
+
+
+def _sweep(values: dict, slow: dict) -> dict:
+    return {p: slow.get(p, v) for p, v in values.items()}
+
+
+def _four_pairs(v=100.0) -> dict:
+    return {(a, b): v for a in range(4) for b in range(a + 1, 4)}
+
+
+def test_pairs_inside_a_group_tell_a_slow_rank_from_a_slow_link():
+    from ncclbench.api.verdict import judge_group_pairs
+
+    kind = lambda a, b: (True, None)  # noqa: E731 - one host, one link type
+    g = [(0, 1, 2, 3)]
+    rank1 = {(0, 1): 30.0, (1, 2): 31.0, (1, 3): 29.0}
+    bad, links = judge_group_pairs([_sweep(_four_pairs(), rank1)] * 2, g, kind, 0.2)
+    assert list(bad) == [1] and links == {}  # not its partners, and no link
+    assert "3 of its 3 partners" in bad[1]
+    bad, links = judge_group_pairs([_sweep(_four_pairs(), {(0, 2): 40.0})] * 2, g, kind, 0.2)
+    assert bad == {} and list(links) == [(0, 2)]
+    # slow in one sweep only: nothing; a healthy sweep: nothing, and the margin is reported
+    margins: dict = {}
+    bad, links = judge_group_pairs([_sweep(_four_pairs(), rank1), _four_pairs()], g, kind, 0.2, margins)
+    assert bad == {} and links == {} and max(margins.values()) == 0.0
+    # pairs of another link type are not compared with NVLink pairs
+    pcie = lambda a, b: (True, "SYS" if (a < 2) != (b < 2) else "NV")  # noqa: E731
+    slower_across = _sweep(_four_pairs(), {(0, 2): 30.0, (0, 3): 30.0, (1, 2): 30.0, (1, 3): 30.0})
+    assert judge_group_pairs([slower_across] * 2, g, pcie, 0.2) == ({}, {})
+    assert judge_group_pairs([slower_across] * 2, g, kind, 0.2)[0] != {}  # which one kind would accuse
+
+
+def test_the_reference_of_a_suspects_pairs_is_known_good_pairs():
+    """Suspect 0's pair is 24% below the better half of all pairs (a fast pair of suspect 3
+    lifts it) but within 6% of the pair of known-good ranks: 0 is not convicted; 1 is."""
+    host = {r: "a" for r in range(9)}
+    repeats = [{(0, 4): 80.0, (3, 5): 125.0, (1, 6): 10.0, (7, 8): 85.0}] * 2
+    bad, fine = judge_pairs(repeats, [0, 1, 3], host, 0.2)
+    assert list(bad) == [1] and {0, 3} <= fine
+
+
+def _verdict_stub(groups: dict, convicted: dict, hosts=("h0", "h1", "h2", "h3")):
+    from ncclbench.api.preflight import Preflight
+
+    p = Preflight.__new__(Preflight)
+    p.host = dict(enumerate(hosts))
+    p.instances = groups
+    p.notes, p.pair_wrong, p.cost, p._clock = [], set(), {}, 0.0
+    p.setup = {"band": 0.2, "collectives": ["all_reduce"], "datatype": "float", "floor": Floor()}
+    p.transport, p.backends = {}, {d: "gloo" for d in groups}
+    p.localised = []
+    p._localise = lambda suspects, slow: (p.localised.append(list(suspects)) or ({}, set(suspects)))
+    return p
+
+
+def test_a_rank_found_slow_explains_its_groups_and_no_partner_is_accused():
+    from ncclbench.api.verdict import DimFindings
+
+    groups = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+    p = _verdict_stub(groups, {})
+    rel = {"tp": DimFindings({(0, 1): [(("all_reduce", 1 << 20, "out_of_place"), 10.0, 0.7)]}),
+           "dp": DimFindings({(1, 3): [(("all_reduce", 1 << 20, "out_of_place"), 10.0, 0.7)]})}
+    report = p._verdict({}, {"tp": [], "dp": []}, {}, rel, {"tp": {}, "dp": {}}, {"tp": {}, "dp": {}},
+                        ({1: "alone (its own all_gather) takes 3x"}, {}))
+    assert report.bad_ranks == [1] and report.drain == ["h1"] and p.localised == []
+    assert all("rank 0 " not in f and "rank 3 " not in f for f in report.failures), report.failures
+    assert "rank 1 (h1) is slow alone" in report.failures[0]
+    # nothing found inside: the rank in a slow group of every dimension is tried alone first
+    p = _verdict_stub(groups, {})
+    report = p._verdict({}, {"tp": [], "dp": []}, {}, rel, {"tp": {}, "dp": {}}, {"tp": {}, "dp": {}}, ({}, {}))
+    assert p.localised == [[1]]
+
+
+def test_one_group_fails_on_a_rank_found_inside_it_and_names_a_link_as_a_link():
+    p = _verdict_stub({"world": [(0, 1, 2, 3)]}, {})
+    none = {"world": {}}
+    report = p._verdict({}, {"world": []}, {}, {"world": judge_relative([], 0.2)}, none, none,
+                        ({2: "in world[0] (ranks 0,1,2,3): slow with 3 of its 3 partners"}, {}))
+    assert not report.passed and report.bad_ranks == [2] and report.drain == ["h2"]
+    assert report.failures == ["rank 2 (h2) in world[0] (ranks 0,1,2,3): slow with 3 of its 3 partners: drain h2"]
+    report = p._verdict({}, {"world": []}, {}, {"world": judge_relative([], 0.2)}, none, none,
+                        ({}, {(0, 3): "in world[0]: 40 GB/s"}))
+    assert not report.passed and report.bad_ranks == [] and report.drain == [] and report.bad_links == [[0, 3]]
+    assert "link between rank 0 (h0) and rank 3 (h3)" in report.failures[0]

@@ -41,21 +41,32 @@ ENV_HINTS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NE
              "NCCL_P2P_LEVEL", "NCCL_NET_GDR_LEVEL", "NCCL_ALGO", "NCCL_PROTO")
 
 
-def preflight(groups=None, *, min_peak_busbw=None, budget_s: float = 10.0, band="20%",
+def preflight(groups=None, *, min_peak_busbw=None, budget_s: float = 10.0, band="auto",
               collectives=PREFLIGHT_COLLECTIVES, baseline_tolerance="10%", datatype: str = "float",
               timeout: float | None = None, json_path: str | None = None):
     """Check the job's process groups (None: the default group; {"dp": g1, "tp": g2}: each
     rank's own group of each dimension; or a list of groups) and return a PreflightReport,
     the same on every rank. `min_peak_busbw`: GB/s, '80%' of the link peak, or a results file
     (baseline, `baseline_tolerance` below it). `band`: how far below its peers a group or
-    rank may fall. `timeout`: seconds one step may take (default max(60, 3 x budget_s)).
+    rank may fall ('auto': DEFAULT_BAND of the groups' backend, from measured noise). `timeout`: seconds one step may take (default max(60, 3 x budget_s)).
     `json_path`: rank 0 writes the report there."""
     return Preflight(groups, min_peak_busbw, budget_s, band, collectives, baseline_tolerance, datatype,
                      timeout, json_path).run()
 
 
-def parse_band(value) -> float:
-    text = str(value).strip()
+# How far below its peers a group, a rank alone or a pair may fall before it is called slow,
+# chosen from the margins healthy runs showed (PreflightReport.margins; docs/api.md has the
+# counts): NCCL on one NVSwitch host stayed within a few percent; 4 gloo ranks sharing two
+# CPU cores fell up to 62% below their peers with nothing planted.
+DEFAULT_BAND = {"nccl": 0.2, "gloo": 0.9}
+
+
+def parse_band(value, backends=("nccl",)) -> float:
+    """A fraction from '20%', '0.2', or 'auto'/None (DEFAULT_BAND of the widest-noise backend
+    among `backends`)."""
+    text = str(value).strip().lower()
+    if value is None or text == "auto":
+        return max(DEFAULT_BAND[b] for b in backends)
     try:
         band = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
@@ -110,6 +121,8 @@ class Preflight:
         self.host: dict[int, str] = {}
         self.notes: list[str] = []
         self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
+        self.solo_group = None        # this rank's one-rank group (ncclbench.api.within)
+        self.margins: dict = {}       # {check: worst fraction below its reference}
 
     # ---- the phases ----
     def run(self):
@@ -128,6 +141,7 @@ class Preflight:
         except TimeoutExpired as exc:
             report = self._timed_out(str(exc))
         report.cost_s = dict(self.cost)
+        report.margins = dict(self.margins)
         if self.json_path and self.world.dist.get_rank() == 0:
             report.to_json(self.json_path)
         return report
@@ -168,7 +182,8 @@ class Preflight:
         baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
         dims = resolve_groups(a["groups"])
         backends = {name: group_backend_name(self.world.dist, g) for name, g in dims}
-        return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=parse_band(a["band"]),
+        band = parse_band(a["band"], sorted(set(backends.values())))
+        return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band,
                     collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
     def _gather_facts(self) -> None:
@@ -211,12 +226,12 @@ class Preflight:
             self.notes.append(f"{d}: one-rank groups cross no link (busbw is 0 by definition): measured, not judged")
             judged[d] = []
         for d in [d for d in runs if len(self.instances[d]) == 1 and len(self.instances[d][0]) > 1]:
-            self.notes.append(f"{d}: one group, so no peer group to compare it with: a slow rank in it shows only "
-                              "against the floor (--min-peak-busbw; give a mesh to compare groups)")
+            self.notes.append(f"{d}: one group, no peer group to compare it with: its ranks are judged alone and in "
+                              "pairs inside it; the group as a whole only against a floor (--min-peak-busbw)")
         rel = {d: judge_relative(cells, s["band"]) for d, cells in judged.items()}
         absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in judged.items()}
         wrong = {d: wrong_data(cells) for d, cells in runs.items()}
-        again = [d for d in runs if rel[d].groups or rel[d].ranks or absolute[d]]
+        again = [d for d in runs if rel[d].groups or absolute[d]]
         if again:  # one slow sample is not a verdict: measure again, keep what is flagged both times
             for d in again:
                 cells = self._measure_dim(d, plans[d])
@@ -225,7 +240,31 @@ class Preflight:
                 absolute[d] = {g: lines for g, lines in absolute[d].items() if g in second}
                 wrong[d].update(wrong_data(cells))
             self._phase("repeat")
-        return self._verdict(plans, runs, peaks, rel, absolute, wrong)
+        inside = self._inside_groups()
+        return self._verdict(plans, runs, peaks, rel, absolute, wrong, inside)
+
+    def _inside_groups(self) -> tuple[dict, dict]:
+        """({rank: evidence} slow alone or with most partners in its group, {(a, b): evidence}
+        slow links inside a group): what a group tells without a peer group or a floor."""
+        from ncclbench.api import within
+
+        plans = self.plans.values()
+        alone = within.judge_alone(self, max(p["max_bytes"] for p in plans), max(p["iters"] for p in plans))
+        paired, links = within.judge_inside_pairs(self, min(PAIR_MAX_BYTES, max(p["cap_bytes"] for p in plans)))
+        self._phase("ranks alone and in pairs")
+        for r, line in paired.items():
+            alone[r] = f"{alone[r]}; {line}" if r in alone else line
+        return alone, links
+
+    def pair_kind(self, a: int, b: int) -> tuple:
+        """What a pair is compared with: pairs on one host or across hosts, and of the same
+        GPU link type where the host's topology says (NVLink and PCIe pairs differ)."""
+        same = self.host[a] == self.host[b]
+        codes = (self.topo.get(self.host[a]) or {}).get("codes") if same else None
+        da, db = self.facts[a]["device"], self.facts[b]["device"]
+        if codes and da is not None and db is not None and max(da, db) < len(codes):
+            return same, codes[da][db]
+        return same, None
 
     # ---- sizing and measuring ----
     def _size_plan(self, dim: str) -> dict:
@@ -308,22 +347,26 @@ class Preflight:
         return peaks
 
     # ---- localisation and the report ----
-    def _verdict(self, plans, runs, peaks, rel, absolute, wrong):
+    def _verdict(self, plans, runs, peaks, rel, absolute, wrong, inside):
         from ncclbench.api.verdict import PreflightReport
 
+        convicted, inner_links = inside
         slow = self._slow_groups(rel, absolute)
-        flagged_ranks = {r: (d, hits) for d, f in rel.items() for r, hits in f.ranks.items()}
-        suspects = sorted({r for (_d, g) in slow for r in g} | set(flagged_ranks),
-                          key=lambda r: (-sum(r in g for (_d, g) in slow), r))
-        bad, fine = self._localise(suspects, slow) if suspects else ({}, set())
+        # a slow group with a rank already found slow is explained by it: its partners are
+        # not suspects; the rest are, the rank in a slow group of every dimension first
+        unexplained = {k: v for k, v in slow.items() if not set(k[1]) & set(convicted)}
+        culprit = self._mesh_culprit(unexplained, {}, set())
+        suspects = sorted(culprit) or sorted({r for (_d, g) in unexplained for r in g})
+        bad, fine = self._localise(suspects, unexplained) if suspects else ({}, set())
         self._phase("pairs")
-        bad.update(self._mesh_culprit(slow, bad, fine))
-        failures, host_evidence, links = self._explain(slow, flagged_ranks, bad, fine, wrong)
+        bad.update(self._mesh_culprit(unexplained, bad, fine))
+        bad.update(convicted)
+        failures, host_evidence, links = self._explain(slow, bad, fine, wrong, inner_links)
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
                                  bad_links=links, wrong_results=any(wrong.values()) or bool(self.pair_wrong),
                                  notes=self.notes)
         report.hosts = self._host_verdicts(host_evidence, bad)
-        report.groups = self._group_records(runs, peaks, slow, wrong)
+        report.groups = self._group_records(runs, peaks, slow, wrong, set(bad) | {r for p in links for r in p})
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
@@ -420,7 +463,7 @@ class Preflight:
         self.pair_wrong |= {(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers}
         return pair_busbw([t for t, _w in everyone], nbytes)
 
-    def _explain(self, slow, flagged_ranks, bad, fine, wrong) -> tuple[list, dict, list]:
+    def _explain(self, slow, bad, fine, wrong, inner_links) -> tuple[list, dict, list]:
         """Failure lines (worst news first), {host: [evidence]}, bad links."""
         failures, evidence, links = [], {}, []
 
@@ -438,10 +481,8 @@ class Preflight:
             culprits = [r for r in g if r in bad]
             head = f"{self._name(d, g)} on {_hosts_text(g, self.host)}: {lines[0]}"
             if culprits:
-                who = ", ".join(f"rank {r} ({self.host[r]})" for r in culprits)
-                why = ("slow with known-good partners" if all(bad[r].startswith("with rank") for r in culprits)
-                       else "in a slow group of every dimension")
-                failures.append(f"{head}; {who} {why}: drain {', '.join(sorted({self.host[r] for r in culprits}))}")
+                who = ", ".join(f"rank {r} ({self.host[r]}) {_short_reason(bad[r])}" for r in culprits)
+                failures.append(f"{head}; {who}: drain {', '.join(sorted({self.host[r] for r in culprits}))}")
                 for r in culprits:
                     note(r, f"{self._name(d, g)}: {lines[0]}")
             elif all(r in fine for r in g):
@@ -454,8 +495,17 @@ class Preflight:
                 failures.append(f"{head}; not localised to one rank")
                 for r in g:
                     note(r, f"{self._name(d, g)} (not localised): {lines[0]}")
+        explained = {r for (_d, g) in slow for r in g if r in bad}
         for r, line in sorted(bad.items()):
             note(r, f"rank {r} {line}")
+            if r not in explained:
+                failures.append(f"rank {r} ({self.host[r]}) {line}: drain {self.host[r]}")
+        for (a, b), line in sorted(inner_links.items()):
+            failures.append(f"the link between rank {a} ({self.host[a]}) and rank {b} ({self.host[b]}) is slow {line}; "
+                            "neither rank is slow alone or with its other partners")
+            links.append([a, b])
+            for r in (a, b):
+                note(r, f"link with rank {b if r == a else a}: {line}")
         for a, b in sorted(self.pair_wrong):
             failures.insert(0, f"wrong data between rank {a} ({self.host[a]}) and rank {b} ({self.host[b]}) "
                                "in the pair exchanges")
@@ -472,14 +522,15 @@ class Preflight:
             out.append({"host": host, "verdict": verdict, "ranks": ranks, "evidence": evidence.get(host, [])})
         return out
 
-    def _group_records(self, runs, peaks, slow, wrong) -> list[dict]:
+    def _group_records(self, runs, peaks, slow, wrong, found: set) -> list[dict]:
+        """One record per group; `found`: ranks found slow (or at a slow link) inside groups."""
         out = []
         for dim, cells in runs.items():
             for g in self.instances[dim]:
                 mine = [c for c in cells if c.group == g]
                 best = {coll: max(c.busbw for c in mine if c.collective == coll)
                         for coll in self.setup["collectives"] if any(c.collective == coll for c in mine)}
-                verdict = "wrong" if g in wrong.get(dim, {}) else ("slow" if (dim, g) in slow else "ok")
+                verdict = "wrong" if g in wrong.get(dim, {}) else ("slow" if (dim, g) in slow or set(g) & found else "ok")
                 out.append({"name": self._name(dim, g), "dim": dim, "ranks": list(g),
                             "hosts": sorted({self.host[r] for r in g}), "backend": self.backends[dim],
                             "best_busbw": best, "link_peak_gbps": peaks.get(g), "verdict": verdict,
@@ -508,8 +559,18 @@ def _both(first, second):
     """The findings flagged in both measurements (the second run's evidence)."""
     from ncclbench.api.verdict import DimFindings
 
-    return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups},
-                       ranks={r: h for r, h in second.ranks.items() if r in first.ranks})
+    return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups})
+
+
+def _short_reason(evidence: str) -> str:
+    """The kind of evidence a rank was found slow by, for a group's failure line."""
+    if evidence.startswith("alone"):
+        return "is slow alone"
+    if evidence.startswith("in "):
+        return "is slow with most of its partners in its group"
+    if evidence.startswith("with rank"):
+        return "is slow with known-good partners"
+    return "is in a slow group of every dimension"
 
 
 def _row_time_us(row) -> float:

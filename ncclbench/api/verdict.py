@@ -37,6 +37,15 @@ def reference(values: list[float]) -> tuple[float, float]:
     return ref, MAD_SIGMA * statistics.median(abs(v - ref) for v in upper)
 
 
+def worst_below(values: dict) -> float:
+    """How far the lowest value falls below the reference, as a fraction (0 when none does):
+    the margin a check had, reported beside its verdict."""
+    if len(values) < 2:
+        return 0.0
+    ref, _ = reference(list(values.values()))
+    return max(0.0, 1.0 - min(values.values()) / ref) if ref > 0 else 0.0
+
+
 def slow_outliers(values: dict, band: float) -> dict:
     """{key: fraction below the reference} for the keys whose (higher-is-better) value is
     slow; nothing with fewer than two values (no peers to compare with)."""
@@ -70,38 +79,29 @@ class Cell:
 
 @dataclass
 class DimFindings:
-    """What the relative judgement found in one mesh dimension: {group or rank: [evidence]}."""
+    """What the relative judgement found in one mesh dimension: {group: [evidence]}. (A rank's
+    own time per op says nothing about who is slow: ranks in lock-step all take as long as
+    the slowest; ranks are judged alone and in pairs instead, see judge_solo and
+    judge_group_pairs.)"""
 
     groups: dict = field(default_factory=dict)
-    ranks: dict = field(default_factory=dict)
 
 
 def judge_relative(cells: list[Cell], band: float) -> DimFindings:
-    """Groups of one dimension against each other (busbw) and ranks against each other (their
-    own time per op), key by key; a group or rank is slow when it is slow in more than half
-    of its keys."""
+    """Groups of one dimension against each other (busbw), key by key; a group is slow when
+    it is slow in more than half of its keys."""
     by_key: dict = {}
     for c in cells:
         by_key.setdefault(c.key, []).append(c)
     group_hits: dict = {}
-    rank_hits: dict = {}
     group_keys: dict = {}
-    rank_keys: dict = {}
     for key, cs in by_key.items():
         for c in cs:
             group_keys[c.group] = group_keys.get(c.group, 0) + 1
         for group, frac in slow_outliers({c.group: c.busbw for c in cs}, band).items():
             busbw = next(c.busbw for c in cs if c.group == group)
             group_hits.setdefault(group, []).append((key, busbw, frac))
-        rates = {r: 1.0 / t for c in cs for r, t in zip(c.group, c.rank_us) if t > 0}
-        for r in rates:
-            rank_keys[r] = rank_keys.get(r, 0) + 1
-        for r, frac in slow_outliers(rates, band).items():
-            rank_hits.setdefault(r, []).append((key, 1.0 / rates[r], frac))
-    found = DimFindings()
-    found.groups = {g: hits for g, hits in group_hits.items() if 2 * len(hits) > group_keys[g]}
-    found.ranks = {r: hits for r, hits in rank_hits.items() if 2 * len(hits) > rank_keys[r]}
-    return found
+    return DimFindings({g: hits for g, hits in group_hits.items() if 2 * len(hits) > group_keys[g]})
 
 
 # ---- floors --------------------------------------------------------------------------------------------
@@ -277,8 +277,12 @@ def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: floa
         for (a, b), v in busbw.items():
             kinds.setdefault(host[a] == host[b], {})[(a, b)] = v
         for values in kinds.values():
-            flagged = slow_outliers(values, band)
-            ref, _ = reference(list(values.values())) if len(values) >= 2 else (None, None)
+            # the reference: pairs of known-good ranks where the round has any (a suspect's
+            # pairs must not set the bar they are judged by), else the better half of all
+            known = [v for (a, b), v in values.items() if a not in slow_in and b not in slow_in]
+            ref = statistics.median(known) if known else (reference(list(values.values()))[0]
+                                                          if len(values) >= 2 else None)
+            flagged = {p: 1.0 - v / ref for p, v in values.items() if ref and v < ref * (1.0 - band)}
             for (a, b), v in values.items():
                 if ref is None:
                     continue
@@ -293,6 +297,68 @@ def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: floa
     bad = {s: lines[0] + (" (each time)" if n > 1 else "") for s, lines in slow_in.items() if len(lines) >= n and n}
     fine = {s for s, count in fine_in.items() if count >= n and s not in bad and n}
     return bad, fine
+
+
+# ---- inside one group: each rank alone, and the pairs of its members ----------------------------------
+def judge_solo(seconds: dict, band: float) -> dict:
+    """{rank: fraction below the others} for the ranks whose own op, run alone (a one-rank
+    group: no partner to wait for), is slow against the other ranks' (times per op)."""
+    return slow_outliers({r: 1.0 / t for r, t in seconds.items() if t > 0}, band)
+
+
+def group_pair_rounds(groups: list[tuple[int, ...]]) -> list[list[tuple[int, int]]]:
+    """Rounds that cover every pair inside each group (global ranks), the groups' own
+    round-robin rounds run side by side: round k of every group at once."""
+    from ncclbench.engine.pairs import tournament_rounds
+
+    per_group = [[[(g[a], g[b]) for a, b in pairs] for pairs in tournament_rounds(len(g))] for g in groups]
+    depth = max((len(r) for r in per_group), default=0)
+    return [sorted(p for rounds in per_group if k < len(rounds) for p in rounds[k]) for k in range(depth)]
+
+
+def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, band: float,
+                      margins: dict | None = None) -> tuple[dict, dict]:
+    """({rank: evidence} slow with most of its partners, {(a, b): evidence} slow links) inside
+    each group, from repeated pair sweeps ({(a, b): GB/s}). A pair is compared with the
+    group's pairs of the same `kind(a, b)` (same host, same link type; three at the least);
+    it is slow when it is flagged in every repeat. A rank is slow when at least two thirds of
+    its pairs (two at the least) are; the slow pairs its slow ranks do not explain are slow
+    links. `margins` (optional) gets {pair: its smallest fraction below the reference over the
+    repeats}: how close each pair came to being flagged."""
+    slow_pairs: dict = {}
+    below: dict = {}
+    for n, busbw in enumerate(repeats):
+        seen: dict = {}
+        for g in groups:
+            members = set(g)
+            kinds: dict = {}
+            for (a, b), v in busbw.items():
+                if a in members and b in members:
+                    kinds.setdefault(kind(a, b), {})[(a, b)] = v
+            for values in (v for v in kinds.values() if len(v) >= 3):
+                ref, _ = reference(list(values.values()))
+                for pair, v in values.items():
+                    frac = max(0.0, 1.0 - v / ref) if ref > 0 else 0.0
+                    below[pair] = frac if n == 0 else min(below.get(pair, 0.0), frac)
+                for pair, frac in slow_outliers(values, band).items():
+                    seen[pair] = (values[pair], frac, ref)
+        slow_pairs = seen if n == 0 else {p: v for p, v in seen.items() if p in slow_pairs}
+    if margins is not None:
+        margins.update(below)
+    bad: dict = {}
+    for g in groups:
+        for r in g:
+            mine = [p for p in repeats[0] if r in p and set(p) <= set(g)] if repeats else []
+            hits = [p for p in mine if p in slow_pairs]
+            if len(hits) >= 2 and 3 * len(hits) >= 2 * len(mine):
+                worst = min(hits, key=lambda p: slow_pairs[p][0])
+                v, frac, ref = slow_pairs[worst]
+                bad[r] = (f"slow with {len(hits)} of its {len(mine)} partners in its group, each time (worst: with "
+                          f"rank {worst[0] if worst[1] == r else worst[1]}, {v:.3g} GB/s, {100 * frac:.0f}% below "
+                          f"the group's reference {ref:.3g} GB/s)")
+    links = {p: (f"{v:.3g} GB/s, {100 * frac:.0f}% below the group's reference {ref:.3g} GB/s, each time")
+             for p, (v, frac, ref) in slow_pairs.items() if not set(p) & set(bad)}
+    return bad, links
 
 
 # ---- the report -------------------------------------------------------------------------------------
@@ -313,6 +379,7 @@ class PreflightReport:
     notes: list[str] = field(default_factory=list)
     plan: dict = field(default_factory=dict)
     cost_s: dict = field(default_factory=dict)
+    margins: dict = field(default_factory=dict)  # {check: the worst fraction below its reference, measured}
 
     @property
     def drain(self) -> list[str]:
@@ -347,6 +414,9 @@ class PreflightReport:
             best = ", ".join(f"{c} {v:.4g}" for c, v in g.get("best_busbw", {}).items())
             out.append(f"#  {g['name']:<28s} {g['verdict']:<6s} best busbw GB/s: {best or 'N/A'}")
             out.extend(f"#     {t}" for t in g.get("transport", []))
+        if self.margins:
+            worst = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.margins.items())
+            out.append(f"# Worst fall below the reference: {worst} (slow beyond {100 * self.plan.get('band', 0):.0f}%)")
         out.extend(f"# Note: {n}" for n in self.notes)
         for h in self.hosts:
             if h["verdict"] != "ok":
