@@ -8,7 +8,8 @@
 # full_nccl / full_cupy (every collective, configs/full.yaml), full_nccl_graph / full_cupy_graph
 # (-G 1 sweeps from 32 MiB), latency (small all_reduce, eager and -G 100, both backends),
 # topo (topo, p2p, pairs), hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
-# reliab (killed and stalled rank, wall times), register (-R 0/1/2), a2av (alltoallv: spread 1,
+# reliab (killed and stalled rank, wall times), preflight (false alarms and planted slow ranks,
+# benchmarks/preflight_verdicts.py, then the command), register (-R 0/1/2), a2av (alltoallv: spread 1,
 # spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
 # twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
 # GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
@@ -102,6 +103,20 @@ for stage in $STAGES; do
         rc=$?; s1=$(date +%s.%N)
         $PY -c "print('$f exit $rc wall %.1f s' % ($s1 - $s0))" >>"$LOG/reliab.txt"
         sleep 3; ps -eo pid,args | grep "[N]CCLBENCH\|-m ncclbench" >>"$LOG/reliab.txt" || echo "no ncclbench process left" >>"$LOG/reliab.txt"
+      done ;;
+    preflight)  # preflight's verdicts: false alarms and planted slow ranks in one job, then the command itself
+      timeout 400 $PY -m torch.distributed.run --standalone --nproc-per-node "$NP" benchmarks/preflight_verdicts.py \
+        --out "$LOG" --healthy "${HEALTHY:-10}" >"$LOG/preflight_verdicts.txt" 2>&1
+      for case in healthy slow mesh; do
+        [ "$case" = mesh ] && [ "$NP" != 4 ] && continue
+        fault=; [ "$case" != healthy ] && fault="slow:rank=1,us=2000"
+        mesh=; [ "$case" = mesh ] && mesh="--mesh dp=2,tp=2"
+        s0=$(date +%s.%N)
+        NCCLBENCH_FAULT=$fault timeout 200 ncclbench preflight -g "$NP" $mesh --json "$LOG/preflight_$case.json" \
+          >"$LOG/preflight_$case.txt" 2>&1
+        rc=$?; s1=$(date +%s.%N)
+        $PY -c "print('preflight -g $NP $mesh ${fault:+(NCCLBENCH_FAULT=$fault)}: exit $rc, %.1f s' % ($s1 - $s0))" \
+          >>"$LOG/preflight_cli.txt"
       done ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
