@@ -265,6 +265,22 @@ def test_pairs_inside_a_group_tell_a_slow_rank_from_a_slow_link():
     assert judge_group_pairs([slower_across] * 2, g, kind, 0.2)[0] != {}  # which one kind would accuse
 
 
+def test_pairs_of_another_distance_in_the_communicator_are_not_compared():
+    """4 ranks on one NVSwitch host (measured): the pairs at half the communicator's size,
+    0-2 and 1-3, exchange at 2/3 of the others' rate, every time. Compared apart they are no
+    slow links, and a slow rank 1 accuses neither 0 nor 2."""
+    from ncclbench.api.verdict import judge_group_pairs
+
+    by_distance = lambda a, b: (True, "NV18", (b - a) % 4 == 2)  # noqa: E731 - as Preflight.pair_kind
+    healthy = _sweep(_four_pairs(238.0), {(0, 2): 157.0, (1, 3): 158.0})
+    g = [(0, 1, 2, 3)]
+    assert judge_group_pairs([healthy] * 2, g, lambda a, b: (True, "NV18"), 0.2)[1]  # the false alarm seen
+    assert judge_group_pairs([healthy] * 2, g, by_distance, 0.2) == ({}, {})
+    slow1 = _sweep(healthy, {(0, 1): 26.7, (1, 2): 27.4, (1, 3): 25.2})
+    bad, links = judge_group_pairs([slow1] * 2, g, by_distance, 0.2)
+    assert list(bad) == [1] and links == {}
+
+
 def test_the_reference_of_a_suspects_pairs_is_known_good_pairs():
     """Suspect 0's pair is 24% below the better half of all pairs (a fast pair of suspect 3
     lifts it) but within 6% of the pair of known-good ranks: 0 is not convicted; 1 is."""

@@ -266,16 +266,16 @@ def pair_busbw(times: list[dict], nbytes: int) -> dict:
     return out
 
 
-def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: float) -> tuple[dict, set]:
+def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: float, kind=None) -> tuple[dict, set]:
     """({suspect: evidence line} slow with a known-good partner in every repeat, {suspects
-    fine with one in every repeat}). Pairs are compared within their kind (same host or
-    across hosts); a kind with fewer than two pairs decides nothing."""
+    fine with one in every repeat}). Pairs are compared within their kind (`kind(a, b)`;
+    default: same host or across hosts); a kind with fewer than two pairs decides nothing."""
     slow_in: dict = {s: [] for s in suspects}
     fine_in: dict = {s: 0 for s in suspects}
     for busbw in repeats:
         kinds: dict = {}
         for (a, b), v in busbw.items():
-            kinds.setdefault(host[a] == host[b], {})[(a, b)] = v
+            kinds.setdefault(kind(a, b) if kind else host[a] == host[b], {})[(a, b)] = v
         for values in kinds.values():
             # the reference: pairs of known-good ranks where the round has any (a suspect's
             # pairs must not set the bar they are judged by), else the better half of all
@@ -320,13 +320,14 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
                       margins: dict | None = None) -> tuple[dict, dict]:
     """({rank: evidence} slow with most of its partners, {(a, b): evidence} slow links) inside
     each group, from repeated pair sweeps ({(a, b): GB/s}). A pair is compared with the
-    group's pairs of the same `kind(a, b)` (same host, same link type; three at the least);
-    it is slow when it is flagged in every repeat. A rank is slow when at least two thirds of
-    its pairs (two at the least) are; the slow pairs its slow ranks do not explain are slow
+    group's pairs of the same `kind(a, b)` (same host, same link type, ...; three at the
+    least, else not judged); it is slow when it is flagged in every repeat. A rank is slow
+    when at least two thirds of its judged pairs (two at the least) are; the slow pairs its slow ranks do not explain are slow
     links. `margins` (optional) gets {pair: its smallest fraction below the reference over the
     repeats}: how close each pair came to being flagged."""
     slow_pairs: dict = {}
     below: dict = {}
+    judged: set = set()
     for n, busbw in enumerate(repeats):
         seen: dict = {}
         for g in groups:
@@ -336,6 +337,7 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
                 if a in members and b in members:
                     kinds.setdefault(kind(a, b), {})[(a, b)] = v
             for values in (v for v in kinds.values() if len(v) >= 3):
+                judged.update(values)
                 ref, _ = reference(list(values.values()))
                 for pair, v in values.items():
                     frac = max(0.0, 1.0 - v / ref) if ref > 0 else 0.0
@@ -348,7 +350,7 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
     bad: dict = {}
     for g in groups:
         for r in g:
-            mine = [p for p in repeats[0] if r in p and set(p) <= set(g)] if repeats else []
+            mine = [p for p in judged if r in p and set(p) <= set(g)]
             hits = [p for p in mine if p in slow_pairs]
             if len(hits) >= 2 and 3 * len(hits) >= 2 * len(mine):
                 worst = min(hits, key=lambda p: slow_pairs[p][0])
