@@ -10,6 +10,7 @@ from ncclbench.api.params import FiniteFloat, SIZE
 
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
+from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 
@@ -32,8 +33,9 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
               help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
 @click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
               help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
-@click.option("--repeat", type=int, default=3, show_default=True,
-              help="Measure every combination this many times (interleaved): the noise band a win must clear.")
+@click.option("--repeat", type=int, default=DEFAULT_REPEATS, show_default=True,
+              help=f"Measure every combination this many times (interleaved): the noise a win must clear; no win "
+              f"and no --verify under {MIN_REPEATS}.")
 @click.option("--min-gain", type=FiniteFloat(min=0), default=2.0, show_default=True,
               help="Smallest gain over NCCL's default, in %, worth calling a win.")
 @click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
