@@ -120,6 +120,21 @@ def test_win_rows_first_then_nccls_choice_every_call_gets_exactly_one_row():
     assert coverage.first_match(rows, "allgather", 1024, 1, 8) is None         # another collective
 
 
+def test_a_call_nccl_cannot_run_the_rows_pair_for_reaches_ring_simple_not_one_channel():
+    """NVLS reduces only some datatypes and ops: for a bf16 or avg call in a job tuned on
+    float sum, NCCL marks nvls/simple unusable, the plugin skips the row and tries the next."""
+    own = coverage.nccl_choice_rows("allreduce", {1 << 20: ("nvls", "simple", 16)}, 1, 8)
+    rows = own + coverage.fallback_rows("allreduce", 1, 8, own)
+    assert rows[-1].text() == f"allreduce,0,{MAX_BYTES},ring,simple,0,1,8" and rows[-1].role == "fallback"
+    assert coverage.first_match(own, "allreduce", 1 << 20, 1, 8, unusable={("nvls", "simple")}) is None
+    for size in (0, 1 << 20, MAX_BYTES):
+        assert coverage.first_match(rows, "allreduce", size, 1, 8, unusable={("nvls", "simple")}) is rows[-1]
+        assert coverage.first_match(rows, "allreduce", size, 1, 8) is own[0]
+    # where NCCL's own choice is ring/simple at every size, the row is there already
+    ring = coverage.nccl_choice_rows("allreduce", {1 << 20: ("ring", "simple", 16)}, 1, 8)
+    assert coverage.fallback_rows("allreduce", 1, 8, ring) == []
+
+
 def test_gaps_are_the_sizes_the_plugin_would_run_on_one_channel():
     rows = [ConfigRow("allreduce", 100, 200, "ring", "ll", 0, 1, 8), ConfigRow("allreduce", 150, 300, "ring", "ll", 0, 1, 8),
             ConfigRow("allreduce", 500, MAX_BYTES - 1, "ring", "ll", 0, 1, 8, 1, 0)]

@@ -2,7 +2,6 @@
 
 import math
 import random
-import statistics
 
 import pytest
 

@@ -81,9 +81,11 @@ def test_wins_ranges_and_files_from_launch_leftovers(tmp_path, capsys):
     assert "tree/ll            ok; NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL, 24 channel(s)" in out
     assert "nvls               left out: NCCL_NVLS_ENABLE=0 is set" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
-    # the win (channels 0: NCCL's own count for tree/ll, as measured), then NCCL's own choice at every size
+    # the win (channels 0: NCCL's own count for tree/ll, as measured), then NCCL's own choice at every size,
+    # then ring/simple for calls NCCL cannot run the matching row's pair for
     assert conf == ["allreduce,98305,393216,tree,ll,0,1,8,1,0", "allreduce,0,196608,ring,ll,0,1,8",
-                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8"]
+                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8",
+                    "allreduce,0,18446744073709551615,ring,simple,0,1,8"]
     assert "allreduce,196609,18446744073709551615,ring,ll128,0,1,8 NCCL's own choice at 256K-512K" in out
     assert "above 512K (not measured): NCCL's choice there, extended" in out
     with open(tmp_path / "performance.csv", newline="") as f:
@@ -107,7 +109,8 @@ def test_a_forced_setting_nccl_did_not_run_is_never_counted(tmp_path, capsys):
     assert "NCCL ran another algorithm/protocol at 256K: those sizes left out" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
     assert conf == ["allreduce,98305,196608,tree,ll,0,1,8,1,0", "allreduce,0,196608,ring,ll,0,1,8",
-                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8"]
+                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8",
+                    "allreduce,0,18446744073709551615,ring,simple,0,1,8"]
 
 
 def test_no_config_when_nccls_own_choice_is_unknown_at_a_measured_size(tmp_path, capsys):
@@ -151,62 +154,3 @@ assert 'matplotlib' in sys.modules
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "busbw_all_reduce.png").stat().st_size > 1000
-
-
-def _verify(tmp_path, tuned_busbw, wrong=()):
-    from ncclbench.tune import analysis, verify_report
-    from ncclbench.tune.files import parse_config_line
-
-    setup = _setup(tmp_path)
-    rows = [parse_config_line("allreduce,98305,393216,tree,ll,0,1,8,1,0", 3),
-            parse_config_line("allreduce,0,196608,ring,ll,0,1,8", 4),
-            parse_config_line("allreduce,196609,18446744073709551615,ring,ll128,0,1,8", 5)]
-    before = analysis.Measured(busbw={s: v[:2] for s, v in BUSBW["default"].items()})
-    after = analysis.Measured(busbw={s: v[2:] for s, v in BUSBW["default"].items()})
-    tuned = analysis.Measured(busbw=tuned_busbw, wrong={s: True for s in wrong})
-    choices = {65536: ("ring", "ll", 4), 131072: ("tree", "ll", 8), 262144: ("tree", "ll", 8),
-               524288: ("ring", "ll128", 16)}
-    judged = verify_report.Judged()
-    lines, doc = verify_report.collective_report(setup, "all_reduce", (before, after, tuned), choices, rows, judged)
-    return "\n".join(lines), doc, verify_report.verdict(judged, setup.nranks, False)
-
-
-def test_verify_judges_every_measured_size_and_names_each_slower_one(tmp_path):
-    """64K is inside NCCL's-own-choice rows, not a won range: it fails the run all the same."""
-    tuned = {65536: [5.0, 5.1, 4.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8], 524288: [80.1, 80.3, 79.7]}
-    text, doc, (code, verdict) = _verify(tmp_path, tuned)
-    assert code == 1
-    assert verdict == "NOT safe to deploy: slower than NCCL's default beyond noise at all_reduce 64K (-50.0 %)"
-    assert [d["slower"] for d in doc["sizes"]] == [True, False, False, False]
-    assert [d["faster"] for d in doc["sizes"]] == [False, True, True, False]
-    assert [d["row_line"] for d in doc["sizes"]] == [4, 3, 3, 5]
-    assert [d["applied"] for d in doc["sizes"]] == [True, True, True, True]
-    assert "line 3: allreduce,98305,393216,tree,ll,0,1,8,1,0: 2 size(s), NCCL applied it at 2; faster beyond noise " \
-           "at 2, slower at 0" in text
-    assert "line 4: allreduce,0,196608,ring,ll,0,1,8: 1 size(s), NCCL applied it at 1; faster beyond noise at 0, " \
-           "slower at 1" in text
-    assert "warning" not in text  # every size and kind of call is covered
-
-
-def test_verify_passes_when_nothing_is_slower_and_fails_on_wrong_results(tmp_path):
-    same = {s: [b * 1.001 for b in v] for s, v in BUSBW["default"].items()}
-    _text, _doc, (code, verdict) = _verify(tmp_path, same)
-    assert code == 0 and verdict.startswith("no measured size slower than NCCL's default beyond noise (4 size(s)")
-    _text, _doc, (code, verdict) = _verify(tmp_path, same, wrong=[262144])
-    assert code == 7 and verdict == "NOT safe to deploy: wrong results under the plugin at all_reduce 256K"
-    missing = {s: v for s, v in same.items() if s != 524288}
-    _text, _doc, (code, verdict) = _verify(tmp_path, missing)
-    assert code == 1 and "could not compare at all_reduce 512K (not measured under the plugin)" in verdict
-
-
-def test_verify_warns_of_sizes_and_calls_no_row_covers(tmp_path):
-    from ncclbench.tune import verify_report
-    from ncclbench.tune.files import parse_config_line
-
-    rows = [parse_config_line("allreduce,98305,393216,tree,ll,-1,1,8,1,0", 1)]
-    warnings = verify_report.coverage_warnings(rows, "allreduce", 1, 8)
-    assert warnings[0] == ("allreduce single calls (numPipeOps 1, regBuff 0) match no row at 0-98304 B, 393217-max B: "
-                           "the example plugin runs ONE channel there")
-    assert "registered buffers or CUDA graphs (numPipeOps 1, regBuff 1) match no row at 0-max B" in warnings[1]
-    assert "grouped calls" in warnings[2]
-    assert warnings[3].startswith("line 1: channels -1 keeps the example plugin's ONE channel")

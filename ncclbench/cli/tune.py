@@ -54,8 +54,10 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
                  check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
                  verify_conf, plugin, no_plot, worker):
     """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
-    channel limits) beats NCCL's own choice beyond run-to-run noise, and write them as a
-    config for NCCL's example tuner plugin (docs/tuning.md)."""
+    channel limits) beats NCCL's own choice beyond run-to-run noise, and write a config for
+    NCCL's example tuner plugin: those sizes, and NCCL's own choice at every other size.
+    --verify measures a config deployed against NCCL's default at every size
+    (docs/tuning.md)."""
     if worker:
         from ncclbench.tune.rank import run_worker
 

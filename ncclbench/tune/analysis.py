@@ -167,8 +167,8 @@ def measured_sizes(outcome: CollectiveOutcome) -> list[int]:
 
 def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[list[ConfigRow], list[str]]:
     """The tuner config rows of one collective (coverage.py says why these): the ranges won
-    (one call, unregistered buffers, as measured), then NCCL's own choice over every size;
-    and notes on wins that cannot be written. coverage.UnknownChoice when NCCL's choice is
+    (one call, unregistered buffers, as measured), then NCCL's own choice over every size,
+    then ring/simple for calls NCCL cannot run an earlier row's pair for; and notes on wins that cannot be written. coverage.UnknownChoice when NCCL's choice is
     not known at a measured size."""
     notes = []
     name = COLLECTIVES[outcome.collective][0]
@@ -176,11 +176,11 @@ def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[l
     if unknown:
         notes.append(f"{outcome.collective}: {len(unknown)} winning size(s) without a TUNING line saying what NCCL "
                      "ran (or its channel count under a --channels limit): NCCL's own choice is kept there")
-    rows = [ConfigRow(name, r.min_bytes, r.max_bytes, *r.setting, nnodes, nranks, 1, 0)
+    rows = [ConfigRow(name, r.min_bytes, r.max_bytes, *r.setting, nnodes, nranks, 1, 0, role="won")
             for r in win_ranges(outcome.verdicts)]
     own = outcome.choices.get("default", {})
     rows += coverage.nccl_choice_rows(name, {s: own.get(s) for s in measured_sizes(outcome)}, nnodes, nranks)
-    return rows, notes
+    return rows + coverage.fallback_rows(name, nnodes, nranks, rows), notes
 
 
 def perf_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> list[PerfRow]:

@@ -20,7 +20,13 @@ matches):
     measured size, channels 0, any numPipeOps and regBuff (NCCL's cost table does not
     depend on registration; for aggregated calls, numPipeOps > 1, NCCL's single-call
     choice is used). A measured size stands for the sizes halfway to its neighbours; above
-    the largest measured size NCCL's choice there is extended up to MAX_BYTES.
+    the largest measured size NCCL's choice there is extended up to MAX_BYTES;
+  * a last row, ring/simple with NCCL's own count over 0..MAX_BYTES. The plugin skips a
+    matching row whose algorithm/protocol NCCL marked unusable for the call (cost -1,
+    NCCL_ALGO_PROTO_IGNORE) and tries the next: NVLS for a datatype or op it cannot
+    reduce, PAT for an averaging reduce_scatter, in a job calling with another datatype or
+    op than the one tuned. Such a call reaches this row instead of the plugin's one
+    channel; NCCL has ring/simple for every collective.
 
 Rows match one communicator shape (nNodes, nRanks): calls of any other shape, and of
 collectives not in the file, match nothing and run on one channel."""
@@ -67,16 +73,26 @@ def nccl_choice_rows(name: str, choices: dict[int, tuple], nnodes: int, nranks: 
         algo, proto = choices[size][:2]
         last = rows[-1] if rows else None
         if last is not None and (last.algorithm, last.protocol) == (algo, proto):
-            rows[-1] = ConfigRow(name, last.min_bytes, hi, algo, proto, NCCL_OWN_CHANNELS, nnodes, nranks)
+            rows[-1] = ConfigRow(name, last.min_bytes, hi, algo, proto, NCCL_OWN_CHANNELS, nnodes, nranks, role="nccl")
         else:
-            rows.append(ConfigRow(name, lo, hi, algo, proto, NCCL_OWN_CHANNELS, nnodes, nranks))
+            rows.append(ConfigRow(name, lo, hi, algo, proto, NCCL_OWN_CHANNELS, nnodes, nranks, role="nccl"))
     return rows
 
 
+def fallback_rows(name: str, nnodes: int, nranks: int, before: list[ConfigRow]) -> list[ConfigRow]:
+    """The last row (see above), unless the rows before already end with the same one."""
+    row = ConfigRow(name, 0, MAX_BYTES, "ring", "simple", NCCL_OWN_CHANNELS, nnodes, nranks, role="fallback")
+    if before and before[-1].text() == row.text():
+        return []
+    return [row]
+
+
 def first_match(rows, collective: str, nbytes: int, nnodes: int, nranks: int, pipe_ops: int = 1,
-                reg_buff: int = 0) -> ConfigRow | None:
-    """The row the example plugin applies to one call (the first that matches), or None."""
-    return next((r for r in rows if r.matches(collective, nbytes, nnodes, nranks, pipe_ops, reg_buff)), None)
+                reg_buff: int = 0, unusable=()) -> ConfigRow | None:
+    """The row the example plugin applies to one call (the first that matches and whose
+    algorithm/protocol pair is not in `unusable` for that call), or None (one channel)."""
+    return next((r for r in rows if r.matches(collective, nbytes, nnodes, nranks, pipe_ops, reg_buff)
+                 and (r.algorithm, r.protocol) not in unusable), None)
 
 
 def gaps(rows, collective: str, nnodes: int, nranks: int, pipe_ops: int = 1, reg_buff: int = 0) -> list[tuple]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ncclbench.tune.plan import ALGO, MAX_CHANNELS, PROTO
 
@@ -64,6 +64,7 @@ class ConfigRow:
     pipe_ops: int | None = None   # None: field left out (matches any)
     reg_buff: int | None = None
     line: int = 0                 # where read_config found it
+    role: str = field(default="", compare=False)  # tune's: won | nccl (NCCL's own choice) | fallback
 
     def text(self) -> str:
         fields = [self.collective, self.min_bytes, self.max_bytes, self.algorithm, self.protocol, self.channels,

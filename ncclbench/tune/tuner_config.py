@@ -66,10 +66,13 @@ def explain(rows: list[ConfigRow], outcome) -> list[str]:
         inside = [s for s in sizes if row.min_bytes <= s <= row.max_bytes]
         where = (f"{format_size(inside[0])}-{format_size(inside[-1])}" if len(inside) > 1 else
                  format_size(inside[0]) if inside else "no measured size")
-        if row.pipe_ops == 1:
+        if row.role == "won":
             won = ranges.get((row.min_bytes, row.max_bytes))
             text = f"won at {where} ({gains_text(won.gains)})" if won else f"won at {where}"
             text += "; single calls, unregistered buffers"
+        elif row.role == "fallback":
+            text = ("only for calls NCCL cannot run a row above for (e.g. NVLS for a datatype it does not reduce): "
+                    "ring/simple, NCCL's own channel count")
         else:
             text = f"NCCL's own choice at {where}, NCCL's own channel count"
             if row.max_bytes == coverage.MAX_BYTES and sizes:
@@ -96,6 +99,9 @@ def comments(setup, config: TunerConfig, nccl_text: str) -> list[str]:
         "A measured size stands for the sizes halfway to its neighbours. Above the largest measured size, NCCL's "
         "choice at that size is extended to the largest size: not measured there; re-run tune with a larger -e if "
         "your job runs larger calls.",
+        "A last row per collective, ring/simple over every size, is reached only by calls for which NCCL cannot run "
+        "the algorithm/protocol of the row that matched (the plugin then tries the next row): NVLS for a datatype or "
+        "op it does not reduce, PAT for an averaging reduce_scatter.",
         "channels 0: NCCL computes its own channel count for the row's algorithm and protocol (NCCL takes 0 from the "
         "plugin as no override). -1 would keep the example plugin's ONE channel.",
         "Calls no row matches (another collective, a communicator of another size) run ONE channel under the "
