@@ -5,9 +5,12 @@ writes what each would leave on disk."""
 import json
 import os
 
+import pytest
+
 from ncclbench.errors import ExitCode
 from ncclbench.tune import run, verify
 from ncclbench.tune.files import parse_config_line, read_config
+from ncclbench.tune.ranges import Series, judge_deploy
 from test_tune_report import BUSBW, _raw, _setup
 
 def _verify(tmp_path, tuned_busbw, wrong=()):
@@ -147,3 +150,42 @@ def test_verify_passes_a_config_that_changes_nothing(tmp_path, monkeypatch, caps
     out, err = capsys.readouterr()
     assert code == ExitCode.OK, out
     assert "no measured size slower than NCCL's default beyond noise (4 size(s); faster beyond noise at 0)" in err
+
+
+def test_a_size_no_row_matches_is_judged_too(tmp_path):
+    """A hand-written file with only a winning row: the sizes outside it run one channel and
+    fail the run (before, --verify left them out of its exit code)."""
+    from ncclbench.tune import analysis, verify_report
+
+    setup = _setup(tmp_path)
+    rows = [parse_config_line("allreduce,98305,393216,tree,ll,8,1,8,1,0", 1)]
+    default = analysis.Measured(busbw=BUSBW["default"])
+    one_channel = {s: ([b / 10 for b in v] if s == 524288 else v) for s, v in BUSBW["default"].items()}
+    judged = verify_report.Judged()
+    lines, doc = verify_report.collective_report(setup, "all_reduce", (default, analysis.Measured(),
+                                                 analysis.Measured(busbw=one_channel)), {}, rows, judged)
+    code, verdict = verify_report.verdict(judged, setup.nranks, False)
+    assert code == 1 and verdict.endswith("at all_reduce 512K (-90.0 %)")
+    assert [d["row_line"] for d in doc["sizes"]] == [None, 1, 1, None]
+
+
+@pytest.mark.parametrize("before,after,plugin,verdict", [
+    ([100, 101, 100], [100, 101], [95, 95.5, 95.2, 94.9, 95.1], "SLOWER beyond noise"),
+    ([100, 108, 100], [100, 101], [95, 95.5, 95.2, 94.9, 95.1], "within noise"),      # one launch's repeats spread 8 %
+    ([100, 101, 100], [107, 107.5], [95, 95.5, 95.2, 94.9, 95.1], "within noise"),    # the default drifted 7 %
+    ([100, 101, 100], [100, 101], [98.5, 98.7, 98.6, 98.4, 98.5], "within noise"),    # -1.5 %: below --min-gain
+    ([100, 100, 100], [96, 96], [95.5, 95.5, 95.5, 95.5, 96.5], "within noise"),       # -4.5 %, drift 4 %: overlap
+    ([100, 101, 100], [100, 101], [105, 105.5, 105.2, 104.9, 105.1], "faster beyond noise"),
+])
+def test_when_a_size_is_slower_beyond_noise(before, after, plugin, verdict):
+    v = judge_deploy(4096, Series(before), Series(after), Series(plugin), 2.0)
+    assert v.why == verdict, (v.change_pct, v.noise_pct)
+    assert v.slower is (verdict.startswith("SLOWER"))
+
+
+def test_what_cannot_be_judged_is_not_called_safe():
+    assert judge_deploy(8, Series([1.0] * 3), Series([1.0] * 2), Series([1.0] * 5, wrong=True)).wrong is True
+    v = judge_deploy(8, Series([1.0] * 3), Series([1.0] * 2), Series([]))
+    assert v.slower is None and v.why == "not measured under the plugin"
+    v = judge_deploy(8, Series([1.0]), Series([]), Series([1.0, 1.0]))
+    assert v.slower is None and v.why.startswith("fewer than 3 repeats")

@@ -51,7 +51,6 @@ def build(setup, outcomes) -> TunerConfig:
         config.notes += notes
         config.explained[outcome.collective] = explain(rows, outcome)
     if unknown:
-        config.rows = []
         config.refused = (f"{'; '.join(unknown)}; a row there would impose a setting NCCL did not choose and a "
                           "missing row runs one channel (docs/tuning.md)")
     return config
