@@ -97,7 +97,7 @@ def test_an_unknown_choice_at_a_measured_size_refuses(broken, where):
     choices = {**_choices("all_reduce", CHOICES), **broken}
     with pytest.raises(coverage.UnknownChoice, match=f"allreduce: NCCL's choice is not in its TUNING log at {where}$"):
         coverage.nccl_choice_rows("allreduce", choices, 1, 8)
-    with pytest.raises(coverage.UnknownChoice, match="no measured size"):
+    with pytest.raises(coverage.UnknownChoice, match="allreduce: nothing was measured"):
         coverage.nccl_choice_rows("allreduce", {}, 1, 8)
 
 

@@ -63,7 +63,7 @@ def nccl_choice_rows(name: str, choices: dict[int, tuple], nnodes: int, nranks: 
     name). `choices`: measured size -> (algo, proto, ...) from the TUNING log; every
     value must name a known algorithm and protocol (UnknownChoice otherwise)."""
     if not choices:
-        raise UnknownChoice(f"{name}: no measured size has NCCL's choice in its TUNING log")
+        raise UnknownChoice(f"{name}: nothing was measured")
     unknown = [s for s, c in sorted(choices.items()) if not c or c[0] not in ALGO or c[1] not in PROTO]
     if unknown:
         raise UnknownChoice(f"{name}: NCCL's choice is not in its TUNING log at "

@@ -5,8 +5,8 @@ Noise, from the numbers of the run itself: at one size, the largest spread (fast
 slowest repeat, in % of the median) that any one configuration showed over its repeats.
 Every repeat runs on a fresh communicator, so the spread covers communicator-to-
 communicator differences as well as timing noise; taking the largest over all
-configurations measured at that size (the default and every forced one, 7 or more on one
-node) does not trust a default that happened to repeat closely.
+configurations measured at that size (the default and every forced one: 7 for all_reduce
+on one node with NVLS off) does not trust a default that happened to repeat closely.
 
 The rule (printed with every table): at one size a combination wins when
   * it ran every repeat with no wrong result, and the default did too;
@@ -21,7 +21,7 @@ Why MIN_REPEATS = 3 and DEFAULT_REPEATS = 5: with five forced combinations no fa
 than the default (small sizes, where eager timing measures the host's cost per call),
 the best of them passed the old rule (median >= 2 % up, no overlap) at 31-39 % of sizes
 with 2 repeats (three such "wins" of 11-24 % were not reproduced on 4 H200s), 9-12 % with
-3; with the noise term 9-11 % with 2, 1-2 % with 3, under 0.1 % with 5 (simulated,
+3; with the noise term 7-11 % with 2, 1-2 % with 3, under 0.1 % with 5 (simulated,
 relative noise 2-10 % per repeat with occasional stalls; docs/tuning.md).
 Winning sizes next to each other with the same row setting merge into one range. A
 measured size stands for the sizes halfway to its neighbours (the first from 0, the last

@@ -57,7 +57,7 @@ def collective_lines(title: str, header: list[str], verdicts: list[Verdict], com
     lines += [f"#   {c}" for c in combo_lines]
     lines.append("# size ranges where a forced combination wins:")
     lines += [f"#   {range_text(r)}" for r in ranges] or ["#   none"]
-    lines.append("# tuner config rows (every size covered; the first row that matches applies):")
+    lines.append("# tuner config (nccl_tuner.conf; the plugin applies the first row that matches):")
     lines += [f"#   {c}" for c in config] or ["#   none"]
     lines += [f"# note: {n}" for n in notes]
     return lines
