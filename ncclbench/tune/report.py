@@ -125,7 +125,8 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         ranges = win_ranges(outcome.verdicts)
         out += table.collective_lines(
             f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text), outcome.verdicts,
-            combo_lines(outcome, setup), ranges, setup.notes + config.notes, setup.request.min_gain,
+            combo_lines(outcome, setup), ranges,
+            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")], setup.request.min_gain,
             config_lines(config, outcome.collective)) + [""]
         doc["collectives"][outcome.collective] = outcome_json(outcome, ranges, setup)
     code = write_files(setup, doc, perf, config, outcomes)
