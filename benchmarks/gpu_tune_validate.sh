@@ -39,7 +39,7 @@ NCCLBENCH_TUNER_PLUGIN=$PLUGIN $PY -m pytest -m gpu -q -p no:cacheprovider tests
 tail -3 "$OUT/pytest.txt"
 
 stamp "tune on $NP GPU(s)"
-ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 --repeat 3 -o "$BUILD/tuned" \
+ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 -o "$BUILD/tuned" \
   >"$OUT/tune.txt" 2>"$OUT/tune.err"; echo "exit $?" >>"$OUT/tune.txt"
 cp "$BUILD/tuned/tune.json" "$BUILD/tuned/performance.csv" "$BUILD/tuned/nccl_tuner.conf" "$BUILD/tuned"/*.png "$OUT/" 2>/dev/null
 grep -h "NCCL INFO" "$BUILD"/tuned/probe/nccl.*.log 2>/dev/null | grep -E "Bytes -> Algo|Init COMPLETE|set by environment|coll channels" \
@@ -51,7 +51,7 @@ if [ -n "$PLUGIN" ]; then
   ncclbench tune allreduce -g "$NP" -b 1K -e 1M -f 8 --repeat 3 --verify "$BUILD/one_row.conf" --plugin "$PLUGIN" \
     -o "$BUILD/verified" >"$OUT/verify.txt" 2>"$OUT/verify.err"; echo "exit $?" >>"$OUT/verify.txt"
   if grep -qv '^#' "$BUILD/tuned/nccl_tuner.conf" 2>/dev/null; then
-    ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 --repeat 3 --verify "$BUILD/tuned/nccl_tuner.conf" \
+    ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 --verify "$BUILD/tuned/nccl_tuner.conf" \
       --plugin "$PLUGIN" -o "$BUILD/verified2" >"$OUT/verify_tuned.txt" 2>"$OUT/verify_tuned.err"
     echo "exit $?" >>"$OUT/verify_tuned.txt"
   fi

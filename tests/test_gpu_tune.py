@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
+from ncclbench.tune import coverage
+from ncclbench.tune.files import read_config
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +55,7 @@ def test_one_gpu_measures_the_default_and_says_there_is_nothing_to_tune(tmp_path
     assert doc["collectives"]["all_reduce"]["combinations"]["default"]["status"] == "ok"
     assert "NCCL read no NCCL_ALGO/NCCL_PROTO" in r.stdout  # the probe's log was read and attributed
     assert list((out / "probe").glob("nccl.*.log")) and (out / "busbw_all_reduce.png").exists()
-    assert [line for line in (out / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")] == []
+    assert not (out / "nccl_tuner.conf").exists() and "no nccl_tuner.conf written: one rank" in r.stdout
 
 
 def test_two_gpus_sweep_every_combination(tmp_path):
@@ -68,6 +70,9 @@ def test_two_gpus_sweep_every_combination(tmp_path):
     assert all(v["nccl_choice"] for v in doc["verdicts"])
     assert "NOT what was set" not in r.stdout
     assert doc["combinations"]["ring/simple ch4"]["status"] == "ok"
+    assert "too few to tell a gain from noise" in r.stdout  # two repeats call no win
+    rows = read_config(str(out / "nccl_tuner.conf"))  # NCCL's own choice at every size, read from its log
+    assert rows and coverage.gaps(rows, "allreduce", 1, 2) == [] and coverage.gaps(rows, "allreduce", 1, 2, 2, 1) == []
 
 
 def test_verify_with_nccls_example_plugin(tmp_path):
@@ -77,15 +82,35 @@ def test_verify_with_nccls_example_plugin(tmp_path):
     n = min(_gpus(), 2)
     conf = tmp_path / "tuned.conf"
     conf.write_text(f"allreduce,0,70000,ring,simple,2,1,{n},1,0\n")
-    r = run_cli(["tune", "allreduce", "-g", str(n), "-b", "1K", "-e", "1M", "-f", "8", "--repeat", "2",
+    r = run_cli(["tune", "allreduce", "-g", str(n), "-b", "1K", "-e", "1M", "-f", "8", "--repeat", "3",
                  "--verify", str(conf), "--plugin", plugin, "-o", str(tmp_path / "v")],
                 env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
-    assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: a row's gain did not come back (it was not a win)
+    assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: a size above the row (one channel) is slower
     assert "TUNER/ExamplePlugin: Loaded 1 tuning configurations" in r.stdout, r.stdout
     doc = json.loads((tmp_path / "v" / "verify.json").read_text())
     sizes = doc["collectives"]["all_reduce"]["sizes"]
     if n > 1:
         inside = [s for s in sizes if s["row_line"] == 1]
         assert inside and all(s["applied"] for s in inside), sizes
+        assert "match no row at 70001-max B: the example plugin runs ONE channel there" in r.stdout
     else:
         assert r.returncode == 0 and "not judged" in r.stdout
+
+
+def test_tunes_own_config_is_not_slower_where_it_matters(tmp_path):
+    """Issue 38: a config with only the winning rows ran 1 MiB-256 MiB 82-93 % slower under
+    the example plugin (one channel wherever no row matched). tune's file now covers every
+    size; deployed, no measured size may lose a quarter of NCCL's default (the verdict
+    itself, within noise, is in the exit code: 0 expected, 1 possible on a noisy host)."""
+    plugin = os.environ.get("NCCLBENCH_TUNER_PLUGIN")
+    if not plugin or _gpus() < 2:
+        pytest.skip("needs 2 GPUs and NCCLBENCH_TUNER_PLUGIN (docs/tuning.md)")
+    sweep = ["-g", "2", "-b", "64K", "-e", "64M", "-f", "32", "--repeat", "3", "--no-plot"]
+    r = run_cli(["tune", "allreduce", *sweep, "-o", str(tmp_path / "t")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    v = run_cli(["tune", "allreduce", *sweep, "--verify", str(tmp_path / "t" / "nccl_tuner.conf"), "--plugin", plugin,
+                 "-o", str(tmp_path / "v")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+    assert v.returncode in (0, 1), v.stderr[-3000:]
+    sizes = json.loads((tmp_path / "v" / "verify.json").read_text())["collectives"]["all_reduce"]["sizes"]
+    assert len(sizes) == 3 and all(s["applied"] for s in sizes), sizes
+    assert all(s["change_pct"] > -25 for s in sizes), sizes

@@ -61,6 +61,7 @@ def test_the_console_script_says_it_in_one_line():
     (["allreduce", "--rehearse", "--verify", "x.conf", "--plugin", "y.so"], ["cannot be rehearsed"]),
     (["allgather", "--algos", "tree"], ["none is an NCCL all_gather algorithm"]),
     (["allreduce", "--rehearse", "--repeat", "0"], ["--repeat must be at least 1"]),
+    (["allreduce", "--repeat", "2", "--verify", "x.conf", "--plugin", "y.so"], ["--verify needs --repeat 3 or more"]),
 ])
 def test_bad_input(args, words, capsys):
     _refused(args, *words, capsys=capsys)

@@ -77,11 +77,17 @@ def test_wins_ranges_and_files_from_launch_leftovers(tmp_path, capsys):
     assert rows["128K"].split()[-3:] == ["yes", "above", "noise"] and "+20.0%" in rows["128K"]
     assert "ring/ll128 ch8" in rows["256K"] and "tree/ll" in rows["256K"] and "+20.0%" in rows["256K"]
     assert " no " in rows["512K"]
-    assert "tree/ll ch8 (tree/ll) wins at 128K-256K (config 98305-393216 B): +20.0 %" in out
+    assert "tree/ll wins at 128K-256K (config 98305-393216 B): +20.0 %" in out
     assert "tree/ll            ok; NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL, 24 channel(s)" in out
     assert "nvls               left out: NCCL_NVLS_ENABLE=0 is set" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
-    assert conf == ["allreduce,98305,393216,tree,ll,8,1,8,1,0"]
+    # the win (channels 0: NCCL's own count for tree/ll, as measured), then NCCL's own choice at every size,
+    # then ring/simple for calls NCCL cannot run the matching row's pair for
+    assert conf == ["allreduce,98305,393216,tree,ll,0,1,8,1,0", "allreduce,0,196608,ring,ll,0,1,8",
+                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8",
+                    "allreduce,0,18446744073709551615,ring,simple,0,1,8"]
+    assert "allreduce,196609,18446744073709551615,ring,ll128,0,1,8 NCCL's own choice at 256K-512K" in out
+    assert "above 512K (not measured): NCCL's choice there, extended" in out
     with open(tmp_path / "performance.csv", newline="") as f:
         perf = list(csv.DictReader(f))
     assert len(perf) == 2 * 4 and {(r["algorithm"], r["channels"]) for r in perf} == {("tree", "8"), ("ring", "4")}
@@ -102,7 +108,36 @@ def test_a_forced_setting_nccl_did_not_run_is_never_counted(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "NCCL ran another algorithm/protocol at 256K: those sizes left out" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
-    assert conf == ["allreduce,98305,196608,tree,ll,8,1,8,1,0"]
+    assert conf == ["allreduce,98305,196608,tree,ll,0,1,8,1,0", "allreduce,0,196608,ring,ll,0,1,8",
+                    "allreduce,196609,18446744073709551615,ring,ll128,0,1,8",
+                    "allreduce,0,18446744073709551615,ring,simple,0,1,8"]
+
+
+def test_no_config_when_nccls_own_choice_is_unknown_at_a_measured_size(tmp_path, capsys):
+    """A symmetric kernel at 256K (no algorithm/protocol to reproduce): no file, one line, exit 6;
+    everything else is still written."""
+    setup = _setup(tmp_path)
+    RAN["default"][262144] = ("SYMMETRIC", "", 8)
+    try:
+        probe_items, probe_results, worlds = _probe(setup, tmp_path)
+    finally:
+        RAN["default"][262144] = ("RING", "LL128", 8)
+    log = tmp_path / "probe" / "nccl.gpu-host.4242.log"
+    log.write_text(log.read_text().replace(
+        "AllReduce: 262144 Bytes -> Algo SYMMETRIC proto  channel{Lo..Hi}={0..7}",
+        "AllReduce [Symmetric]: 262144 Bytes -> Kernel AllReduce_AGxLL_R nchannels 8 nthreads 512"))
+    items, results = _measured(setup, tmp_path)
+    assert report.finish(setup, probe_items, probe_results, worlds, items, results) == 6
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert errors == ["ncclbench tune: error: no nccl_tuner.conf written: allreduce: NCCL's choice is not in its TUNING "
+                      "log at 256K; a row there would impose a setting NCCL did not choose and a missing row runs one "
+                      "channel (docs/tuning.md)"]
+    assert not (tmp_path / "nccl_tuner.conf").exists()
+    assert (tmp_path / "performance.csv").exists()
+    doc = json.loads((tmp_path / "tune.json").read_text())
+    assert doc["tuner_config"]["written"] is False and "256K" in doc["tuner_config"]["why"]
+    assert "#   no nccl_tuner.conf written: allreduce: NCCL's choice is not in its TUNING log at 256K" in captured.out
 
 
 def test_the_plot_draws_one_line_per_combination_and_imports_matplotlib_only_then(tmp_path):
@@ -119,24 +154,3 @@ assert 'matplotlib' in sys.modules
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "busbw_all_reduce.png").stat().st_size > 1000
-
-
-def test_verify_says_per_row_whether_nccl_applied_it_and_the_gain_came_back(tmp_path):
-    from ncclbench.tune import analysis, verify
-    from ncclbench.tune.files import parse_config_line
-
-    setup = _setup(tmp_path)
-    rows = [parse_config_line("allreduce,98305,393216,tree,ll,8,1,8,1,0", 3),
-            parse_config_line("allreduce,393217,600000,ring,simple,16,1,8,1,0", 4)]
-    base = analysis.Measured(busbw=BUSBW["default"])
-    tuned = analysis.Measured(busbw={65536: [5.0, 5.1, 4.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8],
-                                     524288: [80.1, 80.3, 79.7]})
-    choices = {65536: ("ring", "ll", 1), 131072: ("tree", "ll", 8), 262144: ("tree", "ll", 8),
-               524288: ("ring", "simple", 16)}
-    lines, doc, ok = verify.collective_report(setup, "all_reduce", base, tuned, choices, rows)
-    text = "\n".join(lines)
-    assert "line 3: allreduce,98305,393216,tree,ll,8,1,8,1,0: 2 size(s), NCCL applied it at 2, gain above noise at 2: reproduced" in text
-    assert "line 4:" in text and "NOT reproduced" in text          # applied, but no faster than the default
-    assert "1 size(s) outside every row: worst -50.0 % at 64K" in text
-    assert ok is False
-    assert [d["applied"] for d in doc["sizes"]] == [None, True, True, True]

@@ -10,6 +10,7 @@ from ncclbench.api.params import FiniteFloat, SIZE
 
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
+from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 
@@ -32,8 +33,9 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
               help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
 @click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
               help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
-@click.option("--repeat", type=int, default=3, show_default=True,
-              help="Measure every combination this many times (interleaved): the noise band a win must clear.")
+@click.option("--repeat", type=int, default=DEFAULT_REPEATS, show_default=True,
+              help=f"Measure every combination this many times (interleaved): the noise a win must clear; no win "
+              f"and no --verify under {MIN_REPEATS}.")
 @click.option("--min-gain", type=FiniteFloat(min=0), default=2.0, show_default=True,
               help="Smallest gain over NCCL's default, in %, worth calling a win.")
 @click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
@@ -52,8 +54,10 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
                  check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
                  verify_conf, plugin, no_plot, worker):
     """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
-    channel limits) beats NCCL's own choice beyond run-to-run noise, and write them as a
-    config for NCCL's example tuner plugin (docs/tuning.md)."""
+    channel limits) beats NCCL's own choice beyond run-to-run noise, and write a config for
+    NCCL's example tuner plugin: those sizes, and NCCL's own choice at every other size.
+    --verify measures a config deployed against NCCL's default at every size
+    (docs/tuning.md)."""
     if worker:
         from ncclbench.tune.rank import run_worker
 

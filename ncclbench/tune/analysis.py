@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, field
 
 from ncclbench.dtypes import DTYPES
-from ncclbench.tune import nccl_log
+from ncclbench.tune import coverage, nccl_log
 from ncclbench.tune.files import ConfigRow, PerfRow
-from ncclbench.tune.plan import ALGO, COLLECTIVES, Combination
+from ncclbench.tune.plan import COLLECTIVES, Combination
 from ncclbench.tune.ranges import Series, Verdict, judge, win_ranges
 
 REFUSAL_WORDS = ("no algorithm/protocol available", "invalid usage", "ncclInvalidUsage", "invalid argument")
@@ -155,27 +155,32 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> l
             if setting is not None and setting[:2] != (combo.algo, combo.proto):
                 outcome.overridden.setdefault(combo.label, []).append(size)
                 continue  # NCCL ran something else than what was forced: not this combination's number
-            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting)
+            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting, combo.channels)
         out.append(judge(size, dseries, candidates, repeats, min_gain))
     return out
 
 
+def measured_sizes(outcome: CollectiveOutcome) -> list[int]:
+    """Every size above 0 that any combination of this collective measured."""
+    return sorted({s for m in outcome.measured.values() for s in m.busbw if s > 0})
+
+
 def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[list[ConfigRow], list[str]]:
-    """The tuner config rows for the ranges won, and notes on wins that cannot be written."""
-    rows, notes = [], []
+    """The tuner config rows of one collective (coverage.py says why these): the ranges won
+    (one call, unregistered buffers, as measured), then NCCL's own choice over every size,
+    then ring/simple for calls NCCL cannot run an earlier row's pair for; and notes on wins that cannot be written. coverage.UnknownChoice when NCCL's choice is
+    not known at a measured size."""
+    notes = []
     name = COLLECTIVES[outcome.collective][0]
-    unknown = [v.size for v in outcome.verdicts if v.win and v.best_series and v.best_series.setting is None]
+    unknown = [v.size for v in outcome.verdicts if v.win and v.best_series and v.best_series.row_setting is None]
     if unknown:
-        notes.append(f"{outcome.collective}: {len(unknown)} winning size(s) without a TUNING line to say what NCCL "
-                     "ran there: no row written for them")
-    for r in win_ranges(outcome.verdicts):
-        algo, proto, channels = r.setting
-        if channels is None or algo not in ALGO:
-            notes.append(f"{outcome.collective} {r.label} at {r.min_bytes}-{r.max_bytes} B: its channel count is not "
-                         "known (no TUNING line), so no row is written (-1 would run one channel)")
-            continue
-        rows.append(ConfigRow(name, r.min_bytes, r.max_bytes, algo, proto, channels, nnodes, nranks, 1, 0))
-    return rows, notes
+        notes.append(f"{outcome.collective}: {len(unknown)} winning size(s) without a TUNING line saying what NCCL "
+                     "ran (or its channel count under a --channels limit): NCCL's own choice is kept there")
+    rows = [ConfigRow(name, r.min_bytes, r.max_bytes, *r.setting, nnodes, nranks, 1, 0, role="won")
+            for r in win_ranges(outcome.verdicts)]
+    own = outcome.choices.get("default", {})
+    rows += coverage.nccl_choice_rows(name, {s: own.get(s) for s in measured_sizes(outcome)}, nnodes, nranks)
+    return rows + coverage.fallback_rows(name, nnodes, nranks, rows), notes
 
 
 def perf_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> list[PerfRow]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ncclbench.tune.plan import ALGO, MAX_CHANNELS, PROTO
 
@@ -21,6 +21,7 @@ PERF_COLUMNS = ["collective", "size_bytes", "algorithm", "protocol", "channels",
 CONFIG_FIELDS = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff"
 CONFIG_COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 _MAX_LINE = 255  # the plugin reads lines with fgets into a 256-byte buffer
+MAX_BYTES = 2 ** 64 - 1  # size_t on a 64-bit host: the plugin reads min/max_bytes with strtoull
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class ConfigRow:
     pipe_ops: int | None = None   # None: field left out (matches any)
     reg_buff: int | None = None
     line: int = 0                 # where read_config found it
+    role: str = field(default="", compare=False)  # tune's: won | nccl (NCCL's own choice) | fallback
 
     def text(self) -> str:
         fields = [self.collective, self.min_bytes, self.max_bytes, self.algorithm, self.protocol, self.channels,
@@ -73,15 +75,32 @@ class ConfigRow:
             fields.append(self.reg_buff)
         return ",".join(str(f) for f in fields)
 
-    def matches(self, collective: str, nbytes: int, nnodes: int, nranks: int) -> bool:
-        """The plugin's own test, for one unaggregated call on unregistered buffers."""
+    def matches(self, collective: str, nbytes: int, nnodes: int, nranks: int, pipe_ops: int = 1,
+                reg_buff: int = 0) -> bool:
+        """The plugin's own test; by default for one unaggregated call on unregistered buffers
+        (what tune measures)."""
         return (self.collective == collective and self.min_bytes <= nbytes <= self.max_bytes
                 and self.nnodes in (-1, nnodes) and self.nranks in (-1, nranks)
-                and self.pipe_ops in (None, -1, 1) and self.reg_buff in (None, -1, 0))
+                and self.pipe_ops in (None, -1, pipe_ops) and self.reg_buff in (None, -1, reg_buff))
+
+
+def comment_lines(text: str, width: int = 150) -> list[str]:
+    """One comment as `#` lines short enough for the plugin: it reads 255 characters of a line
+    at a time, and the rest of a longer comment would be read as a line of its own (one
+    that does not start with '#')."""
+    words, lines, line = text.split(" "), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return [f"# {line}".rstrip()[:_MAX_LINE - 1] for line in lines]
 
 
 def config_text(rows: list[ConfigRow], comments: list[str]) -> str:
-    lines = [f"# {c}" if c else "#" for c in comments]
+    lines = [part for c in comments for part in (comment_lines(c) if c else ["#"])]
     lines.append(f"# {CONFIG_FIELDS}")
     lines += [r.text() for r in rows]
     return "\n".join(lines) + "\n"
@@ -113,8 +132,8 @@ def parse_config_line(text: str, number: int) -> ConfigRow:
         raise ValueError(f"algorithm {f[3]!r} is not one the plugin reads ({', '.join(ALGO)}; lower case)")
     if f[4] not in PROTO:
         raise ValueError(f"protocol {f[4]!r} is not one the plugin reads ({', '.join(PROTO)}; lower case)")
-    lo = _int(f[1], "min_bytes", 0)
-    hi = _int(f[2], "max_bytes", 0)
+    lo = _int(f[1], "min_bytes", 0, MAX_BYTES)
+    hi = _int(f[2], "max_bytes", 0, MAX_BYTES)
     if lo > hi:
         raise ValueError(f"min_bytes {lo} is larger than max_bytes {hi}")
     return ConfigRow(
@@ -136,10 +155,10 @@ def read_config(path: str) -> list[ConfigRow]:
         raise ValueError(f"{path} is not a text file") from None
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
+        if len(line) >= _MAX_LINE:  # a comment too: its rest would be read as a line not starting with '#'
+            raise ValueError(f"{path} line {number}: longer than the plugin's {_MAX_LINE} characters")
         if line.startswith("#") or not line.strip():
             continue  # the plugin skips a line whose first character is '#', and empty lines
-        if len(line) >= _MAX_LINE:
-            raise ValueError(f"{path} line {number}: longer than the plugin's {_MAX_LINE} characters")
         try:
             rows.append(parse_config_line(line, number))
         except ValueError as exc:

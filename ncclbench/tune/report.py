@@ -9,8 +9,8 @@ import sys
 
 from ncclbench.errors import ExitCode
 from ncclbench.sizes import format_size
-from ncclbench.tune import analysis, table
-from ncclbench.tune.files import config_text, performance_csv
+from ncclbench.tune import analysis, table, tuner_config
+from ncclbench.tune.files import performance_csv
 from ncclbench.tune.plan import DEFAULT, ONE_RANK_NOTE, Combination
 from ncclbench.tune.ranges import RULE_TEXT, finite, win_ranges
 
@@ -31,7 +31,7 @@ def collective_outcome(setup, coll, probe_items, probe_results, attributions, it
         if m.busbw:
             measured[combo.label] = m
         status[combo.label], errors[combo.label] = combo_status(probe_of.get(combo), probe_results, runs)
-    reference = measured.get("default")
+    reference = measured.get("default") or next(iter(measured.values()), None)  # every combination has the sizes
     inits = {}
     for combo in [DEFAULT, *combos]:
         probe = probe_of.get(combo)
@@ -90,7 +90,8 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
              f"{setup.nranks} rank(s) on {setup.nnodes} node{gpu}; {req.options.get('datatype')} "
              f"{req.options.get('op')}; {len(outcome.combos)} forced combination(s) and NCCL's default, "
              f"{req.repeat} repeat(s) each, interleaved",
-             "busbw: out-of-place GB/s, median of the repeats; noise: half the default's spread over its repeats; "
+             "busbw: out-of-place GB/s, median of the repeats; noise: the largest spread (fastest - slowest repeat, "
+             "% of the median) of any configuration's repeats at that size; "
              "NCCL chose: algorithm/protocol and channels from its TUNING log"]
     if setup.backend == "gloo":
         lines.append("rehearsal on gloo: NCCL_ALGO/NCCL_PROTO select nothing here; the numbers are gloo's and no "
@@ -108,7 +109,7 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
            "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
            "rule": RULE_TEXT.format(gain=setup.request.min_gain), "notes": list(setup.notes),
            "interrupted": interrupted, "collectives": {}}
-    perf, config, config_notes, out, outcomes = [], [], [], [], []
+    perf, outcomes = [], []
     for coll in setup.request.collectives:
         outcome = collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results)
         outcomes.append(outcome)
@@ -117,24 +118,35 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         if not judged:
             for v in outcome.verdicts:
                 v.win, v.why = None, "rehearsal: no winner called" if setup.backend == "gloo" else "one rank"
-        ranges = win_ranges(outcome.verdicts)
-        rows, notes = analysis.config_rows(outcome, setup.nnodes, setup.nranks)
         perf += analysis.perf_rows(outcome, setup.nnodes, setup.nranks)
-        config += rows
-        config_notes += notes
+    config = tuner_config.build(setup, outcomes)
+    out = []
+    for outcome in outcomes:
+        ranges = win_ranges(outcome.verdicts)
         out += table.collective_lines(
-            f"ncclbench tune: {coll}", header(setup, outcome, nccl_text), outcome.verdicts,
-            combo_lines(outcome, setup), ranges, setup.notes + notes, setup.request.min_gain) + [""]
-        doc["collectives"][coll] = outcome_json(outcome, ranges, setup)
-    code = write_files(setup, doc, perf, config, config_notes, outcomes)
+            f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text), outcome.verdicts,
+            combo_lines(outcome, setup), ranges,
+            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")], setup.request.min_gain,
+            config_lines(config, outcome.collective)) + [""]
+        doc["collectives"][outcome.collective] = outcome_json(outcome, ranges, setup)
+    code = write_files(setup, doc, perf, config, outcomes)
     for line in out:
         print(line, flush=True)
+    if config.refused:
+        print(f"ncclbench tune: error: no {tuner_config.FILE_NAME} written: {config.refused}", file=sys.stderr,
+              flush=True)
     print(f"ncclbench tune: results in {setup.output_dir}", file=sys.stderr, flush=True)
     if interrupted:
         return ExitCode.INTERRUPTED
     if not any(o["verdicts"] for o in doc["collectives"].values()):
         return ExitCode.NCCL_ERROR  # not even NCCL's default could be measured
-    return code
+    return ExitCode.OUTPUT_ERROR if config.refused else code
+
+
+def config_lines(config, collective: str) -> list[str]:
+    if config.refused or config.skipped:
+        return [f"no {tuner_config.FILE_NAME} written: {config.refused or config.skipped}"]
+    return config.explained.get(collective, [])
 
 
 def nccl_version_text(logs, setup) -> str:
@@ -173,20 +185,16 @@ def outcome_json(outcome, ranges, setup) -> dict:
     }
 
 
-def write_files(setup, doc, perf, config, config_notes, outcomes) -> int:
-    """tune.json, performance.csv, nccl_tuner.conf and the plots; OUTPUT_ERROR if one failed."""
+def write_files(setup, doc, perf, config, outcomes) -> int:
+    """tune.json, performance.csv, nccl_tuner.conf (when it may be written) and the plots;
+    OUTPUT_ERROR if one failed."""
     folder = setup.output_dir
-    comments = ["NCCL tuner config (plugins/tuner/example format) written by ncclbench tune",
-                f"{doc['nccl']}, {setup.nranks} rank(s) on {setup.nnodes} node(s); only size ranges where a forced "
-                "combination beat NCCL's default beyond the noise band",
-                f"rule: {doc['rule']}",
-                "channels: the count each winner ran with (the example plugin runs ONE channel for -1, and for "
-                "every size no row matches)",
-                "numPipeOps 1, regBuff 0: as measured (one call per NCCL launch, buffers not registered)"]
-    comments += [f"note: {n}" for n in config_notes]
-    if setup.backend == "gloo":
-        comments.append("rehearsal on gloo: no rows")
-    files = {"tune.json": None, "performance.csv": performance_csv(perf), "nccl_tuner.conf": config_text(config, comments)}
+    files = {"tune.json": None, "performance.csv": performance_csv(perf)}
+    if config.refused or config.skipped:
+        doc["tuner_config"] = {"written": False, "why": config.refused or config.skipped}
+    else:
+        files[tuner_config.FILE_NAME] = config.text(tuner_config.comments(setup, config, doc["nccl"]))
+        doc["tuner_config"] = {"written": True, "rows": [r.text() for r in config.rows], "notes": config.notes}
     doc["files"] = {name: os.path.join(folder, name) for name in files}
     files["tune.json"] = json.dumps(doc, indent=1) + "\n"
     code = ExitCode.OK

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.tune.analysis import ItemResult
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
+from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 # options of the collective commands tune passes on (the rest keep their defaults)
 RUN_OPTIONS = ("minbytes", "maxbytes", "stepbytes", "stepfactor", "op", "datatype", "iters", "warmup_iters",
@@ -47,7 +48,7 @@ class TuneRequest:
     ngpus: int = 1
     backend: str | None = None
     rehearse: bool = False
-    repeat: int = 3
+    repeat: int = DEFAULT_REPEATS
     channels: tuple = ()
     algos: tuple | None = None
     protos: tuple | None = None
@@ -137,6 +138,9 @@ def check_request(request: TuneRequest) -> None:
         raise _fail(f"-g must be at least 1 (got {request.ngpus})")
     if request.repeat < 1:
         raise _fail(f"--repeat must be at least 1 (got {request.repeat})")
+    if request.verify and request.repeat < MIN_REPEATS:
+        raise _fail(f"--verify needs --repeat {MIN_REPEATS} or more to tell a slower size from noise "
+                    f"(got {request.repeat}; default {DEFAULT_REPEATS})")
     for coll in request.collectives:
         why = unsupported_collective(coll)
         if why:
@@ -224,10 +228,11 @@ def prepare_output(folder: str | None) -> str:
 
 
 # ---- launches ---------------------------------------------------------------------------------
-def work_items(setup: Setup, combos_for, rounds: int, csv: bool) -> list[dict]:
-    """Items in run order: repeat after repeat, each over every collective and combination."""
+def work_items(setup: Setup, combos_for, rounds: int, csv: bool, first: int = 1) -> list[dict]:
+    """Items in run order: repeat after repeat (numbered from `first`), each over every
+    collective and combination."""
     items = []
-    for r in range(1, rounds + 1):
+    for r in range(first, first + rounds):
         for coll in setup.request.collectives:
             for combo in combos_for(coll):
                 base = f"{coll}.{combo.file_key}"

@@ -5,7 +5,7 @@
         minbytes: 8
         maxbytes: 1G
         stepfactor: 2
-        tune: {repeat: 3, channels: "8,16", output_dir: tuned/all_reduce}
+        tune: {repeat: 5, channels: "8,16", output_dir: tuned/all_reduce}
 
 Each such entry is one `ncclbench tune` run (its own launches), after the suite's other
 entries; all of them are checked before anything starts."""
@@ -22,6 +22,7 @@ TUNE_KEYS = {"repeat", "channels", "algos", "protos", "min_gain", "output_dir", 
 def request_for(suite_file: str, run, ngpus, backend):
     from ncclbench.api import options as plan_options
     from ncclbench.tune.plan import parse_channels, parse_names
+    from ncclbench.tune.ranges import DEFAULT_REPEATS
     from ncclbench.tune.run import RUN_OPTIONS, TuneRequest
 
     where = f"suite {suite_file}: runs[{run.index}] ({run.label})"
@@ -38,7 +39,7 @@ def request_for(suite_file: str, run, ngpus, backend):
         opts = plan_options.options_for(dict(defaults, **run.options))
         request = TuneRequest(
             collectives=[run.collective], options={k: opts[k] for k in RUN_OPTIONS}, ngpus=ngpus or 1,
-            backend=backend, rehearse=bool(t.get("rehearse")), repeat=int(t.get("repeat", 3)),
+            backend=backend, rehearse=bool(t.get("rehearse")), repeat=int(t.get("repeat", DEFAULT_REPEATS)),
             channels=parse_channels(t.get("channels") if t.get("channels") is None else str(t["channels"])),
             algos=parse_names(t.get("algos"), "algorithm"), protos=parse_names(t.get("protos"), "protocol"),
             min_gain=float(t.get("min_gain", 2.0)), output_dir=t.get("output_dir"), plot=bool(t.get("plot", True)))

@@ -26,7 +26,7 @@ def gbps_text(series) -> str:
 
 
 def verdict_line(v: Verdict) -> str:
-    noise = f"+-{v.noise_pct:.1f}%" if v.noise_pct is not None else "N/A"
+    noise = f"{v.noise_pct:.1f}%" if v.noise_pct is not None else "N/A"
     best = v.best or "-"
     busbw = gbps_text(v.best_series)
     gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
@@ -39,11 +39,12 @@ def range_text(r: Range) -> str:
     span = f"{format_size(min(r.sizes))}-{format_size(max(r.sizes))}" if len(r.sizes) > 1 else format_size(r.sizes[0])
     low, high = f"{min(r.gains):+.1f}", f"{max(r.gains):+.1f}"
     gains = f"{low} %" if low == high else f"{low} .. {high} %"
-    return f"{setting_text(r.setting)} ({r.label}) wins at {span} (config {r.min_bytes}-{r.max_bytes} B): {gains}"
+    what = r.label if setting_text(r.setting) == r.label else f"{setting_text(r.setting)} ({r.label})"
+    return f"{what} wins at {span} (config {r.min_bytes}-{r.max_bytes} B): {gains}"
 
 
 def collective_lines(title: str, header: list[str], verdicts: list[Verdict], combo_lines: list[str],
-                     ranges: list[Range], notes: list[str], min_gain: float) -> list[str]:
+                     ranges: list[Range], notes: list[str], min_gain: float, config: list[str] = ()) -> list[str]:
     lines = [f"# {title}"] + [f"# {h}" for h in header]
     lines.append(f"# rule: {RULE_TEXT.format(gain=min_gain)}")
     lines.append("#")
@@ -56,5 +57,7 @@ def collective_lines(title: str, header: list[str], verdicts: list[Verdict], com
     lines += [f"#   {c}" for c in combo_lines]
     lines.append("# size ranges where a forced combination wins:")
     lines += [f"#   {range_text(r)}" for r in ranges] or ["#   none"]
+    lines.append("# tuner config (nccl_tuner.conf; the plugin applies the first row that matches):")
+    lines += [f"#   {c}" for c in config] or ["#   none"]
     lines += [f"# note: {n}" for n in notes]
     return lines

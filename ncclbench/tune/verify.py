@@ -1,9 +1,10 @@
-"""`ncclbench tune --verify CONF --plugin SO`: measure NCCL's default, then the same sweep
-with NCCL's example tuner plugin reading CONF, and show per config row whether NCCL applied
-it and whether the gain came back.
+"""`ncclbench tune --verify CONF --plugin SO`: measure NCCL's default and the same sweep with
+NCCL's example tuner plugin reading CONF, and judge at every measured size whether the
+config made it slower than NCCL's default beyond the noise (verify_report.py).
 
 NCCL loads a tuner plugin once per process (src/plugin/tuner.cc keeps its load status for
-the process), so the default and the plugin run in launches of their own; a third,
+the process), so the default and the plugin run in launches of their own: the default
+before and after the plugin's, so that a drift between launches shows; a fourth,
 untimed, launch logs what NCCL ran under the plugin. What is checked before any launch:
 the config, line by line (files.read_config); that the plugin loads and exports an
 interface this NCCL loads (NCCL 2.26-2.27 load tuner v2-v4, 2.28-2.29 up to v5, 2.30 up to
@@ -20,11 +21,8 @@ import sys
 from dataclasses import dataclass
 
 from ncclbench.errors import ExitCode, PlanError
-from ncclbench.sizes import format_size
 from ncclbench.tune import analysis
-from ncclbench.tune.plan import COLLECTIVES, DEFAULT, ONE_RANK_NOTE
-from ncclbench.tune.ranges import Series, finite, judge
-from ncclbench.tune.table import gbps_text
+from ncclbench.tune.plan import COLLECTIVES, DEFAULT
 
 INTERFACES = (6, 5, 4, 3, 2)
 
@@ -97,27 +95,41 @@ def relevant_rows(setup, rows):
     return mine
 
 
+def verify_phases(repeat: int, env: dict, probe_overrides: dict):
+    """(phase, environment, first repeat, repeats, overrides) in launch order: the default
+    before and after the plugin's launch (half its repeats each, so that a drift between
+    launches shows in the noise), the plugin, and the untimed launch that logs what NCCL
+    ran under the plugin (environment None: the plugin's, with NCCL's debug log)."""
+    before = (repeat + 1) // 2
+    no_plugin = {"NCCL_TUNER_PLUGIN": None}
+    return (("verify/default", no_plugin, 1, before, None), ("verify/plugin", env, 1, repeat, None),
+            ("verify/default-after", no_plugin, before + 1, repeat - before, None),
+            ("verify/probe", None, 1, 1, probe_overrides))
+
+
 def run_verify(setup) -> int:
     from ncclbench.tune.run import PROBE_OVERRIDES, probe_env, run_phase, work_items
 
     req = setup.request
     (rows, mine), plugin = setup.verify_rows, setup.plugin
     env = {"NCCL_TUNER_PLUGIN": plugin.path, "NCCL_TUNER_CONFIG_FILE": os.path.abspath(req.verify)}
-    phases = {}
-    for phase, extra, rounds, overrides in (("verify/default", {"NCCL_TUNER_PLUGIN": None}, req.repeat, None),
-                                            ("verify/plugin", env, req.repeat, None),
-                                            ("verify/probe", None, 1, PROBE_OVERRIDES)):
+    phases, interrupted = {}, False
+    for phase, extra, first, rounds, overrides in verify_phases(req.repeat, env, PROBE_OVERRIDES):
+        if rounds < 1:
+            continue
         folder = os.path.join(setup.output_dir, phase)
         extra = dict(env, **probe_env(folder)) if extra is None else extra
-        items = work_items(setup, lambda c: [DEFAULT], rounds, csv=overrides is None)
+        items = work_items(setup, lambda c: [DEFAULT], rounds, csv=overrides is None, first=first)
         results, worlds, code = run_phase(setup, phase, items, extra, overrides, outputs=overrides is None)
         phases[phase] = (items, results, worlds)
         if code == ExitCode.INTERRUPTED:
+            interrupted = True
             break
-    return report(setup, plugin, rows, mine, phases)
+    return report(setup, plugin, rows, mine, phases, interrupted)
 
 
-def measured(setup, phase, items, results, coll) -> analysis.Measured:
+def measured(setup, phases, phase, coll) -> analysis.Measured:
+    items, results = phases.get(phase, ([], {}, {}))[:2]
     m = analysis.Measured()
     for it in items:
         r = results.get(it["index"])
@@ -127,7 +139,9 @@ def measured(setup, phase, items, results, coll) -> analysis.Measured:
     return m
 
 
-def report(setup, plugin, rows, mine, phases) -> int:
+def report(setup, plugin, rows, mine, phases, interrupted=False) -> int:
+    from ncclbench.tune import verify_report
+
     probe_items, probe_results, worlds = phases.get("verify/probe", ([], {}, {}))
     logs = analysis.probe_logs(os.path.join(setup.output_dir, "verify/probe"))
     attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
@@ -138,72 +152,28 @@ def report(setup, plugin, rows, mine, phases) -> int:
     lines += [f"# NCCL said: {text}" for text in loaded] or ["# NCCL said nothing of a tuner plugin: it may not have "
                                                             "loaded it (see verify/probe/nccl.*.log)"]
     doc = {"config": setup.request.verify, "plugin": plugin.path, "nccl": version, "collectives": {}}
-    reproduced_all = True
+    judged = verify_report.Judged()
     for coll in setup.request.collectives:
-        base = measured(setup, "verify/default", *phases.get("verify/default", ([], {}, {}))[:2], coll)
-        tuned = measured(setup, "verify/plugin", *phases.get("verify/plugin", ([], {}, {}))[:2], coll)
+        before, after, tuned = (measured(setup, phases, phase, coll)
+                                for phase in ("verify/default", "verify/default-after", "verify/plugin"))
         probe = next((it for it in probe_items if it["collective"] == coll), None)
         calls = attributions[probe["index"]][1] if probe and probe["index"] in attributions else []
-        choices = analysis.choices_by_printed_size(calls, coll, tuned if tuned.busbw else base)
-        coll_lines, coll_doc, ok = collective_report(setup, coll, base, tuned, choices, mine)
+        any_run = next((m for m in (tuned, before, after) if m.busbw), None)
+        choices = analysis.choices_by_printed_size(calls, coll, any_run)
+        coll_lines, coll_doc = verify_report.collective_report(setup, coll, (before, after, tuned), choices, mine,
+                                                               judged)
         lines += coll_lines
         doc["collectives"][coll] = coll_doc
-        reproduced_all = reproduced_all and ok
     others = [r for r in rows if r not in mine]
     if others:
         lines.append(f"# {len(others)} row(s) of the config apply to other collectives or sizes of job: not measured")
+    code, verdict = verify_report.verdict(judged, setup.nranks, interrupted)
+    lines.append(f"# verdict: {verdict}")
+    doc["verdict"], doc["exit_code"] = verdict, int(code)
     for line in lines:
         print(line, flush=True)
     with open(os.path.join(setup.output_dir, "verify.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
+    print(f"ncclbench tune --verify: {verdict}", file=sys.stderr)
     print(f"ncclbench tune: results in {setup.output_dir}", file=sys.stderr)
-    return ExitCode.OK if reproduced_all else ExitCode.REGRESSION
-
-
-def collective_report(setup, coll, base, tuned, choices, rows):
-    """Lines, JSON and whether every row's gain came back, for one collective."""
-    name = COLLECTIVES[coll][0]
-    my_rows = [r for r in rows if r.collective == name]
-    lines = [f"# {coll}: busbw out-of-place GB/s, median of {setup.request.repeat} repeat(s), default vs plugin",
-             f"# {'size':>8s} {'default':>9s} {'plugin':>9s} {'gain':>8s}  {'row':>5s}  {'NCCL ran':<18s} "
-             f"{'applied':<8s} {'gain above noise'}"]
-    per_row = {r.line: [] for r in my_rows}
-    doc_sizes = []
-    for size in sorted(s for s in base.busbw if s > 0):
-        row = next((r for r in my_rows if r.matches(name, size, setup.nnodes, setup.nranks)), None)
-        ran = choices.get(size)
-        applied = None if row is None or ran is None else \
-            (ran[0], ran[1]) == (row.algorithm, row.protocol) and (row.channels <= 0 or ran[2] == row.channels)
-        v = judge(size, Series(base.busbw[size], base.wrong.get(size, False)),
-                  {"plugin": Series(tuned.busbw.get(size, []), tuned.wrong.get(size, False))}, setup.request.repeat,
-                  setup.request.min_gain)
-        if row is not None:
-            per_row[row.line].append((size, applied, v))
-        gain = f"{v.gain_pct:+7.1f}%" if v.gain_pct is not None else f"{'-':>8s}"
-        tuned_text = gbps_text(v.best_series) if v.best_series else f"{'N/A':>9s}"
-        ran_text = "N/A" if ran is None else f"{ran[0]}/{ran[1]}" + (f" ch{ran[2]}" if ran[2] else "")
-        lines.append(f"  {format_size(size):>8s} {gbps_text(v.default)} {tuned_text} {gain}  "
-                     f"{(row.line if row else '-'):>5}  {ran_text:<18s} {({True: 'yes', False: 'NO', None: '-'}[applied]):<8s} "
-                     f"{({True: 'yes', False: 'no', None: '-'}[v.win])} ({v.why})")
-        doc_sizes.append({"size": size, "row_line": row.line if row else None, "default": finite(base.busbw[size]),
-                          "plugin": finite(tuned.busbw.get(size, [])), "nccl_ran": list(ran) if ran else None,
-                          "applied": applied, "gain_pct": v.gain_pct, "above_noise": v.win})
-    lines.append(f"# {coll}: per config row")
-    if setup.nranks == 1:  # NCCL copies locally: it never asks the plugin, there is no gain to find
-        lines += [f"#   line {r.line}: {r.text()}: not judged: {ONE_RANK_NOTE}" for r in my_rows]
-        return lines, {"sizes": doc_sizes, "one_rank": True}, True
-    ok = True
-    for r in my_rows:
-        got = per_row[r.line]
-        applied = sum(1 for _s, a, _v in got if a)
-        wins = sum(1 for _s, _a, v in got if v.win)
-        ok = ok and bool(got) and wins == len(got)
-        verdict = "reproduced" if got and wins == len(got) else ("no measured size in range" if not got else "NOT reproduced")
-        lines.append(f"#   line {r.line}: {r.text()}: {len(got)} size(s), NCCL applied it at {applied}, gain above "
-                     f"noise at {wins}: {verdict}")
-    outside = [d for d in doc_sizes if d["row_line"] is None and d["gain_pct"] is not None]
-    if outside:
-        worst = min(outside, key=lambda d: d["gain_pct"])
-        lines.append(f"#   {len(outside)} size(s) outside every row: worst {worst['gain_pct']:+.1f} % at "
-                     f"{format_size(worst['size'])} (the example plugin runs one channel where no row matches)")
-    return lines, {"sizes": doc_sizes}, ok
+    return code
