@@ -9,7 +9,8 @@
 # (-G 1 sweeps from 32 MiB), latency (small all_reduce, eager and -G 100, both backends),
 # topo (topo, p2p, pairs), hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
 # reliab (killed and stalled rank, wall times), preflight (false alarms and planted slow ranks,
-# benchmarks/preflight_verdicts.py, then the command), register (-R 0/1/2), a2av (alltoallv: spread 1,
+# benchmarks/preflight_verdicts.py, then the command), tune (tune's own file and a one-row file
+# deployed with NCCL's example tuner plugin built from TUNER_SRC, --verify at every size), register (-R 0/1/2), a2av (alltoallv: spread 1,
 # spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
 # twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
 # GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
@@ -118,6 +119,25 @@ for stage in $STAGES; do
         $PY -c "print('preflight -g $NP $mesh ${fault:+(NCCLBENCH_FAULT=$fault)}: exit $rc, %.1f s' % ($s1 - $s0))" \
           >>"$LOG/preflight_cli.txt"
       done ;;
+    tune)  # tune's file deployed with NCCL's example tuner plugin (built from TUNER_SRC): its own file, and a one-row file
+      plugin=$LOG/../libnccl-tuner-example.so
+      (cd "${TUNER_SRC:?set TUNER_SRC to the plugins/tuner/example folder of NCCL}" && gcc -Inccl -fPIC -shared -o "$plugin" plugin.c) \
+        >"$LOG/tune_build.txt" 2>&1 || { echo "plugin build failed" >>"$LOG/tune_cli.txt"; continue; }
+      tdir=$OUT/tuned; vdir=$OUT/verified
+      for step in tune verify control; do
+        s0=$(date +%s.%N)
+        case $step in
+          tune) ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 -o "$tdir" >"$LOG/tune.txt" 2>"$LOG/tune.err" ;;
+          verify) ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 --verify "$tdir/nccl_tuner.conf" --plugin "$plugin" \
+                    -o "$vdir" >"$LOG/tune_verify.txt" 2>"$LOG/tune_verify.err" ;;
+          control) printf 'allreduce,4097,16384,tree,ll,-1,1,%s,1,0\n' "$NP" >"$OUT/one_row.conf"
+                   ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 --verify "$OUT/one_row.conf" --plugin "$plugin" \
+                    -o "$OUT/verified_one_row" >"$LOG/tune_control.txt" 2>"$LOG/tune_control.err" ;;
+        esac
+        rc=$?; s1=$(date +%s.%N)
+        $PY -c "print('tune $step: exit $rc, %.1f s' % ($s1 - $s0))" >>"$LOG/tune_cli.txt"
+      done
+      cp "$tdir/nccl_tuner.conf" "$tdir/tune.json" "$vdir/verify.json" "$LOG/" 2>/dev/null ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
         for b in cupy nccl; do
