@@ -333,3 +333,57 @@ def test_one_group_fails_on_a_rank_found_inside_it_and_names_a_link_as_a_link():
                         ({}, {(0, 3): "in world[0]: 40 GB/s"}))
     assert not report.passed and report.bad_ranks == [] and report.drain == [] and report.bad_links == [[0, 3]]
     assert "link between rank 0 (h0) and rank 3 (h3)" in report.failures[0]
+
+
+# ---- review38: the guards no test held ------------------------------------------------------------
+def test_a_pair_slow_in_the_second_sweep_only_is_nothing():
+    """Flagged in both sweeps, in either order: the second sweep alone does not convict."""
+    from ncclbench.api.verdict import judge_group_pairs
+
+    kind = lambda a, b: (True, None)  # noqa: E731
+    rank1 = _sweep(_four_pairs(), {(0, 1): 30.0, (1, 2): 31.0, (1, 3): 29.0})
+    assert judge_group_pairs([_four_pairs(), rank1], [(0, 1, 2, 3)], kind, 0.2) == ({}, {})
+    link = _sweep(_four_pairs(), {(0, 2): 40.0})
+    assert judge_group_pairs([_four_pairs(), link], [(0, 1, 2, 3)], kind, 0.2) == ({}, {})
+
+
+def test_a_rank_slow_alone_once_only_is_not_named(monkeypatch):
+    from types import SimpleNamespace
+
+    from ncclbench.api import within
+
+    healthy = {0: 1e-4, 1: 1e-4, 2: 1e-4, 3: 1e-4}
+    slow1, slow2 = {**healthy, 1: 4e-4}, {**healthy, 2: 4e-4}
+    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    for sequence, want in (([slow1, healthy], []), ([slow1, slow2], []), ([slow1, slow1], [1])):
+        times = iter(sequence)
+        monkeypatch.setattr(within, "solo_times", lambda pf, nbytes, iters: next(times))
+        assert sorted(within.judge_alone(pf, 1 << 20, 5)) == want, sequence
+
+
+def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
+    """NCCL sends to distance d and receives from n-d on the same channels when d = n/2 (one
+    node, src/include/channel.h ncclP2pChannelBaseForRound: base = round = distance)."""
+    from ncclbench.api.preflight import Preflight
+
+    def stub(n):
+        p = Preflight.__new__(Preflight)
+        p.host = {r: "a" for r in range(n)}
+        p.topo = {"a": {"codes": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)]}}
+        p.facts = [{"device": r} for r in range(n)]
+        return p
+
+    four = stub(4)
+    shared = {(a, b) for a in range(4) for b in range(a + 1, 4) if four.pair_kind(a, b)[2]}
+    assert shared == {(0, 2), (1, 3)}
+    assert four.pair_kind(0, 1) == four.pair_kind(2, 3) == (True, "NV18", False)
+    eight = stub(8)
+    assert eight.pair_kind(0, 4)[2] and eight.pair_kind(3, 7)[2] and not eight.pair_kind(0, 2)[2]
+    assert not any(stub(3).pair_kind(a, b)[2] for a, b in ((0, 1), (0, 2), (1, 2)))
+
+
+def test_the_one_group_note_says_pairs_only_where_they_are_swept():
+    from ncclbench.api.preflight import one_group_note
+
+    assert "alone and in pairs" in one_group_note("world", 4)
+    assert "alone only" in one_group_note("world", 2) and "alone only" in one_group_note("world", 32)

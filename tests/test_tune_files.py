@@ -60,6 +60,8 @@ def test_written_config_reads_back(tmp_path):
     ("allreduce,0,100,tree,LL,2,1,-1", "protocol 'LL'"),
     ("allreduce,100,0,tree,simple,2,1,-1", "larger than max_bytes"),
     ("allreduce,0,1K,tree,simple,2,1,-1", "not a whole number"),
+    ("allreduce,0,1_000,tree,simple,2,1,-1", "not a whole number"),   # strtoull reads 1
+    ("allreduce,0,\uff11\uff10,tree,simple,2,1,-1", "not a whole number"),  # full-width digits: strtoull reads 0
     ("allreduce,0,100,tree,simple,65,1,-1", "channels 65"),
     ("allreduce,0,100,tree,simple,2,0,-1", "nNodes 0"),
     ("allreduce,0,100,tree,simple,2,1,-1,-1,2", "regBuff 2"),

@@ -226,8 +226,7 @@ class Preflight:
             self.notes.append(f"{d}: one-rank groups cross no link (busbw is 0 by definition): measured, not judged")
             judged[d] = []
         for d in [d for d in runs if len(self.instances[d]) == 1 and len(self.instances[d][0]) > 1]:
-            self.notes.append(f"{d}: one group, no peer group to compare it with: its ranks are judged alone and in "
-                              "pairs inside it; the group as a whole only against a floor (--min-peak-busbw)")
+            self.notes.append(one_group_note(d, len(self.instances[d][0])))
         rel = {d: judge_relative(cells, s["band"]) for d, cells in judged.items()}
         absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in judged.items()}
         wrong = {d: wrong_data(cells) for d, cells in runs.items()}
@@ -559,6 +558,18 @@ class Preflight:
         line = message + (f" ({', '.join(where)})" if where else "")
         self._phase("until the timeout")
         return PreflightReport(passed=False, failures=[line], hosts=hosts, timed_out=True, notes=self.notes)
+
+
+def one_group_note(dim: str, size: int) -> str:
+    """The note on a dimension of one group: how its ranks are judged (pairs are swept only
+    inside groups of PAIR_SWEEP_RANKS)."""
+    from ncclbench.api.within import PAIR_SWEEP_RANKS
+
+    low, high = PAIR_SWEEP_RANKS
+    how = ("alone and in pairs inside it" if low <= size <= high else
+           f"alone only (pairs are swept inside groups of {low} to {high} ranks; a slow link here is not found)")
+    return (f"{dim}: one group, no peer group to compare it with: its ranks are judged {how}; the group as a whole "
+            "only against a floor (--min-peak-busbw)")
 
 
 def _both(first, second):

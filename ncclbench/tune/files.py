@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass, field
 
 from ncclbench.tune.plan import ALGO, MAX_CHANNELS, PROTO
@@ -106,11 +107,13 @@ def config_text(rows: list[ConfigRow], comments: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_DIGITS = re.compile(r"[+-]?[0-9]+")  # what strtoull/atoi read whole: no '_', no non-ASCII digits (Python's int takes both)
+
+
 def _int(text: str, what: str, lo: int | None = None, hi: int | None = None, allowed=()) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise ValueError(f"{what} {text!r} is not a whole number") from None
+    if not _DIGITS.fullmatch(text):
+        raise ValueError(f"{what} {text!r} is not a whole number")
+    value = int(text, 10)
     if value in allowed:
         return value
     if (lo is not None and value < lo) or (hi is not None and value > hi):
