@@ -262,7 +262,21 @@ def test_pairs_inside_a_group_tell_a_slow_rank_from_a_slow_link():
     pcie = lambda a, b: (True, "SYS" if (a < 2) != (b < 2) else "NV")  # noqa: E731
     slower_across = _sweep(_four_pairs(), {(0, 2): 30.0, (0, 3): 30.0, (1, 2): 30.0, (1, 3): 30.0})
     assert judge_group_pairs([slower_across] * 2, g, pcie, 0.2) == ({}, {})
-    assert judge_group_pairs([slower_across] * 2, g, kind, 0.2)[0] != {}  # which one kind would accuse
+    assert judge_group_pairs([slower_across] * 2, g, kind, 0.2)[1]  # as one kind: four "slow links"
+
+
+def test_a_rank_30_percent_slow_in_a_group_of_three_is_found():
+    """Two of the three pairs of a 3-rank group are the slow rank's own: held against the
+    median of all three, they set their own bar (found at 35% slow, missed at 30%); held
+    against the pair without it, they do not."""
+    from ncclbench.api.verdict import judge_group_pairs
+
+    kind = lambda a, b: (True, None)  # noqa: E731
+    for factor in (0.65, 0.7, 0.75):
+        sweep = {(0, 1): 200 * factor, (0, 2): 200.0, (1, 2): 201 * factor}
+        bad, links = judge_group_pairs([sweep] * 2, [(0, 1, 2)], kind, 0.2)
+        assert list(bad) == [1] and links == {}, factor
+    assert judge_group_pairs([{(0, 1): 190.0, (0, 2): 200.0, (1, 2): 195.0}] * 2, [(0, 1, 2)], kind, 0.2) == ({}, {})
 
 
 def test_pairs_of_another_distance_in_the_communicator_are_not_compared():
@@ -316,10 +330,12 @@ def test_a_rank_found_slow_explains_its_groups_and_no_partner_is_accused():
     assert report.bad_ranks == [1] and report.drain == ["h1"] and p.localised == []
     assert all("rank 0 " not in f and "rank 3 " not in f for f in report.failures), report.failures
     assert "rank 1 (h1) is slow alone" in report.failures[0]
-    # nothing found inside: the rank in a slow group of every dimension is tried alone first
+    # nothing found inside: the rank in a slow group of every dimension is tried alone first;
+    # cleared by its pairs (the stub clears everyone), the other members are tried next
     p = _verdict_stub(groups, {})
     report = p._verdict({}, {"tp": [], "dp": []}, {}, rel, {"tp": {}, "dp": {}}, {"tp": {}, "dp": {}}, ({}, {}))
-    assert p.localised == [[1]]
+    assert p.localised == [[1], [0, 3]]
+    assert any("not localised" in f or "link" in f for f in report.failures), report.failures
 
 
 def test_one_group_fails_on_a_rank_found_inside_it_and_names_a_link_as_a_link():

@@ -361,8 +361,12 @@ class Preflight:
         # not suspects; the rest are, the rank in a slow group of every dimension first
         unexplained = {k: v for k, v in slow.items() if not set(k[1]) & set(convicted)}
         culprit = self._mesh_culprit(unexplained, {}, set())
-        suspects = sorted(culprit) or sorted({r for (_d, g) in unexplained for r in g})
-        bad, fine = self._localise(suspects, unexplained) if suspects else ({}, set())
+        members = {r for (_d, g) in unexplained for r in g}
+        bad, fine = self._localise(sorted(culprit or members), unexplained) if members else ({}, set())
+        if culprit and set(culprit) <= fine and members - fine:  # cleared: then the others
+            more_bad, more_fine = self._localise(sorted(members - fine), unexplained)
+            bad.update(more_bad)
+            fine |= more_fine
         self._phase("pairs")
         bad.update(self._mesh_culprit(unexplained, bad, fine))
         bad.update(convicted)

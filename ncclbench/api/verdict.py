@@ -319,48 +319,62 @@ def group_pair_rounds(groups: list[tuple[int, ...]]) -> list[list[tuple[int, int
 def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, band: float,
                       margins: dict | None = None) -> tuple[dict, dict]:
     """({rank: evidence} slow with most of its partners, {(a, b): evidence} slow links) inside
-    each group, from repeated pair sweeps ({(a, b): GB/s}). A pair is compared with the
-    group's pairs of the same `kind(a, b)` (same host, same link type, ...; three at the
-    least, else not judged); it is slow when it is flagged in every repeat. A rank is slow
-    when at least two thirds of its judged pairs (two at the least) are; the slow pairs its slow ranks do not explain are slow
-    links. `margins` (optional) gets {pair: its smallest fraction below the reference over the
-    repeats}: how close each pair came to being flagged."""
+    each group, from repeated pair sweeps ({(a, b): GB/s}). Pairs are compared only with the
+    group's pairs of the same `kind(a, b)` (same host, same link type, ...), and only in a
+    kind of three pairs or more. A rank is slow in a sweep when at least two thirds of its
+    judged pairs (two at the least) fall below the band under the median of the pairs of
+    their kind that it is not in (its own pairs never set its bar: in a group of three, two
+    of the three pairs are its own); slow in every sweep = slow. A pair below the band under
+    its kind's reference in every sweep, that no slow rank explains, is a slow link.
+    `margins` (optional) gets {judged pair: its smallest fraction below its kind's reference
+    over the sweeps}: how close each pair came to being flagged."""
     slow_pairs: dict = {}
+    slow_ranks: dict = {}
     below: dict = {}
-    judged: set = set()
     for n, busbw in enumerate(repeats):
-        seen: dict = {}
+        pairs_seen, ranks_seen = {}, {}
         for g in groups:
-            members = set(g)
             kinds: dict = {}
             for (a, b), v in busbw.items():
-                if a in members and b in members:
+                if a in g and b in g:
                     kinds.setdefault(kind(a, b), {})[(a, b)] = v
+            judged = {p: v for values in kinds.values() if len(values) >= 3 for p, v in values.items()}
             for values in (v for v in kinds.values() if len(v) >= 3):
-                judged.update(values)
                 ref, _ = reference(list(values.values()))
                 for pair, v in values.items():
                     frac = max(0.0, 1.0 - v / ref) if ref > 0 else 0.0
-                    below[pair] = frac if n == 0 else min(below.get(pair, 0.0), frac)
+                    below[pair] = frac if n == 0 else min(below.get(pair, frac), frac)
                 for pair, frac in slow_outliers(values, band).items():
-                    seen[pair] = (values[pair], frac, ref)
-        slow_pairs = seen if n == 0 else {p: v for p, v in seen.items() if p in slow_pairs}
+                    pairs_seen[pair] = (values[pair], frac, ref)
+            for r in g:
+                found = _slow_with_partners(r, judged, kinds, kind, band)
+                if found:
+                    ranks_seen[r] = found
+        slow_pairs = pairs_seen if n == 0 else {p: v for p, v in pairs_seen.items() if p in slow_pairs}
+        slow_ranks = ranks_seen if n == 0 else {r: v for r, v in ranks_seen.items() if r in slow_ranks}
     if margins is not None:
         margins.update(below)
-    bad: dict = {}
-    for g in groups:
-        for r in g:
-            mine = [p for p in judged if r in p and set(p) <= set(g)]
-            hits = [p for p in mine if p in slow_pairs]
-            if len(hits) >= 2 and 3 * len(hits) >= 2 * len(mine):
-                worst = min(hits, key=lambda p: slow_pairs[p][0])
-                v, frac, ref = slow_pairs[worst]
-                bad[r] = (f"slow with {len(hits)} of its {len(mine)} partners in its group, each time (worst: with "
-                          f"rank {worst[0] if worst[1] == r else worst[1]}, {v:.3g} GB/s, {100 * frac:.0f}% below "
-                          f"the group's reference {ref:.3g} GB/s)")
+    bad = {r: f"{line}, each time" for r, line in slow_ranks.items()}
     links = {p: (f"{v:.3g} GB/s, {100 * frac:.0f}% below the group's reference {ref:.3g} GB/s, each time")
              for p, (v, frac, ref) in slow_pairs.items() if not set(p) & set(bad)}
     return bad, links
+
+
+def _slow_with_partners(r: int, judged: dict, kinds: dict, kind, band: float) -> str | None:
+    """Evidence that rank `r` is slow with most of its judged pairs, each held against the
+    median of the pairs of its kind without `r`; None when it is not."""
+    mine = {p: v for p, v in judged.items() if r in p}
+    hits = []
+    for pair, v in mine.items():
+        others = [w for q, w in kinds[kind(*pair)].items() if r not in q]
+        ref = statistics.median(others) if others else 0.0
+        if ref > 0 and v < ref * (1.0 - band):
+            hits.append((1.0 - v / ref, pair, v, ref))
+    if len(hits) < 2 or 3 * len(hits) < 2 * len(mine):
+        return None
+    frac, (a, b), v, ref = max(hits)
+    return (f"slow with {len(hits)} of its {len(mine)} partners in its group (worst: with rank {b if a == r else a}, "
+            f"{v:.3g} GB/s, {100 * frac:.0f}% below {ref:.3g} GB/s, the pairs of its kind without it)")
 
 
 # ---- the report -------------------------------------------------------------------------------------

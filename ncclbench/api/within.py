@@ -83,6 +83,10 @@ def judge_inside_pairs(pf, nbytes: int) -> tuple[dict, dict]:
         below: dict = {}
         found, slow_links = judge_group_pairs(repeats, groups, pf.pair_kind, pf.setup["band"], below)
         pf.margins[f"pairs in {dim}"] = round(max(below.values(), default=0.0), 4)
+        unjudged = sorted(p for p in repeats[0] if p not in below)
+        if unjudged:
+            pf.notes.append(f"{dim}: pair(s) {', '.join(f'{a}-{b}' for a, b in unjudged)} not judged: fewer than three "
+                            "pairs of their kind (host, link type, NCCL channel sharing) in their group to compare with")
         for r, line in found.items():
             bad.setdefault(r, f"in {pf._name(dim, next(g for g in groups if r in g))}: {line}")
         for pair, line in slow_links.items():
