@@ -35,7 +35,7 @@ def test_verify_judges_every_measured_size_and_names_each_slower_one(tmp_path):
     tuned = {65536: [5.0, 5.1, 4.9], 131072: [24.0, 24.2, 23.9], 262144: [48.0, 48.3, 47.8], 524288: [80.1, 80.3, 79.7]}
     text, doc, (code, verdict) = _verify(tmp_path, tuned)
     assert code == 1
-    assert verdict == "NOT safe to deploy: slower than NCCL's default beyond noise at all_reduce 64K (-50.0 %)"
+    assert verdict == "NOT safe to deploy: slower than NCCL's default beyond noise at all_reduce 64K (-49.5 %)"
     assert [d["slower"] for d in doc["sizes"]] == [True, False, False, False]
     assert [d["faster"] for d in doc["sizes"]] == [False, True, True, False]
     assert [d["row_line"] for d in doc["sizes"]] == [4, 3, 3, 5]
@@ -176,6 +176,8 @@ def test_a_size_no_row_matches_is_judged_too(tmp_path):
     ([100, 101, 100], [100, 101], [98.5, 98.7, 98.6, 98.4, 98.5], "within noise"),    # -1.5 %: below --min-gain
     ([100, 100, 100], [96, 96], [95.5, 95.5, 95.5, 95.5, 96.5], "within noise"),       # -4.5 %, drift 4 %: overlap
     ([100, 101, 100], [100, 101], [105, 105.5, 105.2, 104.9, 105.1], "faster beyond noise"),
+    ([100, 100, 101], [100, 99], [101, 50, 50, 51, 50], "SLOWER beyond noise"),       # the plugin's scatter widens nothing
+    ([100, 60, 100], [100, 100], [70, 70, 70, 70, 70], "SLOWER beyond noise"),        # nor one stall of the default
 ])
 def test_when_a_size_is_slower_beyond_noise(before, after, plugin, verdict):
     v = judge_deploy(4096, Series(before), Series(after), Series(plugin), 2.0)

@@ -188,6 +188,13 @@ def win_ranges(verdicts: list[Verdict]) -> list[Range]:
 
 
 # ---- a deployed config against NCCL's default (--verify) -----------------------------------
+def _steady_spread(series: Series) -> float | None:
+    """A launch's repeat spread in % of its median with its slowest repeat left out (from
+    three repeats: one stall is not the launch's noise)."""
+    kept = sorted(series.busbw)[1:] if len(series.busbw) >= 3 else list(series.busbw)
+    return Series(kept).spread_pct if len(kept) >= 2 else None
+
+
 @dataclass
 class DeployVerdict:
     """NCCL's default (measured in a launch before and one after the plugin's) against the
@@ -208,14 +215,44 @@ class DeployVerdict:
 def judge_deploy(size: int, before: Series, after: Series, plugin: Series, min_change_pct: float = 2.0,
                  min_repeats: int = MIN_REPEATS) -> DeployVerdict:
     """Whether the plugin's config made this size slower (or faster) than NCCL's default
-    beyond the noise: the change is at least `min_change_pct` %, larger than the noise (the
-    largest spread of one launch's repeats, and the default's drift between its two
-    launches), and the repeats do not overlap."""
+    beyond the noise. One-sided, for safety: slower is judged against the better-for-the-
+    plugin of the default's two launches (the lower median), and the noise is the default's
+    alone (each launch's repeat spread, one stalled repeat left out, and its drift between
+    the two launches): a plugin whose own repeats scatter, or a default with one stall,
+    widens nothing. Slower: at least `min_change_pct` % and more than that noise. Faster
+    needs more: beyond the noise of every launch, the plugin's included, and no overlap."""
     default = Series(before.busbw + after.busbw, before.wrong or after.wrong)
     v = DeployVerdict(size, default, plugin)
     if plugin.wrong:
         v.wrong, v.why = True, "WRONG RESULTS under the plugin"
         return v
+    if not default.measured or default.wrong:
+        v.why = "the default was not measured cleanly here"
+        return v
+    if not plugin.measured:
+        v.why = "not measured under the plugin"
+        return v
+    v.change_pct = (plugin.median / default.median - 1) * 100 if default.median > 0 else None
+    if before.measured and after.measured and default.median > 0:
+        v.drift_pct = (after.median - before.median) / default.median * 100
+    drift = abs(v.drift_pct) if v.drift_pct is not None else 0.0
+    default_noise = max([drift] + [x for x in (_steady_spread(before), _steady_spread(after)) if x is not None])
+    parts = [x for x in (before.spread_pct, after.spread_pct, plugin.spread_pct, drift) if x is not None]
+    v.noise_pct = max(parts) if parts else None
+    if len(default.busbw) < min_repeats or len(plugin.busbw) < min_repeats or v.change_pct is None:
+        v.why = f"fewer than {min_repeats} repeats: not judged"
+        return v
+    reference = min(x.median for x in (before, after) if x.measured)
+    loss_pct = (1 - plugin.median / reference) * 100 if reference > 0 else 0.0
+    beyond = abs(v.change_pct) >= min_change_pct and (v.noise_pct is None or abs(v.change_pct) > v.noise_pct)
+    if loss_pct >= min_change_pct and loss_pct > default_noise:
+        v.slower, v.why = True, "SLOWER beyond noise"
+        v.change_pct, v.noise_pct = -loss_pct, default_noise
+    elif v.change_pct > 0 and beyond and min(plugin.busbw) > max(default.busbw):
+        v.slower, v.faster, v.why = False, True, "faster beyond noise"
+    else:
+        v.slower, v.why = False, "within noise"
+    return v
     if not default.measured or default.wrong:
         v.why = "the default was not measured cleanly here"
         return v

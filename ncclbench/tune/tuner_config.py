@@ -68,7 +68,7 @@ def explain(rows: list[ConfigRow], outcome) -> list[str]:
         if row.role == "won":
             won = ranges.get((row.min_bytes, row.max_bytes))
             text = f"won at {where} ({gains_text(won.gains)})" if won else f"won at {where}"
-            text += "; single calls, unregistered buffers"
+            text += "; unregistered buffers, single calls (NCCL also matches groups of up to one op per channel)"
         elif row.role == "fallback":
             text = ("only for calls NCCL cannot run a row above for (e.g. NVLS for a datatype it does not reduce): "
                     "ring/simple, NCCL's own channel count")
@@ -76,6 +76,9 @@ def explain(rows: list[ConfigRow], outcome) -> list[str]:
             text = f"NCCL's own choice at {where}, NCCL's own channel count"
             if row.max_bytes == coverage.MAX_BYTES and sizes:
                 text += f"; above {format_size(sizes[-1])} (not measured): NCCL's choice there, extended"
+                if row.protocol.lower() != "simple":
+                    text += (f"; WARNING: larger calls are held to {row.protocol} (NCCL runs simple for large calls): "
+                             "re-run tune with a larger -e")
         lines.append(f"{row.text():<52s} {text}")
     return lines
 
@@ -92,8 +95,8 @@ def comments(setup, config: TunerConfig, nccl_text: str) -> list[str]:
         f"{nccl_text or 'NCCL version unknown'}; rows match communicators of {setup.nranks} rank(s) on "
         f"{setup.nnodes} node(s) only; collectives: {names}",
         f"Every size from 0 to {coverage.MAX_BYTES} bytes is covered for each of them. Per collective, first the "
-        "size ranges where a forced setting beat NCCL's default beyond the noise (numPipeOps 1, regBuff 0: single "
-        "calls on unregistered buffers, as measured), then NCCL's own choice at every size (algorithm and protocol "
+        "size ranges where a forced setting beat NCCL's default beyond the noise (numPipeOps 1, regBuff 0: "
+        "unregistered buffers, single calls as measured; NCCL also matches groups of up to one op per channel), then NCCL's own choice at every size (algorithm and protocol "
         "from its TUNING log; any numPipeOps and regBuff). The plugin applies the first row that matches.",
         "A measured size stands for the sizes halfway to its neighbours. Above the largest measured size, NCCL's "
         "choice at that size is extended to the largest size: not measured there; re-run tune with a larger -e if "
