@@ -168,8 +168,11 @@ class Worker:
     """Every rank (rank 0 too, through the Coordinator): do the tasks it is given until the end."""
 
     def __init__(self, plan: FleetPlan, ctl: Control, facts: dict):
+        from ncclbench.engine.fleet_exchange import groups_made
+
         self.plan, self.ctl, self.facts = plan, ctl, facts
         self.buffers: dict = {}
+        self.base = groups_made()
 
     def run(self) -> int:
         step = 0
@@ -178,17 +181,21 @@ class Worker:
             if "end" in task:
                 self.ctl.post(f"s{step}", {})  # the store's host waits for this before it leaves
                 return int(task["end"])
-            self.ctl.post(f"s{step}", self.do(task))
+            self.ctl.post(f"s{step}", self.do(task, step))
             step += 1
 
-    def do(self, task: dict) -> dict:
-        """Run one task: {"node": [ranks]} the node's ranks alone, {"peer": r} a pair, {} rest."""
+    def do(self, task: dict, step: int) -> dict:
+        """Run one task: {"node": [ranks]} the node's ranks alone, {"peer": r} a pair, {} rest.
+        Every step makes exactly one process group on every rank (see fleet_exchange.align_groups)."""
         import torch.distributed as dist
 
         from ncclbench.engine import fleet_exchange as fx
 
         p = self.plan
         try:
+            fx.align_groups(dist, self.base + step)
+            if "node" not in task and "peer" not in task:
+                fx.spare_group(dist)
             if "node" in task:
                 return {"node": fx.measure_node(dist, p.backend, task["node"], p.node_bytes, NODE_ITERS, p.timeout_s)}
             if "peer" in task:

@@ -25,7 +25,7 @@ class Coordinator:
         self.step_no += 1
         self.ctl.assign(label, {r: tasks.get(r, {}) for r in self.alive})
         begun = time.monotonic()
-        self.ctl.post(label, self.worker.do(tasks.get(0, {})))
+        self.ctl.post(label, self.worker.do(tasks.get(0, {}), self.step_no - 1))
         results, missing = self.ctl.collect(label, self.alive, begun + 2 * self.plan.timeout_s + SLACK_S)
         for r in missing:
             node = self.layout.node_of[r]

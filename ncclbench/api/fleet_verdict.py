@@ -37,6 +37,10 @@ CONFIRM = 2   # distinct partners / repeats that settle a verdict
 # below the reference: about 1 healthy pair test in 15,000 with 8 rails.
 FULL_SPREAD_FROM = 20
 FLEET_WIDTH = 5.0
+# Noise widens the band, up to this: on a fleet so noisy that healthy pairs spread over more
+# than this, a pair 20x below the reference is still slow (gloo on two shared cores: healthy
+# pairs 0.2-1.0 GB/s, a 20 Mbit/s NIC 0.0024 GB/s).
+MAX_WIDTH = 0.95
 
 
 # ---- each node alone ------------------------------------------------------------------------------
@@ -132,7 +136,8 @@ def rail_reference(tests: list[PairTest], band: float, floor: float | None = Non
         if len(values) >= FULL_SPREAD_FROM:
             median = statistics.median(values)
             spread = MAD_SIGMA * statistics.median(abs(v - median) for v in values)
-        out.per_rail[r] = (ref, ref * (1.0 - max(band, FLEET_WIDTH * spread / ref)) if ref > 0 else 0.0)
+        width = min(max(band, FLEET_WIDTH * spread / ref), max(band, MAX_WIDTH)) if ref > 0 else 1.0
+        out.per_rail[r] = (ref, ref * (1.0 - width))
     return out
 
 

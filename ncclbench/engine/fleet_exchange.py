@@ -62,6 +62,28 @@ class FleetPairBackend:
         return getattr(self._backend, name)
 
 
+def groups_made() -> int:
+    """How many process groups this process has made. torch names a group made by its members
+    only (use_local_synchronization) from its ranks and this count, so two ranks agree on a
+    group's name only when they have made as many groups before it: every rank of a fleet run
+    makes exactly one group per step (its node's, its pair's, or a spare one-rank group)."""
+    from torch.distributed import distributed_c10d
+
+    return len(distributed_c10d._world.pg_names)
+
+
+def align_groups(dist, target: int) -> None:
+    """Spare one-rank groups until this process has made `target` groups: a group whose
+    set-up failed (a dead partner) was never counted, and the next pair would get a name
+    its partner does not use."""
+    while groups_made() < target:
+        spare_group(dist)
+
+
+def spare_group(dist) -> None:
+    dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+
+
 def pair_group(dist, me: int, peer: int, backend: str, timeout_s: float):
     """The two-rank group of (me, peer); both call it, nobody else."""
     ranks = sorted((me, peer))
