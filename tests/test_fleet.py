@@ -116,7 +116,7 @@ def _run(fleet: netsim.SimFleet, tmp_path, nproc=None, kill=None, extra=()):
     out = tmp_path / "fleet.json"
     drain = tmp_path / "drain.txt"
     procs = [fleet.start(i, cli_command() + FLEET + list(extra) + ["--json", str(out), "--drain-file", str(drain)],
-                         (nproc or {}).get(i, 1), port=29400 + random.randrange(500)) for i in range(fleet.n)]
+                         (nproc or {}).get(i, 1), port=29555) for i in range(fleet.n)]
     if kill is not None:
         for line in procs[0].stderr:  # the coordinator's progress: kill once the pairs began
             if "round 2 of" in line:
