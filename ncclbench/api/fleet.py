@@ -1,0 +1,206 @@
+"""`ncclbench fleet` on each rank: find the bad nodes among many in one job.
+
+Control runs through the rendezvous store (rank 0 hosts it), never through a collective of
+the whole world: after start-up no step waits for every rank, so a node that dies or hangs
+costs one round's deadline and is named, and the run goes on for the others.
+
+Per round, rank 0 writes each rank's task (a peer, or nothing) under its own key; each rank
+reads its key, measures, writes its result under its own key and bumps the round's counter;
+rank 0 reads the results once the counter reaches the ranks alive (or the round's deadline
+passes: the ranks missing then are dead). Store traffic per round: 2 small keys per rank and
+one read of each result by rank 0 (docs/fleet.md has the cost model).
+
+Phases: (1) the inventory (ranks and GPU model per node) and each node's ranks alone
+(all_reduce, all_gather on a group of the node's ranks); (2) node pairs rail by rail, screening
+rounds then localisation rounds (ncclbench.engine.fleet_schedule, ncclbench.api.fleet_verdict);
+(3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ncclbench.errors import TimeoutExpired, first_line
+
+KEY_PREFIX = "ncclbench-fleet"
+SLACK_S = 10.0        # a round's deadline: twice the exchange bound (group set-up, exchange) plus this
+NODE_ITERS = 10
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    backend: str
+    nbytes: int
+    node_bytes: int
+    iters: int
+    warmup: int
+    timeout_s: float
+    band: float
+    floor: float | None = None
+    gpus_per_node: int | None = None
+    all_pairs_rounds: int = 15
+    screen_rounds: int = 4
+    max_localise: int = 6
+    seed: int = 0
+    sim_node_size: int | None = None
+    json_path: str | None = None
+    csv_path: str | None = None
+    drain_path: str | None = None
+
+
+@dataclass
+class Layout:
+    """Who is where, as rank 0 reads it from every rank's facts."""
+
+    names: list = field(default_factory=list)          # node index -> host
+    ranks: list = field(default_factory=list)          # node index -> global ranks by local rank
+    gpus: dict = field(default_factory=dict)           # node -> ranks with a device
+    models: dict = field(default_factory=dict)         # node -> GPU model (None on CPU)
+    node_of: dict = field(default_factory=dict)        # rank -> node
+
+
+def say(message: str) -> None:
+    print(f"ncclbench fleet: {message}", file=sys.stderr, flush=True)
+
+
+class Control:
+    """The store keys of one run; rank 0 collects, everyone posts."""
+
+    def __init__(self, store, rank: int, world: int, wait_s: float):
+        import torch.distributed as dist
+
+        self.store = dist.PrefixStore(KEY_PREFIX, store)
+        self.rank, self.world, self.wait_s = rank, world, wait_s
+
+    def post(self, step: str, value) -> None:
+        self.store.set(f"{step}/res/{self.rank}", json.dumps(value))
+        self.store.add(f"{step}/n", 1)
+
+    def collect(self, step: str, alive: list[int], deadline: float) -> tuple[dict, list[int]]:
+        """({rank: value} of the ranks that posted by the deadline, [ranks that did not])."""
+        while time.monotonic() < deadline and self.store.add(f"{step}/n", 0) < len(alive):
+            time.sleep(0.02)
+        keys = [f"{step}/res/{r}" for r in alive]
+        have = [r for r, k in zip(alive, keys) if self.store.check([k])] \
+            if self.store.add(f"{step}/n", 0) < len(alive) else list(alive)
+        values = self.store.multi_get([f"{step}/res/{r}" for r in have]) if have else []
+        return {r: json.loads(bytes(v).decode()) for r, v in zip(have, values)}, [r for r in alive if r not in have]
+
+    def assign(self, step: str, tasks: dict) -> None:
+        if tasks:
+            self.store.multi_set([f"{step}/task/{r}" for r in tasks], [json.dumps(t) for t in tasks.values()])
+
+    def task(self, step: str):
+        key = f"{step}/task/{self.rank}"
+        try:
+            self.store.wait([key], timedelta(seconds=self.wait_s))
+            return json.loads(self.store.get(key).decode())
+        except Exception as exc:  # noqa: BLE001 - the store's host (rank 0) is gone or late
+            raise TimeoutExpired(f"rank 0 (the store's host) gave no task for {step} within {self.wait_s:.0f} s: "
+                                 f"{first_line(exc, 120)}") from None
+
+
+def my_facts(plan: FleetPlan, info) -> dict:
+    host = socket.gethostname()
+    if plan.sim_node_size:
+        host = f"{host}-n{info.local_rank // plan.sim_node_size}"
+    device, model = True, None
+    if plan.backend == "nccl":
+        import torch
+
+        visible = torch.cuda.device_count()
+        device = info.local_rank < visible or visible == 1
+        if device:
+            index = info.local_rank if visible > 1 else 0
+            torch.cuda.set_device(index)
+            model = torch.cuda.get_device_name(index)
+    return {"host": host, "local_rank": info.local_rank, "device": device, "model": model}
+
+
+def build_layout(facts: dict) -> Layout:
+    out = Layout()
+    for rank in sorted(facts):
+        host = facts[rank]["host"]
+        if host not in out.names:
+            out.names.append(host)
+            out.ranks.append([])
+        out.ranks[out.names.index(host)].append(rank)
+    for node, ranks in enumerate(out.ranks):
+        ranks.sort(key=lambda r: (facts[r]["local_rank"], r))
+        out.gpus[node] = sum(1 for r in ranks if facts[r]["device"])
+        models = sorted({facts[r]["model"] for r in ranks if facts[r]["model"]})
+        out.models[node] = models[0] if models else None
+        for r in ranks:
+            out.node_of[r] = node
+    return out
+
+
+def run_fleet_rank(plan: FleetPlan, info) -> int:
+    """One rank's whole run; its exit code (the same on every rank that lives to the end)."""
+    import torch.distributed as dist
+
+    from ncclbench.launch import launcher as launch
+
+    launch.prepare_environ(info)
+    facts = my_facts(plan, info)
+    dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
+                            timeout=timedelta(seconds=plan.timeout_s + 30))
+    from ncclbench.engine.watchdog import default_store
+
+    ctl = Control(default_store(), info.rank, info.world_size, 3 * plan.timeout_s + 120)
+    started = time.monotonic()
+    ctl.post("facts", facts)
+    if info.rank == 0:
+        from ncclbench.api.fleet_run import Coordinator
+
+        code = Coordinator(plan, ctl, started).run()
+    else:
+        code = Worker(plan, ctl, facts).run()
+    sys.stdout.flush()
+    return code
+
+
+class Worker:
+    """Every rank (rank 0 too, through the Coordinator): do the tasks it is given until the end."""
+
+    def __init__(self, plan: FleetPlan, ctl: Control, facts: dict):
+        from ncclbench.engine.fleet_exchange import groups_made
+
+        self.plan, self.ctl, self.facts = plan, ctl, facts
+        self.buffers: dict = {}
+        self.base = groups_made()
+
+    def run(self) -> int:
+        step = 0
+        while True:
+            task = self.ctl.task(f"s{step}")
+            if "end" in task:
+                self.ctl.post(f"s{step}", {})  # the store's host waits for this before it leaves
+                return int(task["end"])
+            self.ctl.post(f"s{step}", self.do(task, step))
+            step += 1
+
+    def do(self, task: dict, step: int) -> dict:
+        """Run one task: {"node": [ranks]} the node's ranks alone, {"peer": r} a pair, {} rest.
+        Every step makes exactly one process group on every rank (see fleet_exchange.align_groups)."""
+        import torch.distributed as dist
+
+        from ncclbench.engine import fleet_exchange as fx
+
+        p = self.plan
+        try:
+            fx.align_groups(dist, self.base + step)
+            if "node" not in task and "peer" not in task:
+                fx.spare_group(dist)
+            if "node" in task:
+                return {"node": fx.measure_node(dist, p.backend, task["node"], p.node_bytes, NODE_ITERS, p.timeout_s)}
+            if "peer" in task:
+                return {"s": fx.measure_pair(dist, p.backend, task["peer"], p.nbytes, p.iters, p.warmup,
+                                             p.timeout_s, self.buffers)}
+        except Exception as exc:  # noqa: BLE001 - the failure is the result: rank 0 judges it
+            return {"error": f"{type(exc).__name__}: {first_line(exc, 160)}"}
+        return {}

@@ -1,0 +1,132 @@
+"""`ncclbench fleet`'s report: one verdict per node (ok | drain | link | suspect), the
+evidence, and the files a scheduler and a spreadsheet read. Pure: built by rank 0 from what
+it measured, unit-tested from made-up numbers.
+
+The drain list holds the nodes to take out of service: short of GPUs or another model, slow
+alone, slow with partners that tested clean, or dead/hung during the run. A slow link names
+its two nodes and is not a drain (neither node is at fault alone; the cable or switch port
+between them is) but it fails the run like a drain. Suspects (slow once, not settled within
+the localisation rounds) are listed and fail nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import dataclass, field
+
+from ncclbench.errors import ExitCode
+
+REASON_CHARS = 200   # scontrol's Reason= is one line; the whole evidence is in the JSON
+
+
+@dataclass
+class FleetReport:
+    plan: dict
+    nodes: list = field(default_factory=list)       # [{host, ranks, gpus, model, verdict, reasons, alone_busbw}]
+    links: list = field(default_factory=list)       # [{hosts: [a, b], reason}]
+    tests: list = field(default_factory=list)       # one row per node pair tested
+    schedule: dict = field(default_factory=dict)
+    cost_s: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def drain(self) -> list[dict]:
+        return [{"host": n["host"], "reason": "; ".join(n["reasons"])} for n in self.nodes if n["verdict"] == "drain"]
+
+    @property
+    def exit_code(self) -> int:
+        return int(ExitCode.REGRESSION if self.drain or self.links else ExitCode.OK)
+
+    # ---- building ----
+    @classmethod
+    def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs):
+        name = lambda n: layout.names[n]  # noqa: E731 - the verdict's text names nodes by host
+        bad, links, suspects = loc.verdict(name)
+        report = cls(plan={k: v for k, v in vars(plan).items()})
+        for n, host in enumerate(layout.names):
+            reasons = [r for r in (inventory.get(n), alone.get(n), errors.get(n), dead.get(n)) if r]
+            if n in bad:
+                reasons.append(f"pairs: {bad[n]}")
+            verdict = "drain" if reasons else "ok"
+            link_lines = [line for (a, b), line in links.items() if n in (a, b)]
+            if verdict == "ok" and link_lines:
+                verdict, reasons = "link", [f"slow link: {line}" for line in link_lines]
+            elif verdict == "ok" and n in suspects:
+                verdict, reasons = "suspect", [suspects[n]]
+            report.nodes.append({"host": host, "ranks": layout.ranks[n], "gpus": layout.gpus[n],
+                                 "model": layout.models[n], "verdict": verdict, "reasons": reasons,
+                                 "alone_busbw_gbps": busbw.get(n)})
+        report.links = [{"hosts": [name(a), name(b)], "reason": line} for (a, b), line in sorted(links.items())]
+        report.tests = [test_row(t, loc, name) for t in loc.tests]
+        report.schedule = {"screening": schedule, "screening_rounds": sum(1 for r in rounds if r and r[0][2] == "screen"),
+                           "localisation_rounds": sum(1 for r in rounds if r and r[0][2] != "screen"),
+                           "nodes_in_pairs": len(loc.active)}
+        report.cost_s = dict(costs)
+        if len(loc.active) == 2 and not plan.floor:
+            report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
+        return report
+
+    # ---- output ----
+    def lines(self) -> list[str]:
+        s = self.schedule
+        out = [f"# ncclbench fleet: {len(self.nodes)} nodes, backend {self.plan['backend']}, "
+               f"{self.plan['nbytes']} B per exchange per rail",
+               f"# pairs: {s.get('screening')} screening in {s.get('screening_rounds')} rounds, then "
+               f"{s.get('localisation_rounds')} localisation rounds ({s.get('nodes_in_pairs')} nodes in pairs)",
+               "#", f"# {'host':<24s} {'gpus':>4s} {'verdict':<8s} reason"]
+        for n in self.nodes:
+            reason = n["reasons"][0] if n["reasons"] else ""
+            out.append(f"  {n['host']:<24s} {n['gpus']:>4d} {n['verdict']:<8s} {reason}")
+            out.extend(f"  {'':<24s} {'':>4s} {'':<8s} {r}" for r in n["reasons"][1:])
+        out.extend(f"# LINK {' <-> '.join(link['hosts'])}: {link['reason']}" for link in self.links)
+        out.extend(f"# Note: {n}" for n in self.notes)
+        out += [f"# {line}" for line in self.scontrol_lines()]
+        cost = ", ".join(f"{k} {v:.1f} s" for k, v in self.cost_s.items())
+        verdict = f"{len(self.drain)} node(s) to drain" + (f", {len(self.links)} slow link(s)" if self.links else "")
+        out.append(f"# Fleet {'FAILED' if self.exit_code else 'passed'}: {verdict} ({cost})")
+        return out
+
+    def scontrol_lines(self) -> list[str]:
+        out = []
+        for d in self.drain:
+            reason = ("ncclbench fleet: " + d["reason"]).replace('"', "'")[:REASON_CHARS]
+            out.append(f'scontrol update NodeName={d["host"]} State=DRAIN Reason="{reason}"')
+        return out
+
+    def to_dict(self) -> dict:
+        return {"drain": self.drain, "exit_code": self.exit_code, "nodes": self.nodes, "links": self.links,
+                "schedule": self.schedule, "cost_s": self.cost_s, "notes": self.notes, "plan": self.plan,
+                "tests": self.tests}
+
+    def emit(self) -> None:
+        """Print the report (stdout) and write the files asked for."""
+        sys.stdout.write("\n".join(self.lines()) + "\n")
+        sys.stdout.flush()
+        p = self.plan
+        if p.get("json_path"):
+            with open(p["json_path"], "w") as f:
+                json.dump(self.to_dict(), f, indent=1)
+                f.write("\n")
+        if p.get("csv_path"):
+            with open(p["csv_path"], "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+                writer.writeheader()
+                writer.writerows(self.tests)
+        if p.get("drain_path"):
+            with open(p["drain_path"], "w") as f:
+                f.write("".join(line + "\n" for line in self.scontrol_lines()))
+
+
+CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "busbw_gbps", "reference_gbps", "below_reference_pct",
+              "slow", "error"]
+
+
+def test_row(t, loc, name) -> dict:
+    """A pair test as a flat row (its worst rail)."""
+    frac, rail = loc.ref.below(t)
+    value = t.rails[rail] if rail is not None and t.rails else None
+    return {"round": t.round + 1, "kind": t.kind, "host_a": name(t.a), "host_b": name(t.b), "rail": rail,
+            "busbw_gbps": None if value is None else round(value, 6),
+            "reference_gbps": None if rail is None or loc.ref.ref(rail) is None else round(loc.ref.ref(rail), 6),
+            "below_reference_pct": round(100 * frac, 1), "slow": loc.ref.slow(t), "error": t.error}

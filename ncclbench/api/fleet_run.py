@@ -1,0 +1,137 @@
+"""Rank 0's side of `ncclbench fleet`: the rounds, who measures what in each, and the
+judgement between them (ncclbench.api.fleet_verdict). It is also a rank like the others: it
+does its own task of each round before it collects everyone's."""
+
+from __future__ import annotations
+
+import time
+
+from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, say
+from ncclbench.api.fleet_verdict import Localiser, PairTest, judge_alone, judge_inventory, localisation_round
+
+
+class Coordinator:
+    def __init__(self, plan: FleetPlan, ctl: Control, started: float):
+        self.plan, self.ctl, self.started = plan, ctl, started
+        self.worker = Worker(plan, ctl, None)
+        self.step_no = 0
+        self.dead: dict = {}          # node -> what it stopped answering in
+        self.costs: dict = {}
+        self.rounds: list = []        # (label, [(a, b, kind)])
+
+    # ---- one step: everyone's tasks, this rank's own, everyone's results ----
+    def step(self, tasks: dict, what: str) -> dict:
+        label = f"s{self.step_no}"
+        self.step_no += 1
+        self.ctl.assign(label, {r: tasks.get(r, {}) for r in self.alive})
+        begun = time.monotonic()
+        self.ctl.post(label, self.worker.do(tasks.get(0, {}), self.step_no - 1))
+        results, missing = self.ctl.collect(label, self.alive, begun + 2 * self.plan.timeout_s + SLACK_S)
+        for r in missing:
+            node = self.layout.node_of[r]
+            self.dead.setdefault(node, f"rank {r} stopped answering during {what} (no result within "
+                                       f"{2 * self.plan.timeout_s + SLACK_S:.0f} s)")
+        self.alive = [r for r in self.alive if r not in missing]
+        return results
+
+    def _phase(self, name: str, since: float) -> float:
+        now = time.monotonic()
+        self.costs[name] = round(self.costs.get(name, 0.0) + now - since, 3)
+        return now
+
+    # ---- the run ----
+    def run(self) -> int:
+        from ncclbench.api.fleet_report import FleetReport
+
+        p = self.plan
+        facts, _missing = self.ctl.collect("facts", list(range(self.ctl.world)), time.monotonic() + p.timeout_s + SLACK_S)
+        self.layout = build_layout(facts)
+        self.alive = sorted(facts)
+        clock = self._phase("start-up", self.started)
+        say(f"{len(self.layout.names)} nodes, {self.ctl.world} ranks; each node alone")
+        inventory = judge_inventory(self.layout.gpus, self.layout.models, p.gpus_per_node)
+        alone, busbw, errors = self.nodes_alone(inventory)
+        clock = self._phase("nodes alone", clock)
+        out = set(inventory) | set(alone) | set(errors) | set(self.dead)
+        active = [n for n in range(len(self.layout.names)) if n not in out]
+        loc, schedule = self.pairs(active)
+        self._phase("pairs", clock)
+        report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
+                                   self.rounds, self.costs)
+        report.emit()
+        code = report.exit_code
+        label = f"s{self.step_no}"
+        self.ctl.assign(label, {r: {"end": code} for r in self.alive if r != 0})
+        self.ctl.post(label, {})
+        self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)  # then the store may go
+        return code
+
+    def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
+        """({node: slow reason}, {node: {collective: busbw}}, {node: error}) of each node's ranks alone."""
+        from ncclbench.engine.collectives import lookup
+
+        lay = self.layout
+        judged = [n for n, ranks in enumerate(lay.ranks) if n not in inventory and len(ranks) >= 2]
+        results = self.step({r: {"node": lay.ranks[n]} for n in judged for r in lay.ranks[n]}, "the node-alone tests")
+        busbw, errors = {}, {}
+        for n in judged:
+            if n in self.dead:
+                continue
+            mine = [results[r] for r in lay.ranks[n] if r in results]
+            failed = [x["error"] for x in mine if "error" in x]
+            if failed:
+                errors[n] = f"node-local collectives failed: {failed[0]}"
+                continue
+            busbw[n] = {}
+            for coll in ("all_reduce", "all_gather"):
+                seconds = max(x["node"][coll] for x in mine)
+                algbw = self.plan.node_bytes / seconds / 1e9 if seconds > 0 else 0.0
+                busbw[n][coll] = algbw * lookup(coll).bus_factor(len(lay.ranks[n]))
+        return judge_alone(busbw, self.plan.band), busbw, errors
+
+    def pairs(self, active: list[int]) -> tuple[Localiser, str]:
+        from ncclbench.engine.fleet_schedule import screening_rounds
+
+        p = self.plan
+        loc = Localiser(active, p.band, p.floor)
+        name, rounds = screening_rounds(len(active), p.all_pairs_rounds, p.screen_rounds, p.seed)
+        for k, pairs in enumerate(rounds):
+            node_pairs = [(active[a], active[b], "screen") for a, b in pairs]
+            say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
+            self.pair_round(loc, node_pairs)
+        loc.dead |= set(self.dead)
+        loc.set_reference()
+        for k in range(p.max_localise):
+            loc.dead |= set(self.dead)
+            node_pairs = localisation_round(loc, p.seed + k)
+            if not any(kind != "spare" for _a, _b, kind in node_pairs):
+                break
+            asked = sum(1 for _a, _b, kind in node_pairs if kind != "spare")
+            say(f"localisation round {k + 1} (at most {p.max_localise}): {asked} node pairs to settle, "
+                f"{len(node_pairs) - asked} spare")
+            self.pair_round(loc, node_pairs)
+        loc.dead |= set(self.dead)
+        return loc, name
+
+    def pair_round(self, loc: Localiser, node_pairs: list) -> None:
+        """One round of node pairs, rail by rail; the tests recorded in `loc`."""
+        lay, k = self.layout, len(self.rounds)
+        tasks = {}
+        for a, b, _kind in node_pairs:
+            for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
+                tasks[ra], tasks[rb] = {"peer": rb}, {"peer": ra}
+        results = self.step(tasks, f"pair round {k + 1}")
+        self.rounds.append(node_pairs)
+        tests = []
+        for a, b, kind in node_pairs:
+            rails, error = [], None
+            for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
+                sa, sb = (results.get(r, {}).get("s") for r in (ra, rb))
+                if sa and sb:
+                    rails.append(self.plan.nbytes / max(sa, sb) / 1e9)
+                else:
+                    rails.append(None)
+                    error = error or next((results[r]["error"] for r in (ra, rb) if "error" in results.get(r, {})),
+                                          "no result")
+            tests.append(PairTest(k, a, b, tuple(rails), kind, error))
+        loc.record(tests)

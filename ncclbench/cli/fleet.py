@@ -1,0 +1,106 @@
+"""`ncclbench fleet`: find the bad nodes of a fleet in one job (ncclbench.api.fleet); runs as
+a launched rank (srun, mpirun, torchrun: ranks per node = GPUs per node) or self-spawns -g
+local ranks that re-enter here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ncclbench.cli.types import GetoptCommand
+from ncclbench.errors import ExitCode, PlanError
+from ncclbench.sizes import parse_size
+
+DEFAULT_BYTES = {"nccl": "256M", "gloo": "1M"}
+NODE_BYTES = {"nccl": 64 << 20, "gloo": 256 << 10}
+
+
+def build_plan(o: dict, backend: str):
+    from ncclbench.api.fleet import FleetPlan
+    from ncclbench.api.preflight import parse_band
+    from ncclbench.results.output import check_writable
+
+    text = o["size"] or DEFAULT_BYTES[backend]
+    try:
+        nbytes = parse_size(text)
+    except ValueError as exc:
+        raise PlanError(f"-b {text!r}: {exc}") from None
+    if nbytes < 1:
+        raise PlanError("-b must be at least 1 byte")
+    floor = o["min_busbw"]
+    for path, what in ((o["json_path"], "JSON file"), (o["csv_path"], "CSV file"), (o["drain_path"], "drain file")):
+        if path is not None:
+            if not path.strip():
+                raise PlanError(f"the {what} needs a name (got an empty one)")
+            check_writable(path, what)
+    return FleetPlan(backend=backend, nbytes=nbytes, node_bytes=NODE_BYTES[backend], iters=o["iters"],
+                     warmup=o["warmup_iters"], timeout_s=o["timeout"], band=parse_band(o["band"], (backend,)),
+                     floor=floor, gpus_per_node=o["gpus_per_node"], all_pairs_rounds=max(1, o["all_pairs_up_to"] - 1),
+                     screen_rounds=o["rounds"], max_localise=o["localise_rounds"], seed=o["seed"],
+                     sim_node_size=o["sim_node_size"], json_path=o["json_path"], csv_path=o["csv_path"],
+                     drain_path=o["drain_path"])
+
+
+def run_fleet(o: dict) -> int:
+    from ncclbench.launch import launcher as launch
+    from ncclbench.topology import probe
+    from ncclbench.api.options import choose_backend, multinode_args
+
+    info = launch.detect()
+    backend = choose_backend(o["backend"])
+    plan = build_plan(o, backend)
+    if info.launched:
+        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+            raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
+                            f"{info.local_world_size} ranks on this node); drop -g")
+        from ncclbench.api.fleet import run_fleet_rank
+
+        return run_fleet_rank(plan, info)
+    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
+    if ngpus < 1:
+        raise PlanError(f"-g must be at least 1 (got {ngpus})")
+    if backend == "nccl" and ngpus > probe.visible_gpu_count():
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {probe.visible_gpu_count()} visible",
+                        ExitCode.BAD_GPU_COUNT)
+    spawn = multinode_args(o, ngpus)
+    child_argv = list(sys.argv[1:]) + ([] if o["backend"] else ["--backend", backend])
+    return launch.spawn_local(ngpus, child_argv, **spawn)
+
+
+@click.command(name="fleet", cls=GetoptCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-b", "--size", default=None, help="Bytes each way per pair exchange, per rail (default 256M on NCCL, 1M on gloo).")
+@click.option("-n", "--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed exchanges per pair.")
+@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs every node must have (default: the most common count).")
+@click.option("--band", default="auto", show_default=True,
+              help="How far below the fleet's reference a node or pair may fall (auto: 20% on NCCL, 90% on gloo).")
+@click.option("--min-busbw", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Floor in GB/s per direction per rail for every pair (the only judge with two nodes).")
+@click.option("--all-pairs-up-to", type=click.IntRange(min=2), default=16, show_default=True,
+              help="Test every node pair up to this many nodes; a shuffled round-robin of --rounds rounds above.")
+@click.option("--rounds", type=click.IntRange(min=1), default=4, show_default=True, help="Screening rounds above --all-pairs-up-to.")
+@click.option("--localise-rounds", type=click.IntRange(min=0), default=6, show_default=True,
+              help="At most this many localisation rounds (suspects with clean partners).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffled schedule.")
+@click.option("--json", "json_path", default=None, help="Write the report to this file (top-level \"drain\" list).")
+@click.option("--csv", "csv_path", default=None, help="Write one row per pair test to this CSV file.")
+@click.option("--drain-file", "drain_path", default=None,
+              help="Write one `scontrol update NodeName=... State=DRAIN` line per node to drain (never run).")
+@click.option("-T", "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds one exchange (or a node's local test) may take; a node past it is named, the run goes on.")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
+@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn. Omit under torchrun/srun/mpirun.")
+@click.option("--sim-node-size", type=click.IntRange(min=1), default=None,
+              help="Test aid: every K local ranks of a host stand for a node of their own (HOST-n0, HOST-n1, ...).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
+@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
+@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
+def fleet_command(**options):
+    """Find the bad nodes and links of a fleet in one job: each node alone, then node pairs
+    rail by rail, then localisation; exit 1 when a node is to drain or a link is slow."""
+    sys.exit(int(run_fleet(options)))

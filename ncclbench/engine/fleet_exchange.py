@@ -1,0 +1,144 @@
+"""One rank's measurements for `ncclbench fleet`: a pair exchange with one peer and a
+node's local collectives, each timed by the one timing engine and bounded by a deadline.
+
+A pair runs on a two-rank process group of its own, created by its two members only
+(use_local_synchronization: no step of the whole world per pair). On gloo a timed-out wait
+closes every connection of its group: a group per pair keeps a dead or hung partner from
+breaking this rank's later pairs. On NCCL the group is a two-rank communicator, which
+torch's point-to-point calls create per peer anyway.
+
+The engine's host barrier is, for a pair, a one-byte exchange with the peer (the world is
+never waited for): FleetPairBackend wraps the pair group's backend to say so."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import timedelta
+
+from ncclbench.engine.pairs import pattern_byte
+
+
+class DeadlinePassed(Exception):
+    """The exchange did not finish before its deadline."""
+
+
+class PairLink:
+    """Both directions between this rank and `peer` on a two-rank group, every wait bounded
+    by `deadline` (time.monotonic())."""
+
+    def __init__(self, dist, group, peer: int, send, recv, deadline: float):
+        self.dist, self.group, self.peer = dist, group, peer
+        self.send, self.recv, self.deadline = send, recv, deadline
+
+    def exchange(self, send, recv) -> None:
+        dist = self.dist
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(f"no time left for the exchange with rank {self.peer}")
+        ops = [dist.P2POp(dist.isend, send, self.peer, group=self.group),
+               dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait(timeout=timedelta(seconds=max(left, 0.001)))
+
+    def __call__(self, _op_index: int = 0) -> None:
+        self.exchange(self.send, self.recv)
+
+
+class FleetPairBackend:
+    """The pair group's backend for the timing engine, whose barrier is a one-byte exchange
+    with the peer."""
+
+    def __init__(self, backend, link: PairLink):
+        self._backend, self._link = backend, link
+        self._token = backend.alloc_bytes(1)[:1]
+        self._echo = backend.alloc_bytes(1)[:1]
+
+    def barrier(self) -> None:
+        self._link.exchange(self._token, self._echo)
+        self._backend.synchronize()
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def groups_made() -> int:
+    """How many process groups this process has made. torch names a group made by its members
+    only (use_local_synchronization) from its ranks and this count, so two ranks agree on a
+    group's name only when they have made as many groups before it: every rank of a fleet run
+    makes exactly one group per step (its node's, its pair's, or a spare one-rank group)."""
+    from torch.distributed import distributed_c10d
+
+    return len(distributed_c10d._world.pg_names)
+
+
+def align_groups(dist, target: int) -> None:
+    """Spare one-rank groups until this process has made `target` groups: a group whose
+    set-up failed (a dead partner) was never counted, and the next pair would get a name
+    its partner does not use."""
+    while groups_made() < target:
+        spare_group(dist)
+
+
+def spare_group(dist) -> None:
+    dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+
+
+def pair_group(dist, me: int, peer: int, backend: str, timeout_s: float):
+    """The two-rank group of (me, peer); both call it, nobody else."""
+    ranks = sorted((me, peer))
+    return dist.new_group(ranks, timeout=timedelta(seconds=timeout_s), backend=backend,
+                          use_local_synchronization=True)
+
+
+def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, warmup: int,
+                 timeout_s: float, buffers: dict) -> float:
+    """Seconds per exchange with `peer` (the median timed iteration); raises on a failed
+    exchange, on wrong data, and past `timeout_s` (group set-up included)."""
+    from ncclbench.backends.torch_dist import TorchBackend
+    from ncclbench.engine.timing import TimingSettings, measure
+
+    deadline = time.monotonic() + timeout_s
+    me = dist.get_rank()
+    group = pair_group(dist, me, peer, backend_name, timeout_s)
+    backend = TorchBackend.adopt(group)
+    if "send" not in buffers:
+        buffers["send"] = backend.alloc_bytes(nbytes)[:nbytes]
+        buffers["recv"] = backend.alloc_bytes(nbytes)[:nbytes]
+        buffers["send"].fill_(pattern_byte(me))
+    send, recv = buffers["send"], buffers["recv"]
+    recv.zero_()
+    link = PairLink(dist, group, peer, send, recv, deadline)
+    for _ in range(warmup):
+        link()
+    timing = measure(FleetPairBackend(backend, link), link, TimingSettings(iters=iters, per_iter=True))
+    backend.synchronize()
+    if not bool((recv == pattern_byte(peer)).all()):
+        raise RuntimeError(f"wrong data from rank {peer}")
+    samples = timing.per_iter_s or [timing.device_s]
+    return statistics.median(samples)
+
+
+def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: int, timeout_s: float) -> dict:
+    """{collective: seconds per op, this rank's median iteration} of all_reduce and
+    all_gather on this node's ranks alone (a group of them, created by them only)."""
+    from ncclbench.backends.torch_dist import TorchBackend
+    from ncclbench.engine.timing import TimingSettings, measure
+
+    group = dist.new_group(sorted(ranks), timeout=timedelta(seconds=timeout_s), backend=backend_name,
+                           use_local_synchronization=True)
+    backend = TorchBackend.adopt(group)
+    torch = backend.torch
+    n = len(ranks)
+    count = max(1, nbytes // 4 // n) * n
+    data = torch.full((count,), float(dist.get_rank() % 7 + 1), device=backend.device)
+    chunk = data[: count // n].clone()
+    gathered = torch.empty(count, device=backend.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    ops = {"all_reduce": lambda _i: dist.all_reduce(data, op=dist.ReduceOp.MAX, group=group),
+           "all_gather": lambda _i: gather(gathered, chunk, group=group)}
+    out = {}
+    for name, op in ops.items():
+        timing = measure(backend, op, TimingSettings(iters=iters, per_iter=True))
+        out[name] = statistics.median(timing.per_iter_s or [timing.device_s])
+    return out

@@ -1,0 +1,130 @@
+"""Which nodes meet in which round of `ncclbench fleet`: pure functions, no torch.
+
+A round is a set of disjoint node pairs that run at the same time; each pair exchanges
+rail by rail (local rank i of one node with local rank i of the other). Screening uses one
+of two schedules, chosen by the fleet's size:
+
+- **all pairs** (round-robin, the circle method of ncclbench.engine.pairs) while that takes
+  at most `all_pairs_rounds` rounds: n-1 rounds for n nodes (n with n odd);
+- **shuffled round-robin** beyond: `rounds` rounds picked evenly from the circle method's
+  n-1 after the nodes were put in a seeded random order. Each round is still a perfect
+  matching (every node busy; with n odd one node rests) and no pair meets twice, so each
+  node meets `rounds` different partners drawn from across the fleet, not its rack
+  neighbours.
+
+Localisation rounds (`repair_round`) then put each suspect with a partner that tested
+clean, and pair the clean nodes left over among themselves, so that every node stays busy
+and the round carries its own reference pairs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from ncclbench.engine.pairs import tournament_rounds
+
+DEFAULT_ALL_PAIRS_ROUNDS = 15   # all pairs up to 16 nodes
+DEFAULT_SCREEN_ROUNDS = 4
+
+
+def screening_rounds(n: int, all_pairs_rounds: int = DEFAULT_ALL_PAIRS_ROUNDS,
+                     rounds: int = DEFAULT_SCREEN_ROUNDS, seed: int = 0) -> tuple[str, list[list[tuple[int, int]]]]:
+    """(schedule name, rounds of node-index pairs (a, b), a < b) for n nodes."""
+    full = n - 1 if n % 2 == 0 else n
+    if n < 2:
+        return "none", []
+    if full <= all_pairs_rounds or rounds >= full:
+        return "all pairs", tournament_rounds(n)
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    picks = sorted({(k * full) // rounds for k in range(rounds)})
+    out = []
+    for k in picks:
+        out.append(sorted((min(order[a], order[b]), max(order[a], order[b])) for a, b in circle_round(n, k)))
+    return "shuffled round-robin", out
+
+
+def circle_round(n: int, k: int) -> list[tuple[int, int]]:
+    """Round k of tournament_rounds(n), made alone in O(n) (the whole table is O(n^2): 33
+    million pairs at 8,192 nodes)."""
+    m = n + (n % 2)
+    others = list(range(1, m))
+    shift = k % (m - 1)
+    others = others[len(others) - shift:] + others[:len(others) - shift] if shift else others
+    seats = [0] + others
+    pairs = [(seats[i], seats[m - 1 - i]) for i in range(m // 2)]
+    return sorted((min(a, b), max(a, b)) for a, b in pairs if a < n and b < n)
+
+
+def check_round(pairs: list[tuple[int, int]], n: int) -> None:
+    """ValueError unless the pairs are disjoint and name nodes of range(n)."""
+    seen: set = set()
+    for a, b in pairs:
+        if a == b or not (0 <= a < n and 0 <= b < n):
+            raise ValueError(f"bad pair ({a}, {b}) for {n} nodes")
+        if a in seen or b in seen:
+            raise ValueError(f"node {a if a in seen else b} is in two pairs of one round")
+        seen.update((a, b))
+
+
+def repair_round(wanted: list[tuple[int, str]], clean: list[int], met: set, busy_ok: list[int],
+                 seed: int = 0) -> tuple[list[tuple[int, int]], list[int]]:
+    """One localisation round: (pairs, the suspects that got no partner this round).
+
+    `wanted`: (node, kind) in order of need; kind "clean" asks for a partner from `clean`
+    that it has not met yet ({frozenset((a, b))} in `met`), kind "retest:<b>" asks for node
+    b itself (a suspected link measured again). `busy_ok`: nodes that may be paired among
+    themselves with whatever is left (the clean ones; dead and drained nodes are left out)."""
+    rng = random.Random(seed)
+    free = list(clean)
+    rng.shuffle(free)
+    used: set = set()
+    pairs, waiting = [], []
+    for node, kind in wanted:
+        if node in used:
+            waiting.append(node)
+            continue
+        if kind.startswith("retest:"):
+            other = int(kind.split(":", 1)[1])
+            if other in used:
+                waiting.append(node)
+                continue
+            partner = other
+        else:
+            partner = next((c for c in free if c not in used and c != node and frozenset((node, c)) not in met), None)
+            if partner is None:
+                waiting.append(node)
+                continue
+        used.update((node, partner))
+        pairs.append((min(node, partner), max(node, partner)))
+    allowed = set(busy_ok)
+    rest = [c for c in free if c not in used and c in allowed]
+    seen = set(rest)
+    rest += [c for c in busy_ok if c not in used and c not in seen]
+    pairs += pair_up(rest, met)
+    return sorted(pairs), waiting
+
+
+def pair_up(nodes: list[int], met: set, look_ahead: int = 8) -> list[tuple[int, int]]:
+    """Pairs of neighbours in `nodes`, each preferring, among the next few, one it has not
+    met (a fresh pair is a new reference, not a repeat)."""
+    rest = list(nodes)
+    out = []
+    i = 0
+    while len(rest) - i >= 2:
+        a = rest[i]
+        window = range(i + 1, min(len(rest), i + 1 + look_ahead))
+        j = next((k for k in window if frozenset((a, rest[k])) not in met), i + 1)
+        rest[i + 1], rest[j] = rest[j], rest[i + 1]
+        b = rest[i + 1]
+        out.append((min(a, b), max(a, b)))
+        i += 2
+    return out
+
+
+def rounds_for_budget(n: int) -> int:
+    """How many screening rounds the shuffled schedule takes by default: enough for each
+    node to meet DEFAULT_SCREEN_ROUNDS partners, a little more on very large fleets (one
+    more per factor 16 above 1,024 nodes), never more than all pairs."""
+    extra = max(0, math.ceil(math.log(max(n, 1) / 1024, 16))) if n > 1024 else 0
+    return min(max(n - 1, 1), DEFAULT_SCREEN_ROUNDS + extra)

@@ -1,0 +1,183 @@
+"""`ncclbench fleet`: the schedules and verdict rules alone (at 1,024 and 8,192 nodes), and the
+command on simulated nodes that are real network hosts (tests/netsim.py) with planted faults:
+a slow NIC, a slow link, a node short of ranks, a node killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, cli_command, run_cli
+from ncclbench.api.fleet_verdict import Localiser, PairTest, judge_alone, judge_inventory, simulate
+from ncclbench.engine.fleet_schedule import check_round, circle_round, screening_rounds
+from ncclbench.engine.pairs import tournament_rounds
+
+sys.path.insert(0, str(ROOT / "tests"))
+import netsim  # noqa: E402
+
+
+# ---- schedules ---------------------------------------------------------------------------------
+def test_one_circle_round_equals_the_tournament_table():
+    for n in (2, 3, 8, 17):
+        assert [circle_round(n, k) for k in range(len(tournament_rounds(n)))] == tournament_rounds(n)
+
+
+@pytest.mark.parametrize("n", [1024, 8192])
+def test_large_fleets_get_a_few_disjoint_rounds_with_every_node_busy(n):
+    name, rounds = screening_rounds(n)
+    assert name == "shuffled round-robin" and len(rounds) == 4
+    seen = set()
+    for pairs in rounds:
+        check_round(pairs, n)
+        assert len({x for p in pairs for x in p}) == n  # every node busy
+        seen |= {frozenset(p) for p in pairs}
+    assert len(seen) == 4 * n // 2  # no pair twice
+
+
+def test_small_fleets_get_all_pairs():
+    name, rounds = screening_rounds(6)
+    assert name == "all pairs" and len({frozenset(p) for r in rounds for p in r}) == 15
+
+
+# ---- verdict rules ----------------------------------------------------------------------------
+def _faulty(n, bad, links, noise=0.05, seed=1):
+    rng = random.Random(seed)
+
+    def measure(_k, a, b):
+        slow = a in bad or b in bad or (min(a, b), max(a, b)) in links
+        return [(40 if slow else 100) * rng.gauss(1, noise) for _ in range(8)]
+    return measure
+
+
+@pytest.mark.parametrize("n", [1024, 8192])
+def test_localisation_names_bad_nodes_and_links_in_few_rounds(n):
+    rng = random.Random(n)
+    _, rounds = screening_rounds(n)
+    bad = set(rng.sample(range(n), 3))
+    links = set(rng.sample([p for r in rounds for p in r if not set(p) & bad], 2))
+    loc, _name, screened, extra = simulate(n, 8, _faulty(n, bad, links), 0.2, 4, 6)
+    found, found_links, suspects = loc.verdict(str)
+    assert set(found) == bad and set(found_links) == links and not suspects
+    assert len(screened) + extra <= 6  # rounds: a handful, against n(n-1)/2 pairs
+
+
+@pytest.mark.parametrize("n", [16, 1024])
+def test_a_healthy_fleet_drains_nothing(n):
+    for seed in range(3):
+        loc, *_ = simulate(n, 8, _faulty(n, set(), set(), noise=0.08, seed=seed), 0.2, 4, 6)
+        assert loc.verdict(str) == ({}, {}, {})
+
+
+def test_a_link_is_not_a_node():
+    loc, *_ = simulate(6, 1, _faulty(6, set(), {(1, 3)}), 0.2, 4, 6)
+    found, links, _ = loc.verdict(str)
+    assert found == {} and list(links) == [(1, 3)]
+
+
+def test_inventory_names_short_and_odd_nodes():
+    assert judge_inventory({0: 8, 1: 7, 2: 8}, {0: "H100", 1: "H100", 2: "H100"}, None) == {1: "has 7 GPUs of 8 expected"}
+    assert "A100" in judge_inventory({0: 8, 1: 8, 2: 8}, {0: "H100", 1: "A100", 2: "H100"}, None)[1]
+    assert judge_inventory({0: 4, 1: 4}, {}, 8) == {0: "has 4 GPUs of 8 expected", 1: "has 4 GPUs of 8 expected"}
+    slow = judge_alone({0: {"all_reduce": 100}, 1: {"all_reduce": 98}, 2: {"all_reduce": 40}, 3: {"all_reduce": 101}}, 0.2)
+    assert list(slow) == [2]
+
+
+def test_a_failed_exchange_is_slow_and_a_dead_node_is_not_evidence():
+    loc = Localiser([0, 1, 2, 3], 0.2)
+    loc.record([PairTest(0, 0, 1, (None,), error="boom"), PairTest(0, 2, 3, (100.0,)),
+                PairTest(1, 0, 2, (100.0,)), PairTest(1, 1, 3, (99.0,))])
+    loc.set_reference()
+    assert loc.ref.slow(loc.tests[0])
+    loc.dead.add(1)
+    assert loc.verdict(str) == ({}, {}, {})
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["-b", "12Q"], ["-b", "0"], ["--band", "150%"], ["--json", ""],
+                                  ["--rounds", "0"], ["--json", "/no/such/dir/x.json"], ["-g", "0"]])
+def test_bad_input_is_one_line(args):
+    r = run_cli(["fleet", "--backend", "gloo", *args], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+# ---- simulated nodes ---------------------------------------------------------------------------
+REASON = netsim.why_not()
+sim = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+FLEET = ["fleet", "--backend", "gloo", "-T", "20"]
+
+
+def _run(fleet: netsim.SimFleet, tmp_path, nproc=None, kill=None, extra=()):
+    out = tmp_path / "fleet.json"
+    drain = tmp_path / "drain.txt"
+    procs = [fleet.start(i, cli_command() + FLEET + list(extra) + ["--json", str(out), "--drain-file", str(drain)],
+                         (nproc or {}).get(i, 1), port=29555) for i in range(fleet.n)]
+    if kill is not None:
+        for line in procs[0].stderr:  # the coordinator's progress: kill once the pairs began
+            if "round 2 of" in line:
+                fleet.kill_node(kill)
+                break
+    stdout, stderr = procs[0].communicate(timeout=300)
+    for p in procs[1:]:
+        p.wait(timeout=120)
+    report = json.loads(out.read_text())
+    return procs[0].returncode, stdout, report, drain.read_text() if drain.exists() else ""
+
+
+@sim
+@pytest.mark.slow
+def test_simulated_healthy_fleet_passes_repeatedly(tmp_path):
+    alarms = 0
+    for _ in range(3):
+        with netsim.SimFleet(6) as fleet:
+            code, stdout, report, drain = _run(fleet, tmp_path)
+        alarms += bool(report["drain"] or report["links"])
+        assert code == (1 if report["drain"] or report["links"] else 0), stdout
+    assert alarms == 0
+
+
+@sim
+@pytest.mark.slow
+def test_simulated_slow_nic_drains_that_node_alone(tmp_path):
+    with netsim.SimFleet(6) as fleet:
+        fleet.slow_nic(2, "40mbit")
+        code, stdout, report, drain = _run(fleet, tmp_path)
+    assert code == 1, stdout
+    assert [d["host"] for d in report["drain"]] == ["simnode2"] and not report["links"]
+    assert drain.startswith("scontrol update NodeName=simnode2 State=DRAIN Reason=")
+
+
+@sim
+@pytest.mark.slow
+def test_simulated_slow_link_names_both_nodes_and_drains_neither(tmp_path):
+    with netsim.SimFleet(6) as fleet:
+        fleet.slow_link(1, 3, "40mbit")
+        code, stdout, report, _ = _run(fleet, tmp_path)
+    assert code == 1, stdout
+    assert report["drain"] == [] and [link["hosts"] for link in report["links"]] == [["simnode1", "simnode3"]]
+
+
+@sim
+@pytest.mark.slow
+def test_simulated_node_short_of_ranks_is_named(tmp_path):
+    with netsim.SimFleet(4) as fleet:
+        code, stdout, report, _ = _run(fleet, tmp_path, nproc={0: 2, 2: 2, 3: 2})
+    assert code == 1, stdout
+    assert report["drain"] == [{"host": "simnode1", "reason": "has 1 GPU of 2 expected"}]
+
+
+@sim
+@pytest.mark.slow
+def test_simulated_node_killed_mid_run_is_named_and_the_run_ends(tmp_path):
+    start = time.monotonic()
+    with netsim.SimFleet(6) as fleet:
+        code, stdout, report, _ = _run(fleet, tmp_path, kill=3, extra=["-n", "200"])
+    assert code == 1, stdout
+    assert [d["host"] for d in report["drain"]] == ["simnode3"], report["drain"]
+    assert "stopped answering" in report["drain"][0]["reason"]
+    assert time.monotonic() - start < 200
