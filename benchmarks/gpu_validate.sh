@@ -10,7 +10,8 @@
 # topo (topo, p2p, pairs), hyper (hypercube sweeps), quick (quick suite twice + compare + plot),
 # reliab (killed and stalled rank, wall times), preflight (false alarms and planted slow ranks,
 # benchmarks/preflight_verdicts.py, then the command), tune (tune's own file and a one-row file
-# deployed with NCCL's example tuner plugin built from TUNER_SRC, --verify at every size), register (-R 0/1/2), a2av (alltoallv: spread 1,
+# deployed with NCCL's example tuner plugin built from TUNER_SRC, --verify at every size), fleet (one
+# host's GPUs as simulated nodes), register (-R 0/1/2), a2av (alltoallv: spread 1,
 # spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
 # twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
 # GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
@@ -138,6 +139,15 @@ for stage in $STAGES; do
         $PY -c "print('tune $step: exit $rc, %.1f s' % ($s1 - $s0))" >>"$LOG/tune_cli.txt"
       done
       cp "$tdir/nccl_tuner.conf" "$tdir/tune.json" "$vdir/verify.json" "$LOG/" 2>/dev/null ;;
+    fleet)  # ncclbench fleet on one host: its GPUs as nodes of 2 and of 1 (--sim-node-size), exit codes and times
+      for k in 2 1; do
+        [ "$k" = 2 ] && [ "$NP" -lt 4 ] && continue
+        s0=$(date +%s.%N)
+        timeout 200 ncclbench fleet -g "$NP" --sim-node-size $k -T 60 --json "$LOG/fleet_$k.json" --csv "$LOG/fleet_$k.csv" \
+          --drain-file "$LOG/fleet_drain_$k.txt" >"$LOG/fleet_$k.txt" 2>"$LOG/fleet_$k.err"
+        rc=$?; s1=$(date +%s.%N)
+        $PY -c "print('fleet -g $NP --sim-node-size $k: exit $rc, %.1f s' % ($s1 - $s0))" >>"$LOG/fleet_cli.txt"
+      done ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
         for b in cupy nccl; do
@@ -184,7 +194,7 @@ for stage in $STAGES; do
           -J "$LOG/register_R$r.json" >"$LOG/register_R$r.txt" 2>&1
       done ;;
     pytest)
-      timeout 300 $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
+      timeout ${PYTEST_TIMEOUT:-300} $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
     single)  # the CLI's options on one GPU, both backends (for a machine with one GPU); exit codes in single.txt
       for b in nccl cupy; do
         run1() { local name=$1; shift; timeout 120 ncclbench "$@" --backend $b --no-save >"$LOG/single_${b}_$name.txt" 2>&1
