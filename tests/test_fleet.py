@@ -181,3 +181,20 @@ def test_simulated_node_killed_mid_run_is_named_and_the_run_ends(tmp_path):
     assert [d["host"] for d in report["drain"]] == ["simnode3"], report["drain"]
     assert "stopped answering" in report["drain"][0]["reason"]
     assert time.monotonic() - start < 200
+
+
+def test_a_node_slow_once_is_retested_before_it_is_drained():
+    """4 nodes, all pairs: node 0's pairs slow in screening only (as a measuring artefact of
+    one round would be): retested, fine, not drained; slow again: drained."""
+    def once(k, a, b):
+        return [40.0 if 0 in (a, b) and k < 3 and (a, b) != (0, 2) else 100.0]
+
+    def always(k, a, b):
+        return [40.0 if 0 in (a, b) and (a, b) != (0, 2) else 100.0]
+
+    loc, _name, screened, extra = simulate(4, 1, once, 0.2, 4, 6)
+    found, _links, _suspects = loc.verdict(str)
+    assert len(screened) == 3 and extra >= 1 and found == {}
+    loc, _name, _screened, _extra = simulate(4, 1, always, 0.2, 4, 6)
+    found, _links, _suspects = loc.verdict(str)
+    assert list(found) == [0]

@@ -14,8 +14,10 @@ larger of `band` and 3 robust standard deviations):
   (and an absolute floor where one is given); a pair is slow when any rail is. A pair
   tested more than once is slow when it was slow at least twice and more often than not,
   fine when it was fine at least as often as slow, and a suspect after a single slow test.
-- **Bad node**: slow with at least two different partners and in at least two thirds of its
-  pairs, counting only partners not already found bad (a bad node's partners look slow
+- **Bad node**: slow with at least two different partners, one of those pairs slow again
+  when measured a second time (a node whose slow pairs were each measured once gets one
+  of them retested first), and in at least two thirds of its pairs, counting only partners
+  not already found bad (a bad node's partners look slow
   with it and nothing else); the worst node is named first, then the counts are redone.
 - **Bad link**: a pair slow twice (screening and a retest) whose two nodes are each fine with
   at least two other partners.
@@ -195,7 +197,8 @@ class Localiser:
                     continue
                 live = [s for o, s in mine if o not in bad]
                 slow = sum(1 for s in live if s != "fine")
-                if slow >= CONFIRM and 3 * slow >= 2 * len(live) and slow / len(live) > best_ratio:
+                confirmed = "slow" in live  # one of its slow pairs measured slow again
+                if slow >= CONFIRM and confirmed and 3 * slow >= 2 * len(live) and slow / len(live) > best_ratio:
                     worst, best_ratio = node, slow / len(live)
             if worst is None:
                 return bad
@@ -211,16 +214,19 @@ class Localiser:
         bad, adj = self.bad_nodes(states), self.adjacency(states)
         want: list = []
         asked: set = set()
+        retested: set = set()
         for pair, state in sorted(states.items(), key=lambda item: sorted(item[0])):
             a, b = sorted(pair)
             if state == "fine" or {a, b} & bad:
                 continue
+            confirmed = {x for x in (a, b) if any(s == "slow" for _o, s in adj.get(x, []))}
+            if state == "suspect" and not {a, b} & (confirmed | retested):
+                want.append((a, f"retest:{b}"))  # no slow pair of theirs measured twice yet
+                retested.update((a, b))
+                continue
             short = [x for x in (a, b) if self._fine_partners(x, adj, bad) < CONFIRM]
-            if short:
-                want += [(x, "clean") for x in short if x not in asked]
-                asked.update(short)
-            elif state == "suspect":
-                want.append((a, f"retest:{b}"))
+            want += [(x, "clean") for x in short if x not in asked]
+            asked.update(short)
         return want
 
     def clean_nodes(self) -> list[int]:

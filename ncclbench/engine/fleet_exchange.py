@@ -27,9 +27,10 @@ class PairLink:
     """Both directions between this rank and `peer` on a two-rank group, every wait bounded
     by `deadline` (time.monotonic())."""
 
-    def __init__(self, dist, group, peer: int, send, recv, deadline: float):
+    def __init__(self, dist, group, peer: int, send, recv, deadline: float, on_gpu: bool = False):
         self.dist, self.group, self.peer = dist, group, peer
         self.send, self.recv, self.deadline = send, recv, deadline
+        self.on_gpu = on_gpu
 
     def exchange(self, send, recv) -> None:
         dist = self.dist
@@ -39,7 +40,16 @@ class PairLink:
         ops = [dist.P2POp(dist.isend, send, self.peer, group=self.group),
                dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
         for work in dist.batch_isend_irecv(ops):
-            work.wait(timeout=timedelta(seconds=max(left, 0.001)))
+            if self.on_gpu:
+                # the stream waits, the host goes on, as in every other timed loop: a wait
+                # with a timeout holds the host until the exchange ends, so each iteration
+                # then starts when the slower host has seen the last one end (with such
+                # waits, on 4 H200s as 4 one-GPU nodes, the pairs of rank 0, which also
+                # serves the store, ran 40% below the others); a dead peer is left to the
+                # group's timeout (-T)
+                work.wait()
+            else:
+                work.wait(timeout=timedelta(seconds=max(left, 0.001)))
 
     def __call__(self, _op_index: int = 0) -> None:
         self.exchange(self.send, self.recv)
@@ -108,7 +118,7 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
         buffers["send"].fill_(pattern_byte(me))
     send, recv = buffers["send"], buffers["recv"]
     recv.zero_()
-    link = PairLink(dist, group, peer, send, recv, deadline)
+    link = PairLink(dist, group, peer, send, recv, deadline, on_gpu=backend.name == "nccl")
     for _ in range(warmup):
         link()
     timing = measure(FleetPairBackend(backend, link), link, TimingSettings(iters=iters, per_iter=True))
