@@ -367,7 +367,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         where = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}" if "MASTER_ADDR" in os.environ else ""
         raise CollectiveError(f"rank {launch.rank} could not join the other {launch.world_size - 1} rank(s){where}: "
                               f"{type(exc).__name__}: {first_line(exc)}") from exc
-    rank_stop.on_abort(backend.abort)
+    rank_stop.on_abort(getattr(backend, "abort", None))
     try:
         backend.use_groups(plans[0].groups(backend.nranks))
     except Exception:

@@ -95,13 +95,26 @@ def _hold_connections(seconds: float) -> None:
     if os.fork() != 0:
         return
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(launcher, 0)
-        except ProcessLookupError:
-            break
+    while time.monotonic() < deadline and _running(launcher):
         time.sleep(0.2)
     os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs: a launcher that has exited but is not yet reaped by whoever
+    started it (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def corrupt_output(rank: int, view, size: int) -> None:
