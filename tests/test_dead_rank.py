@@ -105,22 +105,41 @@ def test_a_stop_signal_reaches_a_rank_stuck_in_c_code(tmp_path):
     proc = subprocess.Popen(cli_command() + [ARGS[0], "-g", "2", *ARGS[1:], "-J", str(tmp_path / "r.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     out, pid0 = [], None
-    for line in proc.stdout:
-        out.append(line)
-        pid0 = pid0 or next(iter(re.findall(r"Rank\s+0 Group\s+0 Pid\s+(\d+)", line)), None)
-        if line.split()[:1] == ["8192"]:
-            break
-    time.sleep(1.0)  # rank 0 is now inside the 16 KiB collective, rank 1 asleep before it
-    sent = time.monotonic()
-    os.kill(int(pid0), signal.SIGTERM)
-    rest, err = proc.communicate(timeout=120)
-    took = time.monotonic() - sent
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            pid0 = pid0 or next(iter(re.findall(r"Rank\s+0 Group\s+0 Pid\s+(\d+)", line)), None)
+            if line.split()[:1] == ["8192"]:
+                break
+        time.sleep(1.0)  # rank 0 is now inside the 16 KiB collective, rank 1 asleep before it
+        sent = time.monotonic()
+        os.kill(int(pid0), signal.SIGTERM)
+        rest, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        _end_tree(proc)
     assert proc.returncode == 130, err[-3000:]
     assert took < BOUND_S, f"{took:.1f} s from the signal to the end"
     assert error_lines(err) == ["ncclbench: error: terminated by SIGTERM"], err[-3000:]
     assert len(table_rows("".join(out) + rest)) == 4 and "# Incomplete run (interrupted)" in rest
     assert json.loads((tmp_path / "r.json").read_text())["ncclbench"]["status"] == "interrupted"
     assert not wait_gone(str(tmp_path), seconds=5)
+
+
+def _end_tree(proc) -> None:
+    """The launcher and its ranks, killed if a failed test left them running."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
+    except psutil.Error:
+        return
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    proc.wait(timeout=30)
 
 
 RANK_SCRIPT = """
