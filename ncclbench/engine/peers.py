@@ -13,7 +13,7 @@ from ncclbench.launch import stop as rank_stop
 from ncclbench.launch.stop import PeerDeath
 
 DEATH_KEY = "ncclbench/peer_died"
-STORE_WAIT_S = 2.0  # a store that does not answer within this is taken as gone
+STORE_WAIT_S = 1.0  # a store that does not answer within this is taken as gone (torch retries once: ~2.5 s)
 
 _peers: list[tuple[int, str, int]] = []  # (rank, host, pid) of every rank of the run
 

@@ -73,8 +73,10 @@ class PeerDeath:
 
 
 def _fd_from(name: str) -> int | None:
+    """The descriptor the -g launcher passed in `name`, taken out of the environment: a
+    process this rank starts must not take the same number for its own."""
     try:
-        fd = int(os.environ.get(name, ""))
+        fd = int(os.environ.pop(name, ""))
         os.fstat(fd)
     except (ValueError, OSError):
         return None
@@ -96,6 +98,7 @@ class RankStop:
         self._finish: Callable[[str, int], None] | None = None
         self._outcome_taken = False  # the main thread writes the outcome: never this thread
         self._leaving = False  # this thread writes it (or has found it written) and ends the process
+        self._armed = False  # a run's report has begun in this process
         self._code: int | None = None
         self._wake_r = self._wake_w = -1
 
@@ -188,6 +191,9 @@ class RankStop:
             code = self._code if self._code is not None else code
         elif finish is not None:
             _quietly(lambda: finish(message, code))
+        elif death is None and not self._armed and os.environ.get("LOCAL_RANK", "0") == "0":
+            # interrupted before any report began: one line per node, as the main thread says it
+            print(f"ncclbench: error: {message}", file=sys.stderr, flush=True)
         _hard_exit(code)
 
     # ---- what the main thread tells -------------------------------------------------------------
@@ -205,7 +211,7 @@ class RankStop:
 
     def arm(self, finish: Callable[[str, int], None] | None) -> None:
         with self._lock:
-            self._finish, self._outcome_taken = finish, False
+            self._finish, self._outcome_taken, self._armed = finish, False, True
 
     def take_outcome(self) -> bool:
         """The main thread is about to write the run's outcome: True unless this thread is
