@@ -247,10 +247,10 @@ def test_a_death_found_on_one_host_is_read_on_another_through_the_store(monkeypa
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(server.port))
     first = PeerDeath(5, "rank 5 (pid 77) on nodeB died")
-    if posted:
-        peers.post_death(first)
+    if posted:  # by the main thread of a rank there, through the default group's prefixed store
+        peers.post_death(first, dist.PrefixStore("default_pg", dist.PrefixStore("x", server)))
         peers.post_death(PeerDeath(6, "rank 6 (pid 78) on nodeB died"))  # later: the first stays
-    assert peers.posted_death() == (first if posted else None)
+    assert peers.posted_death() == (first if posted else None)  # by a stop thread here, on its own connection
     del server
     monkeypatch.setenv("MASTER_PORT", "1")  # nothing listens there
     start = time.monotonic()

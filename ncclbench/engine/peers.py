@@ -69,9 +69,19 @@ def _store():
                          timeout=datetime.timedelta(seconds=STORE_WAIT_S))
 
 
-def posted_death() -> PeerDeath | None:
+def _root(store):
+    """The rendezvous store itself under torch's prefixes (the default group's store is
+    prefixed): the key is the same whichever way it is reached."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def posted_death(store=None) -> PeerDeath | None:
+    """The death a rank on another host posted, through `store` (the main thread's) or a
+    connection of its own."""
     try:
-        store = _store()
+        store = _root(store) if store is not None else _store()
         if store is None or not store.check([DEATH_KEY]):
             return None
         return PeerDeath.from_line(store.get(DEATH_KEY).decode())
@@ -79,10 +89,10 @@ def posted_death() -> PeerDeath | None:
         return None
 
 
-def post_death(death: PeerDeath) -> None:
+def post_death(death: PeerDeath, store=None) -> None:
     """Tell ranks on other hosts; the first death posted stays."""
     try:
-        store = _store()
+        store = _root(store) if store is not None else _store()
         if store is not None:
             store.compare_set(DEATH_KEY, "", death.line())
     except Exception:  # noqa: BLE001 - the store is gone: they will hear from their launcher

@@ -276,6 +276,16 @@ def death() -> PeerDeath | None:
     return _current._death if _current is not None else None
 
 
+def told(wait_s: float) -> PeerDeath | None:
+    """The death this rank stops for; with a -g launcher to tell it, waiting up to `wait_s`
+    for its news (it names the signal and what the rank ran, which a rank cannot see)."""
+    deadline = time.monotonic() + wait_s
+    while _current is not None and _current._stop_fd is not None and _current._death is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return death()
+
+
 def took_signal() -> None:
     if _current is not None:
         _current.took_signal()
