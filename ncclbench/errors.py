@@ -69,6 +69,14 @@ class RankFailures(BenchError):
         self.lines = lines
 
 
+class PeerLost(RankFailures):
+    """This rank stopped because a peer died (ncclbench.launch.stop); the dead rank is named
+    by whoever saw the death (the -g launcher, or rank 0's line): exit 3, nothing printed again."""
+
+    def __init__(self, message: str):
+        super().__init__([message], ExitCode.NCCL_ERROR)
+
+
 class PreflightError(BenchError):
     """A preflight check failed (ncclbench.preflight): one line naming the group, collective
     and rank or host. Exit code 1 like a regression; 7 when data arrived wrong; 4 on a timeout."""

@@ -519,25 +519,27 @@ def test_an_error_in_the_sweep_on_one_rank_is_one_line_naming_it(tmp_path, rank)
 
 @pytest.mark.parametrize("deadline", ["60", "1"])
 def test_a_killed_rank_is_one_line_naming_it_and_its_host(tmp_path, deadline):
-    """Killed mid-sweep (no word of its own): the -g launcher's line names it and its host;
-    rank 0, which only lost its peer, adds nothing on stderr but keeps why in its JSON. With
-    -T 1 too: rank 0's wait for a posted cause is not a size's time (before, it ran into the
-    deadline: exit 4 and a second line)."""
+    """Killed mid-sweep (no word of its own): the -g launcher's line names it, its host and
+    what it ran, and says that rank 0 stopped after it; rank 0 adds nothing on stderr but
+    keeps the same story in its JSON. With -T 1 too: rank 0's wait for a posted cause is not
+    a size's time (before, it ran into the deadline: exit 4 and a second line)."""
     r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", deadline,
                  "-J", str(tmp_path / "r.json"), "--no-save"],
                 env={"NCCLBENCH_FAULT": "kill:rank=1,size=16384"}, timeout=180)
     assert r.returncode == 3, r.stderr[-3000:]
     lines = _error_lines(r.stderr)
-    assert len(lines) == 1 and re.fullmatch(r"ncclbench: error: rank 1 \(pid \d+\) on \S+ was killed by SIGKILL; "
+    death = r"rank 1 \(pid \d+\) on \S+ was killed by SIGKILL during all_reduce at 16384 B \(float, sum, root -1\)"
+    assert len(lines) == 1 and re.fullmatch(rf"ncclbench: error: {death}; rank 0 stopped after rank 1 died; "
                                             r"rows finished before it are kept, the run is incomplete", lines[0]), r.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["ncclbench"]["status"] == "error"
-    assert doc["errors"][0].startswith("rank 0 on ") and " lost a peer during " in doc["errors"][0], doc["errors"]
+    assert re.fullmatch(rf"{death}; rank 0 on \S+ stopped after rank 1 died", doc["errors"][0]), doc["errors"]
 
 
 def test_a_killed_rank_under_torchrun_is_one_line_from_rank_0():
-    """Under an outside launcher, rank 0 says once that it lost a peer and where; torchrun's
-    own summary names the rank that died."""
+    """Under an outside launcher, rank 0 says once which peer died (found by its process on
+    this host) and what it was running itself when it stopped; torchrun's own summary names
+    the rank that died too."""
     torchrun = str(__import__("pathlib").Path(sys.executable).with_name("torchrun"))
     cmd = [torchrun, "--nproc-per-node", "2", "--standalone", "-m", "ncclbench", "allreduce", "--backend", "gloo",
            "-b", "1K", "-e", "64K", "-f", "2", "-n", "2", "-T", "60", "--no-save"]
@@ -545,8 +547,9 @@ def test_a_killed_rank_under_torchrun_is_one_line_from_rank_0():
                        env=dict(os.environ, NCCL_NVLS_ENABLE="0", NCCLBENCH_FAULT="kill:rank=1,size=16384"))
     assert r.returncode == 1, r.stderr[-3000:]
     lines = _error_lines(r.stderr)
-    assert len(lines) == 1 and re.match(r"ncclbench: error: rank 0 on \S+ lost a peer during all_reduce at 16384 B",
-                                        lines[0]), r.stderr[-3000:]
+    assert len(lines) == 1 and re.fullmatch(r"ncclbench: error: rank 1 \(pid \d+\) on \S+ died; rank 0 on \S+ stopped "
+                                            r"after rank 1 died during all_reduce at 16384 B \(float, sum, root -1\)",
+                                            lines[0]), r.stderr[-3000:]
 
 
 def test_a_rank_that_arrives_late_leaves_stderr_clean(tmp_path):

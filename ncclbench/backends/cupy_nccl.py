@@ -333,8 +333,27 @@ class CupyBackend(TorchBackend):
             return f"-R {mode}: CuPy has no binding for ncclCommRegister/ncclCommWindowRegister; buffers not registered"
         return None
 
+    def abort(self) -> None:
+        """The NCCL communicators (NcclCommunicator.abort: NCCL's kernels return and the
+        communicator is freed, so that close() has nothing left to destroy). The gloo group
+        that carries the host-side messages is left to fail with the dead peer's sockets."""
+        if self.aborted:
+            return
+        self.aborted = True
+        for name in ("comm", "_world_comm"):
+            comm = getattr(self, name, None)
+            if comm is not None and hasattr(comm, "abort"):
+                try:
+                    comm.abort()
+                except Exception:  # noqa: BLE001 - best effort: the rank is leaving
+                    pass
+
     def close(self):
         self.release_graphs()
+        if self.aborted:  # the communicators are freed: their premul ops with them
+            self.__dict__.pop("_premul", None)
+            super().close()
+            return
         for op, comm in self.__dict__.pop("_premul", {}).values():
             try:
                 self.torch.cuda.synchronize(self.device)

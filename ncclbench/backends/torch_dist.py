@@ -300,7 +300,7 @@ class TorchBackend:
         return None
 
     def deregister_buffers(self) -> None:
-        if getattr(self, "_registered", False):
+        if getattr(self, "_registered", False) and not self.aborted:
             try:
                 self._nccl_pg.deregister_mem_pool(self._pool)
             except Exception:  # noqa: BLE001 - best effort at exit
@@ -548,9 +548,72 @@ class TorchBackend:
     def close(self):
         self.release_graphs()
         self.deregister_buffers()
-        if not self.adopted and self.dist.is_initialized():
+        if not self.adopted and not self.aborted and self.dist.is_initialized():
             try:
                 self.dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
+
+    aborted = False  # abort() ran: the communicators are gone, and nothing may touch them again
+
+    def abort(self) -> None:
+        """End this rank's NCCL communicators now, from any thread: ncclbench's stop thread
+        calls it (ncclbench.launch.stop) while the main thread waits inside a collective for
+        a peer that died. NCCL's kernels then return, and the main thread's synchronize with
+        them; its next collective raises. The groups are aborted one by one inside one NCCL
+        group, as torch's `_abort_process_group` does, so that their aborts cannot wait on
+        one another; unlike it, the group table (which the main thread may be reading) is
+        left alone, and nothing is destroyed afterwards. gloo groups are not aborted: that
+        frees no waiting call (tried on torch 2.13), and a peer's death ends theirs."""
+        if self.adopted or self.aborted:
+            return
+        self.aborted = True
+        self._abort_nccl_groups()
+
+    def _abort_nccl_groups(self) -> None:
+        torch = self.torch
+        from torch.distributed import distributed_c10d as c10d
+
+        groups = [pg for pg in list(getattr(getattr(c10d, "_world", None), "pg_map", None) or [])
+                  if _nccl_backend(torch, pg) is not None]
+        if not groups:
+            return
+        world = _nccl_backend(torch, c10d.GroupMember.WORLD) if c10d.GroupMember.WORLD is not None else None
+        opened = False
+        if world is not None and hasattr(world, "_group_start"):
+            try:
+                world._group_start()
+                opened = True
+            except Exception:  # noqa: BLE001 - each abort on its own then
+                pass
+        for pg in groups:
+            _abort_group(torch, pg)
+        if opened:
+            try:
+                world._group_end()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _nccl_backend(torch, pg):
+    """The group's NCCL backend, or None (gloo groups answer for "cuda" too: checked by name)."""
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except Exception:  # noqa: BLE001 - no CUDA backend in this group
+        return None
+    return backend if type(backend).__name__ == "ProcessGroupNCCL" else None
+
+
+def _abort_group(torch, pg) -> None:
+    """Abort one process group with what this torch has: the group's abort (torch 2.6 and
+    later), else its NCCL backend's."""
+    for target in (pg, _nccl_backend(torch, pg)):
+        abort = getattr(target, "abort", None) if target is not None else None
+        if abort is None:
+            continue
+        try:
+            abort()
+            return
+        except Exception:  # noqa: BLE001 - try the next spelling
+            continue
 

@@ -13,13 +13,17 @@ from ncclbench.dtypes import DTYPES, DType, to_dtype
 from ncclbench.engine import onerank
 from ncclbench.engine.checkdata import InputPattern, bit_view, count_mismatches, poison
 from ncclbench.engine.collectives import CheckContext, Collective
-from ncclbench.errors import (STOP_SIGNALS, BenchError, CollectiveError, ExitCode, Interrupted, PlanError, RankFailures,
-                              Terminated, error_line, first_line, interruption_message)
-from ncclbench.engine.guard import (CAUSE_GRACE_S, CAUSE_KEY, SetupBoard, attempt, lost_peer, post_cause, ranks_text,
-                                    read_cause, verdict)
+from ncclbench.errors import (BenchError, CollectiveError, ExitCode, Interrupted, PlanError, error_line, first_line,
+                              interruption_message)
+from ncclbench.engine.guard import SetupBoard, attempt, ranks_text, read_cause, verdict
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
-from ncclbench.engine.watchdog import ProgressBoard, SizeWatchdog, default_store, hard_exit
+from ncclbench.engine.watchdog import SizeWatchdog, hard_exit
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
+from ncclbench.engine.signals import (_held_interrupt, _held_signals, _interrupt_for,  # noqa: F401 - tests and tune use them here
+                                      exit_on_termination_signals, hold_termination_signals, stop_on_termination_signals)
+from ncclbench.engine.hooks import RankHooks  # noqa: F401 - the API subclasses it from here
+from ncclbench.engine import peers
+from ncclbench.launch import stop as rank_stop
 from ncclbench.testing import faults
 
 # Elements per expected-value chunk: computing a chunk's expected values took 65-92 bytes of
@@ -363,6 +367,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         where = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}" if "MASTER_ADDR" in os.environ else ""
         raise CollectiveError(f"rank {launch.rank} could not join the other {launch.world_size - 1} rank(s){where}: "
                               f"{type(exc).__name__}: {first_line(exc)}") from exc
+    rank_stop.on_abort(getattr(backend, "abort", None))
     try:
         backend.use_groups(plans[0].groups(backend.nranks))
     except Exception:
@@ -405,155 +410,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
     return outcome
 
 
-class RankHooks:
-    """How one rank's run meets the process around it. These are the command line's: the
-    rank owns its process, so termination signals stop the sweep in order, a timeout ends
-    the process (a rank stuck inside a collective cannot be unstuck from Python), and errors
-    are said on stderr. The Python API runs inside a user's job and overrides them
-    (ncclbench.api.measure)."""
-
-    def board(self, backend) -> ProgressBoard:
-        return ProgressBoard(default_store(), backend.rank, backend.nranks)
-
-    def stop_on_signals(self) -> None:
-        stop_on_termination_signals()
-
-    def hold_signals(self) -> None:
-        hold_termination_signals()
-
-    def held_signals(self) -> list[int]:
-        return _held_signals
-
-    def say(self, message: str) -> None:
-        print(error_line(None, message), file=sys.stderr, flush=True)
-
-    cause_on_every_rank = False  # True: every rank ends with the cause (the API raises it everywhere)
-
-    def cause_key(self, run_number: int) -> str:
-        """Where a failed rank posts its cause: one key per run_plan of this process (every
-        rank of the command line runs the same plans in the same order)."""
-        return f"{CAUSE_KEY}/{run_number}"
-
-    def sweep_failed(self, board, rank: int, nranks: int, doing: str | None, exc: Exception,
-                     key: str = CAUSE_KEY) -> tuple[str, bool]:
-        """A collective failed mid-sweep on this rank: (the line the run ends with, whether
-        this rank says it). A failure of its own is said here, with rank and host, and
-        posted for the others; a rank that only lost a failed peer says nothing but takes
-        that peer's line as its run's error (rank 0, after waiting briefly for it), so the
-        run ends with one line naming the rank where it went wrong. A lost peer that posted
-        nothing (killed) is named by the -g launcher on its node; under other launchers
-        rank 0 says that it lost a peer, and the launcher's own report names which."""
-        own = f"{type(exc).__name__}: {first_line(exc, 240)}"
-        during = f" during {doing}" if doing else ""
-        host = socket.gethostname()
-        store = getattr(board, "store", None)
-        if not lost_peer(f"{type(exc).__name__}: {exc}"):  # the whole text: the cut one may lose the words
-            message = f"rank {rank} on {host}{during}: {own}"
-            post_cause(store, message, key)
-            return message, True
-        message = f"rank {rank} on {host} lost a peer{during}: {own}"
-        if rank != 0 and not self.cause_on_every_rank:
-            return message, False
-        cause = read_cause(store, CAUSE_GRACE_S if nranks > 1 else 0.0, key)
-        if cause is not None:
-            return cause, False
-        if rank != 0:
-            return message, False
-        one_node_spawn = bool(os.environ.get("NCCLBENCH_SPAWNED")) and \
-            os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE")
-        return message, not one_node_spawn
-
-    def sweep_error(self, message: str) -> BaseException:
-        """What a rank other than rank 0 leaves with after a failure mid-sweep: its code,
-        nothing printed again (sweep_failed decided who speaks)."""
-        return RankFailures([message], ExitCode.NCCL_ERROR)
-
-    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish, cause=lambda: None) -> None:
-        """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
-        reached it; `cause()`: the failure another rank posted, if one did (a rank whose
-        collective failed leaves, and its peers wait inside NCCL until -T). `finish(message)`
-        (rank 0 once its report began, else None) writes the report's trailer. Runs on the
-        watchdog's thread."""
-        # only the reporting rank reads the board: rank 0's store may be gone elsewhere
-        late = [r for r in behind() if r != rank] if finish is not None else []
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
-        first = cause() if finish is not None else None
-        who += f"; it failed first on {first}" if first else ""
-        message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
-        if finish is not None:
-            try:
-                finish(message)
-            finally:
-                self.say(message)
-        elif rank == 0:  # still setting up: no report to finish
-            self.say(message)
-        hard_exit(ExitCode.TIMEOUT)
-
-
-_held_signals: list[int] = []
 _RUN_NUMBERS = itertools.count()  # run_plan calls in this process, for per-run store keys
-
-
-def hold_termination_signals() -> None:
-    """While a report begins, and from the end of the sweep until the run's outcome is
-    written: SIGTERM/SIGHUP/SIGINT are noted, not raised. torchrun's agent terminates the
-    surviving ranks when one dies; a rank finishing its trailer then keeps its own verdict
-    (3 for the lost peer, say) instead of turning into an interrupt (130) that came after
-    the fact."""
-    _on_termination_signals(lambda signum, _frame: _held_signals.append(signum))
-
-
-def exit_on_termination_signals(code: int) -> None:
-    """After the outcome is written: a signal held meanwhile, or one that comes during the
-    teardown, ends the rank at once with the run's own exit code."""
-    def leave(_signum=None, _frame=None):
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say
-                pass
-        os._exit(int(code))
-
-    _on_termination_signals(leave)
-    if _held_signals:
-        leave()
-
-
-def stop_on_termination_signals() -> None:
-    """SIGTERM, SIGHUP and SIGINT (Ctrl-C) end the sweep, and rank 0 writes the summary and
-    its files, instead of killing the rank mid-table. torchrun's agent forwards SIGTERM to
-    the ranks when it is itself terminated; srun/scancel and `timeout` send it directly."""
-
-    def stop(signum, _frame):
-        # Raised once; repeats are noted: a second interrupt raised while the first unwinds
-        # would escape the summary. Repeats are the rule, not a fluke: a -g launcher killed by
-        # SIGKILL sends its ranks the parent-death SIGTERM once per launcher thread that exits
-        # (seen on an H200), and on Ctrl-C a rank gets SIGINT from the terminal and again from
-        # torchrun's agent, which forwards it to the ranks it shuts down.
-        hold_termination_signals()
-        raise _interrupt_for(signum)
-
-    _on_termination_signals(stop)
-
-
-def _held_interrupt() -> KeyboardInterrupt | None:
-    """The interrupt a stop signal noted meanwhile stands for, if one was."""
-    return _interrupt_for(_held_signals[0]) if _held_signals else None
-
-
-def _interrupt_for(signum: int) -> KeyboardInterrupt:
-    import signal
-
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signal.Signals(signum).name)
-
-
-def _on_termination_signals(handler) -> None:
-    """`handler` for SIGTERM and SIGHUP (what scancel, `timeout`, CI cancels and torchrun's
-    agent send) and SIGINT (Ctrl-C); the three phases of a rank above each install their own."""
-    import signal
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, handler)
 
 
 def _severity(code: int) -> int:
@@ -575,11 +432,13 @@ def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, 
             step += 1
             board.reach(step)
             doing[0] = f"{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})"
+            rank_stop.doing(doing[0])
             watchdog.arm(f"{step}|{doing[0]}")
             runner.warm_up(buffers, dtype, op, root, sizes)
             for size in sizes:
                 step += 1
                 doing[0] = f"{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})"
+                rank_stop.doing(doing[0])
                 watchdog.arm(f"{step}|{doing[0]}")
                 faults.before_size(backend.rank, size)
                 board.reach(step)  # "arrived": about to enter this size's collectives
@@ -623,13 +482,13 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     runner.agree_on_plan()
     board = hooks.board(backend)
 
-    def finish_on_timeout(message: str) -> None:
-        report.finish(RunSummary(list(rows), complete=False, status="timeout", errors=[message]))
+    def finish_early(message: str, status: str = "timeout") -> None:
+        report.finish(RunSummary(list(rows), complete=False, status=status, errors=[message]))
 
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
         hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
-                        finish_on_timeout if report is not None else None,
+                        finish_early if report is not None else None,
                         cause=lambda: read_cause(getattr(board, "store", None), key=hooks.cause_key(run_number)))
 
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
@@ -638,6 +497,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     except BaseException:
         watchdog.stop()
         raise
+    peers.watch(devices, backend.rank)
     memory = backend.memory_usage() if plan.memory_report else None
     # From the report's first line to the sweep's start a signal is noted, not raised: the
     # sweep then stops before it begins and the report still gets its trailer.
@@ -646,6 +506,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         info = build_run_info(plan, backend, devices)
         info.notes += notes
         report = make_report(plan, info)
+    hooks.open_outcome(finish_early if report is not None else None)
     faults.after_report(backend.rank)
 
     try:
@@ -659,6 +520,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
             # written. Installed before any exception is looked at, so that a signal landing
             # while a lost peer's error is handled cannot escape that handler.
             hooks.hold_signals()
+            hooks.take_outcome()
     except KeyboardInterrupt as exc:
         status = "interrupted"
         errors = [interruption_message(exc)]

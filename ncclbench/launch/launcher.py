@@ -39,6 +39,9 @@ def prepare_environ(info) -> None:
     except LaunchEnvError as exc:
         raise LaunchError(str(exc)) from exc
     end_with_launcher()
+    from ncclbench.launch import stop
+
+    stop.start(info.rank)  # a thread that ends this rank when a peer dies while it is stuck in C code
 
 
 def end_with_launcher() -> None:

@@ -11,10 +11,15 @@ keeps its process layout and failure handling:
     which forwards it; signals go to the rank's whole process group;
   - SIGINT, SIGTERM and SIGHUP to the launcher are forwarded once, then it waits for
     the ranks (up to SHUTDOWN_S, then SIGKILL) and ignores repeats; exit 130;
-  - when a rank exits non-zero, the others get FAILURE_GRACE_S to end on their own
-    (they usually reached the same verdict) and are then terminated like torchrun's
-    agent does (SIGTERM, SHUTDOWN_S, SIGKILL); the run's code is launch.exit_code_of_failure
-    of every rank that failed.
+  - the first rank seen failing is the cause. Killed by a signal (it could say nothing),
+    it is named here, with what it was running (each rank keeps that in a shared page), and
+    the others are told at once to stop (ncclbench.launch.stop: a line on a pipe of their
+    own; they abort their communicators, which a signal cannot do for a rank stuck inside
+    NCCL, and end with "stopped after rank N died"). A rank that exited with a code said
+    its reason itself; the others get FAILURE_GRACE_S to end on their own, then the same
+    stop. A rank still running STOP_GRACE_S after the stop is killed, and said to have been;
+    the run's code is launch.exit_code_of_failure of every rank that failed. Nothing a rank
+    started outlives the run: every rank's process group gets SIGKILL at the end.
 
 The difference: torchrun's agent hosts the rendezvous store; here rank 0 hosts it (as
 under torch's env:// rendezvous, TORCHELASTIC_USE_AGENT_STORE=False) on a port this
@@ -32,9 +37,11 @@ import uuid
 from dataclasses import dataclass
 
 from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode
+from ncclbench.launch.stop import DOING_BYTES, DOING_FD_ENV, STOP_FD_ENV, PeerDeath
 
 SHUTDOWN_S = 30.0       # torchrun's agent waits this long for terminated ranks before SIGKILL
-FAILURE_GRACE_S = 0.5   # a failed rank's peers get this long to end by themselves
+FAILURE_GRACE_S = 0.5   # a rank that failed with a code of its own: its peers get this long to end by themselves
+STOP_GRACE_S = 10.0     # after the stop: how long a rank gets to end before it is killed
 POLL_S = 0.05
 MASTER_ADDR = "127.0.0.1"
 
@@ -45,13 +52,73 @@ class RankExit:
 
     rank: int
     pid: int
-    exitcode: int  # negative: killed by that signal
+    exitcode: int  # negative: ended by that signal
+    doing: str | None = None   # what it ran last, from its page
+    after_cause: bool = False  # ended after the first failure was seen: a consequence of it
+    killed_here: bool = False  # SIGKILLed by this launcher, having not stopped within STOP_GRACE_S
 
     def signal_name(self) -> str:
         try:
             return signal.Signals(-self.exitcode).name
         except ValueError:
             return f"signal {-self.exitcode}"
+
+    def death(self) -> PeerDeath:
+        """This failure as told to the ranks still running."""
+        how = f"was killed by {self.signal_name()}" if self.exitcode < 0 else f"exited with code {self.exitcode}"
+        during = f" during {self.doing}" if self.doing else ""
+        return PeerDeath(self.rank, f"rank {self.rank} (pid {self.pid}) on {socket.gethostname()} {how}{during}",
+                         said_own=self.exitcode > 0)
+
+
+class RankChannel:
+    """The launcher's two lines to one rank (ncclbench.launch.stop): a pipe that carries the
+    stop, and a shared page where the rank keeps what it runs now, read when it has died."""
+
+    def __init__(self):
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.write_end, False)  # a rank that never reads must not block the launcher
+        self.page = None
+        try:
+            self.page = os.memfd_create("ncclbench-doing")
+            os.ftruncate(self.page, DOING_BYTES)
+        except (AttributeError, OSError):  # no memfd here: the lines go without what the rank ran
+            self.page = None
+
+    def environ(self) -> dict:
+        env = {STOP_FD_ENV: str(self.read_end)}
+        if self.page is not None:
+            env[DOING_FD_ENV] = str(self.page)
+        return env
+
+    def fds(self) -> tuple[int, ...]:
+        return (self.read_end,) if self.page is None else (self.read_end, self.page)
+
+    def started(self) -> None:
+        os.close(self.read_end)
+        self.read_end = -1
+
+    def doing(self) -> str | None:
+        if self.page is None:
+            return None
+        try:
+            return os.pread(self.page, DOING_BYTES, 0).split(b"\0", 1)[0].decode(errors="replace") or None
+        except OSError:
+            return None
+
+    def tell(self, death: PeerDeath) -> None:
+        try:
+            os.write(self.write_end, (death.line() + "\n").encode())
+        except OSError:  # the rank is gone, or its pipe is full
+            pass
+
+    def close(self) -> None:
+        for fd in (self.read_end, self.write_end, self.page):
+            if fd is not None and fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class _Stopped(Exception):
@@ -97,9 +164,10 @@ def reserve_port() -> socket.socket:
 
 def start_ranks(nprocs: int, command: list[str]) -> int:
     """Run `command` as ranks 0..nprocs-1 of a one-node world; the run's exit code."""
-    from ncclbench.launch.launcher import describe_failures, exit_code_of_failure, say
+    from ncclbench.launch.launcher import exit_code_of_failure, say
 
     procs: dict[int, subprocess.Popen] = {}
+    channels: dict[int, RankChannel] = {}
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def stop(signum, _frame):
@@ -116,9 +184,12 @@ def start_ranks(nprocs: int, command: list[str]) -> int:
         port, run_id = reservation.getsockname()[1], uuid.uuid4().hex
         try:
             for rank in range(nprocs):
-                procs[rank] = subprocess.Popen(command, env=rank_environ(dict(os.environ), rank, nprocs, port, run_id),
-                                               start_new_session=True)
-            failures = watch(procs)
+                channels[rank] = channel = RankChannel()
+                env = rank_environ(dict(os.environ), rank, nprocs, port, run_id)
+                env.update(channel.environ())
+                procs[rank] = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=channel.fds())
+                channel.started()
+            failures = _Watch(procs, channels).run()
         except _Stopped as stopped:
             signal_ranks(procs, stopped.signum)
             outlive(procs)
@@ -131,40 +202,123 @@ def start_ranks(nprocs: int, command: list[str]) -> int:
         reservation.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        clear_groups(procs)
+        for channel in channels.values():
+            channel.close()
     if not failures:
         return ExitCode.OK
-    for line in describe_failures(failures):
+    for line in describe_exits(failures):
         say(f"error: {line}")
-    return exit_code_of_failure(failures)
+    return exit_code_of_failure({f.rank: f for f in failures})
 
 
-def watch(procs: dict[int, subprocess.Popen]) -> dict[int, RankExit]:
-    """Wait until every rank succeeded, or one failed and the rest were ended; the failures."""
-    running, failures = dict(procs), {}
-    while running:
-        before = len(running)
-        wait_for_an_exit()
-        _collect(running, failures)
-        if len(running) == before:  # some other child of this process ended: no busy loop on it
-            time.sleep(POLL_S)
-        if failures:
-            deadline = time.monotonic() + FAILURE_GRACE_S
-            while running and time.monotonic() < deadline:
+class _Watch:
+    """Waits for the ranks. The first failure seen is the cause; the ranks still running
+    are then told to stop (at once after a death by a signal, FAILURE_GRACE_S after an
+    exit with a code), and killed if they have not ended STOP_GRACE_S later."""
+
+    def __init__(self, procs: dict[int, subprocess.Popen], channels: dict[int, RankChannel]):
+        self.running, self.channels = dict(procs), channels
+        self.exits: list[RankExit] = []  # every rank that ended non-zero, in the order seen
+        self.cause: RankExit | None = None
+        self.stop_at: float | None = None  # when the stop goes out
+        self.stopped_at: float | None = None  # when it went out
+
+    def run(self) -> list[RankExit]:
+        while self.running:
+            if self.cause is None:
+                before = len(self.running)
+                wait_for_an_exit()
+                self._collect()
+                if len(self.running) == before:  # some other child of this process ended: no busy loop on it
+                    time.sleep(POLL_S)
+            else:
                 time.sleep(POLL_S)
-                _collect(running, failures)
-            signal_ranks(running, signal.SIGTERM)
-            end_within(running, SHUTDOWN_S)
-            _collect(running, failures)
-    return failures
+                self._collect()
+            self._act()
+        return self.exits
 
-
-def _collect(running: dict[int, subprocess.Popen], failures: dict[int, RankExit]) -> None:
-    for rank, proc in list(running.items()):
-        code = proc.poll()
-        if code is not None:
-            del running[rank]
+    def _collect(self, killed_here: bool = False) -> None:
+        seen = []
+        for rank, proc in list(self.running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.running[rank]
             if code != 0:
-                failures[rank] = RankExit(rank, proc.pid, code)
+                seen.append(RankExit(rank, proc.pid, code, self.channels[rank].doing(),
+                                     after_cause=self.cause is not None, killed_here=killed_here))
+        seen.sort(key=lambda e: e.exitcode >= 0)  # in one look, a death by a signal first: no exit code caused it
+        self.exits += seen
+        if seen and self.cause is None:
+            self.cause = seen[0]
+            self.stop_at = time.monotonic() + (0.0 if self.cause.exitcode < 0 else FAILURE_GRACE_S)
+
+    def _act(self) -> None:
+        now = time.monotonic()
+        if self.stop_at is not None and now >= self.stop_at:
+            self.stop_at, self.stopped_at = None, now
+            death = self.cause.death()
+            for rank in self.running:
+                self.channels[rank].tell(death)
+        if self.stopped_at is not None and self.running and now - self.stopped_at >= STOP_GRACE_S:
+            signal_ranks(self.running, signal.SIGKILL)
+            for proc in self.running.values():
+                try:
+                    proc.wait(timeout=SHUTDOWN_S)
+                except subprocess.TimeoutExpired:
+                    pass  # stuck in the kernel (a wedged GPU driver call): nothing more to do from here
+            self._collect(killed_here=True)
+            self.running.clear()
+
+
+def describe_exits(exits: list[RankExit]) -> list[str]:
+    """The launcher's line about a failed run, or none where the ranks said it all: the
+    ranks that died by a signal before anything else failed (they could say nothing), with
+    what they ran; the ranks that then stopped; and any that ended otherwise after it
+    (killed here for not stopping in time, or by a signal while they stopped)."""
+    causes = [e for e in exits if not e.after_cause]
+    later = [e for e in exits if e.after_cause]
+    killed = [e for e in causes if e.exitcode < 0]
+    odd = [e for e in later if e.exitcode < 0]
+    if not causes or not killed and not odd:
+        return []  # every failed rank said its own reason
+    first = causes[0]
+    gone = "died" if first.exitcode < 0 else "failed"
+    parts = [e.death().text for e in killed]
+    stopped = [e.rank for e in later if e.exitcode > 0]
+    if stopped:
+        parts.append(f"{_ranks_text(stopped)} stopped after rank {first.rank} {gone}")
+    for e in odd:
+        if e.killed_here:
+            parts.append(f"rank {e.rank} (pid {e.pid}) did not stop within {STOP_GRACE_S:g} s after rank "
+                         f"{first.rank} {gone} and was killed by ncclbench (SIGKILL)")
+        else:
+            parts.append(f"rank {e.rank} (pid {e.pid}) ended by {e.signal_name()} while it stopped")
+    parts.append("rows finished before it are kept, the run is incomplete")
+    return ["; ".join(parts)]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """`rank 0`, `ranks 0,2`, `ranks 0-2`."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ",".join(map(str, ranks))
+
+
+def clear_groups(procs: dict[int, subprocess.Popen]) -> None:
+    """SIGKILL to every rank's process group once the ranks have ended: whatever a rank
+    started (a helper it forked, a tool it ran) does not outlive the run."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            continue  # still running (stuck in the kernel): its group is its own
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def wait_for_an_exit() -> None:

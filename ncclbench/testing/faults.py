@@ -2,7 +2,11 @@
 (wrong results, a dead rank, a stalled rank, a rank with another plan) run for real in
 tests. Format: `<kind>:rank=R[,size=BYTES][,seconds=S]`, several joined by `;`; kinds corrupt |
 corrupt_graph (under -G: one wrong element written by the check's CUDA graph itself) |
-kill | stall | error (a CUDA error raised in the sweep) | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
+kill | kill_held (killed, its connections held open by a forked child for S seconds or until
+its launcher is gone: its peers then wait inside the collective in C code, where no signal
+handler runs, as NCCL's peers of a dead rank do on a GPU host; on gloo a plain kill closes
+its sockets and its peers fail at once) | stall | error (a CUDA error
+raised in the sweep) | plan | linger (sleep S seconds after the sweep, while the outcome is written) |
 terms | ints (a burst of SIGTERMs or SIGINTs from another process, as the kernel's
 parent-death signal comes once per exiting thread of a SIGKILLed launcher, and Ctrl-C comes
 from the terminal and again from torchrun's agent) | term_at_start (one SIGTERM while the
@@ -59,7 +63,7 @@ def active(*kinds: str, rank: int | None = None) -> Fault | None:
 
 def before_size(rank: int, size: int) -> None:
     """Called before each size is measured."""
-    f = active("kill", "stall", "terms", "ints", "error", rank=rank)
+    f = active("kill", "kill_held", "stall", "terms", "ints", "error", rank=rank)
     if f is None or not f.applies(rank, size):
         return
     if f.kind in ("terms", "ints"):
@@ -76,10 +80,41 @@ def before_size(rank: int, size: int) -> None:
         time.sleep(5)  # the sweep stops during this sleep (if not, the test sees the size after it)
     if f.kind == "error":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT error)")
-    if f.kind == "kill":
+    if f.kind == "kill_held":
+        _hold_connections(f.seconds)
+    if f.kind in ("kill", "kill_held"):
         os.kill(os.getpid(), signal.SIGKILL)
     if f.kind == "stall":
         time.sleep(f.seconds)
+
+
+def _hold_connections(seconds: float) -> None:
+    """Fork a child that keeps this process's sockets open after it dies, for up to
+    `seconds` or until the process that launched this one is gone."""
+    launcher = os.getppid()
+    if os.fork() != 0:
+        return
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _running(launcher):
+        time.sleep(0.2)
+    os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs: a launcher that has exited but is not yet reaped by whoever
+    started it (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def corrupt_output(rank: int, view, size: int) -> None:

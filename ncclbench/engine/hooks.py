@@ -1,0 +1,163 @@
+"""How one rank's run meets the process around it (RankHooks): its signals, what it says,
+how it ends after a lost peer, a timeout or a stop. The command line's are here; the Python
+API overrides them (ncclbench.api.measure)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from ncclbench.engine import peers
+from ncclbench.engine.guard import CAUSE_GRACE_S, CAUSE_KEY, lost_peer, post_cause, read_cause
+from ncclbench.engine.signals import _held_signals, hold_termination_signals, stop_on_termination_signals
+from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
+from ncclbench.errors import ExitCode, RankFailures, error_line, first_line
+from ncclbench.launch import stop as rank_stop
+
+
+class RankHooks:
+    """How one rank's run meets the process around it. These are the command line's: the
+    rank owns its process, so termination signals stop the sweep in order, a timeout ends
+    the process (a rank stuck inside a collective cannot be unstuck from Python), and errors
+    are said on stderr. The Python API runs inside a user's job and overrides them
+    (ncclbench.api.measure)."""
+
+    def board(self, backend) -> ProgressBoard:
+        return ProgressBoard(default_store(), backend.rank, backend.nranks)
+
+    def stop_on_signals(self) -> None:
+        stop_on_termination_signals()
+
+    def hold_signals(self) -> None:
+        hold_termination_signals()
+
+    def held_signals(self) -> list[int]:
+        return _held_signals
+
+    def say(self, message: str) -> None:
+        print(error_line(None, message), file=sys.stderr, flush=True)
+
+    cause_on_every_rank = False  # True: every rank ends with the cause (the API raises it everywhere)
+
+    def cause_key(self, run_number: int) -> str:
+        """Where a failed rank posts its cause: one key per run_plan of this process (every
+        rank of the command line runs the same plans in the same order)."""
+        return f"{CAUSE_KEY}/{run_number}"
+
+    def sweep_failed(self, board, rank: int, nranks: int, doing: str | None, exc: Exception,
+                     key: str = CAUSE_KEY) -> tuple[str, bool]:
+        """A collective failed mid-sweep on this rank: (the line the run ends with, whether
+        this rank says it). A failure of its own is said here, with rank and host, and
+        posted for the others; a rank that only lost a failed peer, or stopped because a
+        peer died (ncclbench.launch.stop), says nothing but takes that peer's line as its
+        run's error (rank 0, after waiting briefly for it), so the run ends with one line
+        naming the rank where it went wrong. A peer killed without a word is named by the -g
+        launcher (which told this rank); under other launchers rank 0 names it when it finds
+        it dead (engine.peers), else says that it lost a peer, and the launcher's own report
+        names which."""
+        host = socket.gethostname()
+        store = getattr(board, "store", None)
+        if rank_stop.death() is None and not lost_peer(f"{type(exc).__name__}: {exc}"):  # the whole text
+            message = f"rank {rank} on {host}{f' during {doing}' if doing else ''}: {type(exc).__name__}: " \
+                      f"{first_line(exc, 240)}"
+            post_cause(store, message, key)
+            return message, True
+        if rank != 0 and not self.cause_on_every_rank:
+            return _lost_peer_line(rank, host, doing, exc), False
+        cause, death = _peer_cause(store, CAUSE_GRACE_S if nranks > 1 else 0.0, key)
+        if cause is not None:
+            return cause, False
+        message = death.stopped(rank, doing) if death is not None else _lost_peer_line(rank, host, doing, exc)
+        return message, rank == 0 and not one_node_spawn()
+
+    def sweep_error(self, message: str) -> BaseException:
+        """What a rank other than rank 0 leaves with after a failure mid-sweep: its code,
+        nothing printed again (sweep_failed decided who speaks)."""
+        return RankFailures([message], ExitCode.NCCL_ERROR)
+
+    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish, cause=lambda: None) -> None:
+        """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
+        reached it; `cause()`: the failure another rank posted, if one did (a rank whose
+        collective failed leaves, and its peers wait inside NCCL until -T). `finish(message)`
+        (rank 0 once its report began, else None) writes the report's trailer. Runs on the
+        watchdog's thread. A rank stopping because a peer died leaves the outcome to its
+        stop thread: that is no timeout."""
+        if rank_stop.stopping():
+            return
+        # only the reporting rank reads the board: rank 0's store may be gone elsewhere
+        late = [r for r in behind() if r != rank] if finish is not None else []
+        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        first = cause() if finish is not None else None
+        who += f"; it failed first on {first}" if first else ""
+        message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
+        if finish is not None:
+            try:
+                finish(message)
+            finally:
+                self.say(message)
+        elif rank == 0:  # still setting up: no report to finish
+            self.say(message)
+        hard_exit(ExitCode.TIMEOUT)
+
+
+    def open_outcome(self, finish) -> None:
+        """The report is open (rank 0: `finish(message, status)` ends it early; elsewhere
+        None). From here the rank's stop thread (ncclbench.launch.stop) writes the outcome
+        if the main thread is stuck when a peer has died."""
+        def stopped(message: str, code: int) -> None:
+            status = "interrupted" if code == ExitCode.INTERRUPTED else "error"
+            finish(message, status)
+            if status == "interrupted" or not one_node_spawn():  # under -g its launcher names the dead rank
+                self.say(message)
+
+        rank_stop.arm(stopped if finish is not None else None)
+
+    def take_outcome(self) -> None:
+        """The sweep has ended: this thread writes the outcome, unless the stop thread
+        already does; then this one waits to be ended by it."""
+        if not rank_stop.take_outcome():
+            import time
+
+            while True:
+                time.sleep(1)
+
+
+def one_node_spawn() -> bool:
+    """Ranks of a one-node -g run: their launcher names a rank that died."""
+    return bool(os.environ.get("NCCLBENCH_SPAWNED")) and os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE")
+
+
+def _lost_peer_line(rank: int, host: str, doing: str | None, exc: BaseException) -> str:
+    during = f" during {doing}" if doing else ""
+    return f"rank {rank} on {host} lost a peer{during}: {type(exc).__name__}: {first_line(exc, 240)}"
+
+
+def _peer_cause(store, wait_s: float, key: str):
+    """(the cause a failed peer posted, or None; the death this rank stops for, or None),
+    waiting up to `wait_s` for either. A peer that died without a word posts nothing: the
+    -g launcher's news of it, or its process found gone on this host with still nothing
+    posted (a failed rank posts before it exits), ends the wait."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        death = rank_stop.death()
+        if death is not None and not death.said_own:
+            return None, death
+        cause = read_cause(store, 0.0, key)
+        if cause is not None:
+            return cause, death
+        found = peers.dead_here()
+        if found is not None:
+            told = rank_stop.told(1.0)  # a -g launcher's news of it says more: a moment for it
+            if told is not None and not told.said_own:
+                return None, told
+            peers.post_death(found, store)
+            return read_cause(store, 0.0, key), found
+        found = peers.posted_death(store) if store is not None else None
+        if found is not None:
+            return None, found
+        if time.monotonic() >= deadline:
+            return None, death
+        time.sleep(0.05)
