@@ -11,7 +11,8 @@
 # reliab (killed and stalled rank, wall times), preflight (false alarms and planted slow ranks,
 # benchmarks/preflight_verdicts.py, then the command), tune (tune's own file and a one-row file
 # deployed with NCCL's example tuner plugin built from TUNER_SRC, --verify at every size), fleet (one
-# host's GPUs as simulated nodes), register (-R 0/1/2), a2av (alltoallv: spread 1,
+# host's GPUs as simulated nodes), deadrank (a rank SIGKILLed mid-sweep: who is named, how fast
+# everything is gone; benchmarks/dead_rank.py), register (-R 0/1/2), a2av (alltoallv: spread 1,
 # spread 0, a matrix file; both backends), split (--split on GPUs), cycles (-N 3 small sweeps,
 # twice), agg (-m 1 vs -m 4: grouped ops, eager and -G, both backends), single (the options on one
 # GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
@@ -147,6 +148,12 @@ for stage in $STAGES; do
           --drain-file "$LOG/fleet_drain_$k.txt" >"$LOG/fleet_$k.txt" 2>"$LOG/fleet_$k.err"
         rc=$?; s1=$(date +%s.%N)
         $PY -c "print('fleet -g $NP --sim-node-size $k: exit $rc, %.1f s' % ($s1 - $s0))" >>"$LOG/fleet_cli.txt"
+      done ;;
+    deadrank)  # a rank SIGKILLed mid-sweep (benchmarks/dead_rank.py): -g on both backends, and under torchrun
+      for run in "nccl g" "cupy g" "nccl torchrun"; do
+        set -- $run
+        timeout 120 $PY benchmarks/dead_rank.py --backend $1 --launcher $2 --np "$NP" --kill-rank $(( NP - 1 )) \
+          --out "$LOG" >>"$LOG/dead_rank.txt" 2>&1
       done ;;
     cycles)  # is the slow first size a first-in-process effect? three cycles per process, twice
       for k in 1 2; do
