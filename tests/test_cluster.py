@@ -355,9 +355,9 @@ def test_sbatch_script_runs_one_job(slurm_cluster, tmp_path):
     assert_one_good_table(text, 2)
 
 
-@pytest.mark.parametrize("name", ["ncclbench.sbatch", "ncclbench-torchrun.sbatch"])
+@pytest.mark.parametrize("name", ["ncclbench.sbatch", "ncclbench-torchrun.sbatch", "ncclbench-fleet.sbatch"])
 def test_sbatch_templates_pass_test_only(slurm_cluster, tmp_path, name):
-    """Both SLURM templates as shipped: sbatch --test-only accepts their #SBATCH lines on a
+    """The SLURM templates as shipped: sbatch --test-only accepts their #SBATCH lines on a
     real controller (it schedules nothing)."""
     proc = subprocess.run([slurm_cluster.tool("sbatch"), "--test-only", str(ROOT / "scripts" / "slurm" / name)],
                           capture_output=True, text=True, env=slurm_cluster.env, cwd=tmp_path, timeout=60)

@@ -14,6 +14,7 @@ SCRIPTS = ROOT / "scripts"
 EXERCISED = {
     "slurm/ncclbench.sbatch": "test_cluster.py::test_sbatch_script_runs_one_job, ::test_sbatch_templates_pass_test_only",
     "slurm/ncclbench-torchrun.sbatch": "test_cluster.py::test_sbatch_templates_pass_test_only",
+    "slurm/ncclbench-fleet.sbatch": "test_cluster.py::test_sbatch_templates_pass_test_only",
     "mpirun-ncclbench.sh": "test_cluster.py::test_mpirun_wrapper_script_runs_two_ranks",
     "ci/install_cluster_tools.sh": ".ci/run",
     "ci/gpu-regression.yml": "test_github_workflow_example_is_a_valid_workflow",
