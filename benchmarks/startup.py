@@ -72,7 +72,10 @@ from cupy.cuda import nccl
 rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 cupy.cuda.Device(int(os.environ["LOCAL_RANK"])).use()
 uid = tuple(int(b) for b in os.environ["BARE_NCCL_ID"].split(",")) if n > 1 else nccl.get_unique_id()
-comm = nccl.NcclCommunicator(n, uid, rank)
+try:
+    comm = nccl.NcclCommunicator(n, uid, rank)
+except TypeError:  # CuPy 14 takes the id as bytes (its get_unique_id gives them; the variable carried numbers)
+    comm = nccl.NcclCommunicator(n, bytes(b % 256 for b in uid), rank)
 x = cupy.ones(2, dtype=cupy.float32)  # 8 bytes
 comm.allReduce(x.data.ptr, x.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, cupy.cuda.Stream.null.ptr)
 cupy.cuda.Stream.null.synchronize()
