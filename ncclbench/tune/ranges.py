@@ -253,26 +253,3 @@ def judge_deploy(size: int, before: Series, after: Series, plugin: Series, min_c
     else:
         v.slower, v.why = False, "within noise"
     return v
-    if not default.measured or default.wrong:
-        v.why = "the default was not measured cleanly here"
-        return v
-    if not plugin.measured:
-        v.why = "not measured under the plugin"
-        return v
-    v.change_pct = (plugin.median / default.median - 1) * 100 if default.median > 0 else None
-    if before.measured and after.measured and default.median > 0:
-        v.drift_pct = (after.median - before.median) / default.median * 100
-    parts = [x for x in (before.spread_pct, after.spread_pct, plugin.spread_pct,
-                         abs(v.drift_pct) if v.drift_pct is not None else None) if x is not None]
-    v.noise_pct = max(parts) if parts else None
-    if len(default.busbw) < min_repeats or len(plugin.busbw) < min_repeats or v.change_pct is None:
-        v.why = f"fewer than {min_repeats} repeats: not judged"
-        return v
-    beyond = abs(v.change_pct) >= min_change_pct and (v.noise_pct is None or abs(v.change_pct) > v.noise_pct)
-    if v.change_pct < 0 and beyond and max(plugin.busbw) < min(default.busbw):
-        v.slower, v.why = True, "SLOWER beyond noise"
-    elif v.change_pct > 0 and beyond and min(plugin.busbw) > max(default.busbw):
-        v.slower, v.faster, v.why = False, True, "faster beyond noise"
-    else:
-        v.slower, v.why = False, "within noise"
-    return v
