@@ -36,6 +36,7 @@ from __future__ import annotations
 from ncclbench.sizes import format_size
 from ncclbench.tune.files import MAX_BYTES, ConfigRow
 from ncclbench.tune.plan import ALGO, PROTO
+from ncclbench.tune.ranges import size_bounds
 
 
 NCCL_OWN_CHANNELS = 0     # a row's channel count that NCCL treats as "not set" (its own count)
@@ -43,19 +44,6 @@ NCCL_OWN_CHANNELS = 0     # a row's channel count that NCCL treats as "not set" 
 
 class UnknownChoice(ValueError):
     """NCCL's own choice is not known at some measured size: no row may be guessed there."""
-
-
-def segment_bounds(sizes) -> dict[int, tuple[int, int]]:
-    """size -> (min_bytes, max_bytes) it stands for in the coverage rows: halfway to its
-    neighbours (the integer midpoint goes to the smaller size), the first from 0, the last
-    up to MAX_BYTES."""
-    ordered = sorted(set(sizes))
-    out, lo = {}, 0
-    for i, s in enumerate(ordered):
-        hi = (s + ordered[i + 1]) // 2 if i + 1 < len(ordered) else MAX_BYTES
-        out[s] = (lo, hi)
-        lo = hi + 1
-    return out
 
 
 def nccl_choice_rows(name: str, choices: dict[int, tuple], nnodes: int, nranks: int) -> list[ConfigRow]:
@@ -69,7 +57,7 @@ def nccl_choice_rows(name: str, choices: dict[int, tuple], nnodes: int, nranks: 
         raise UnknownChoice(f"{name}: NCCL's choice is not in its TUNING log at "
                             f"{', '.join(format_size(s) for s in unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
     rows: list[ConfigRow] = []
-    for size, (lo, hi) in sorted(segment_bounds(choices).items()):
+    for size, (lo, hi) in sorted(size_bounds(choices, MAX_BYTES).items()):
         algo, proto = choices[size][:2]
         last = rows[-1] if rows else None
         if last is not None and (last.algorithm, last.protocol) == (algo, proto):

@@ -143,13 +143,14 @@ def judge(size: int, default: Series, candidates: dict[str, Series], repeats: in
     return v
 
 
-def size_bounds(sizes: list[int]) -> dict[int, tuple[int, int]]:
-    """size -> (min_bytes, max_bytes) it stands for: halfway to its neighbours, the first
-    from 0, the last up to itself (optimize_config.py's automatic ranges)."""
+def size_bounds(sizes, last_max: int | None = None) -> dict[int, tuple[int, int]]:
+    """size -> (min_bytes, max_bytes) it stands for: halfway to its neighbours (the integer
+    midpoint goes to the smaller size), the first from 0, the last up to `last_max` (None:
+    up to itself, optimize_config.py's automatic ranges)."""
     ordered = sorted(set(sizes))
     out, lo = {}, 0
     for i, s in enumerate(ordered):
-        hi = (s + ordered[i + 1]) // 2 if i + 1 < len(ordered) else s
+        hi = (s + ordered[i + 1]) // 2 if i + 1 < len(ordered) else (s if last_max is None else last_max)
         out[s] = (lo, hi)
         lo = hi + 1
     return out
