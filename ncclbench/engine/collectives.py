@@ -133,7 +133,7 @@ def register(c: Collective) -> Collective:
     return c
 
 
-register(Collective(
+ALL_REDUCE = register(Collective(
     "all_reduce", "allreduce",
     layout=_whole, bus_factor=_ring_factor, moved=_single,
     has_op=True, has_root=False, printed_op=None,
@@ -141,7 +141,7 @@ register(Collective(
     expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.all_reduce(s, r, op),
 ))
-register(Collective(
+ALL_GATHER = register(Collective(
     "all_gather", "allgather",
     layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
@@ -149,7 +149,7 @@ register(Collective(
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.all_gather(s, r),
 ))
-register(Collective(
+REDUCE_SCATTER = register(Collective(
     "reduce_scatter", "reducescatter",
     layout=_scattered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=True, has_root=False, printed_op=None,
@@ -157,7 +157,7 @@ register(Collective(
     expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.reduce_scatter(s, r, op),
 ))
-register(Collective(
+ALLTOALL = register(Collective(
     "alltoall", "alltoall",
     layout=_exchanged, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=False, printed_op="none",
@@ -165,7 +165,7 @@ register(Collective(
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.alltoall(s, r),
 ))
-register(Collective(
+BROADCAST = register(Collective(
     "broadcast", "broadcast",
     layout=_whole, bus_factor=_one, moved=_single,
     has_op=False, has_root=True, printed_op="none",
@@ -174,7 +174,7 @@ register(Collective(
     call=lambda b, s, r, op, root, lay: b.broadcast(s, r, root),
     input_on=_root_only,
 ))
-register(Collective(
+REDUCE = register(Collective(
     "reduce", "reduce",
     layout=_whole, bus_factor=_one, moved=_single,
     has_op=True, has_root=True, printed_op=None,
@@ -182,7 +182,7 @@ register(Collective(
     expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.reduce(s, r, op, root),
 ))
-register(Collective(
+GATHER = register(Collective(
     "gather", "gather",
     layout=_gathered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=True, printed_op="none",
@@ -190,7 +190,7 @@ register(Collective(
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.gather(s, r, root),
 ))
-register(Collective(
+SCATTER = register(Collective(
     "scatter", "scatter",
     layout=_scattered, bus_factor=_scatter_factor, moved=_per_rank,
     has_op=False, has_root=True, printed_op="none",
@@ -200,7 +200,7 @@ register(Collective(
     input_on=_root_only,
 ))
 # nccl-tests' sendrecv prints the op column ("sum") although nothing is reduced.
-register(Collective(
+SENDRECV = register(Collective(
     "sendrecv", "sendrecv",
     layout=_whole, bus_factor=_one, moved=_single,
     has_op=False, has_root=False, printed_op=None,
@@ -213,7 +213,7 @@ register(Collective(
 # all_gather as log2(n) pairwise exchanges (nccl-tests' hypercube_perf): each step swaps
 # the block gathered so far with the partner rank ^ step. Power-of-two rank counts only.
 # nccl-tests counts only the (n-1) chunks received, with bus factor 1.
-register(Collective(
+HYPERCUBE = register(Collective(
     "hypercube", "hypercube",
     layout=_gathered, bus_factor=_one, moved=lambda lay, n: lay.param_count * (n - 1),
     has_op=False, has_root=False, printed_op="",
@@ -249,7 +249,7 @@ def _from_each_sender(ctx, idx):
     return ctx.pattern.values(src, idx - (ends - ours)[src] + skipped[src])
 
 
-register(Collective(
+ALLTOALLV = register(Collective(
     "alltoallv", "alltoallv",
     layout=_variable, bus_factor=_scatter_factor, moved=lambda lay, n: max(lay.send_count, lay.recv_count),
     has_op=False, has_root=False, printed_op="none",
