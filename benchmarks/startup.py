@@ -135,7 +135,7 @@ def gpu_counts(visible: int) -> list[int]:
 
 
 def plan_cases(args, work: Path) -> list[Case]:
-    from ncclbench.topology.probe import visible_gpu_count
+    from ncclbench.topology.visible import visible_gpu_count
 
     visible = visible_gpu_count()
     has_cupy = _importable("cupy")

@@ -133,9 +133,9 @@ def test_more_gpus_than_visible_is_nccl_tests_exit_5(argv, capsys, tmp_path, mon
 
 
 def test_a_gpu_backend_without_a_gpu_says_so_when_no_g_was_given(capsys, monkeypatch):
-    from ncclbench.topology import probe as topo_probe
+    from ncclbench.topology import visible
 
-    monkeypatch.setattr(topo_probe, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(visible, "visible_gpu_count", lambda: 0)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", "--backend", "cupy"])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

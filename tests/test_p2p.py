@@ -19,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ncclbench.topology import p2p
+from ncclbench.topology import model, p2p, visible
 from ncclbench.topology import probe as topo_mod
 from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, parse_size, run_p2p
 from ncclbench.cli.topo import p2p_command
@@ -266,7 +266,7 @@ def one_line(text: str) -> str:
      (1, "ncclbench p2p: error: only 1 CUDA GPU visible: p2p needs at least 2 GPUs")],
 )
 def test_p2p_command_without_enough_gpus_exits_2(monkeypatch, count, message):
-    monkeypatch.setattr(p2p, "visible_gpu_count", lambda: count)
+    monkeypatch.setattr(visible, "visible_gpu_count", lambda: count)
     result = CliRunner().invoke(p2p_command, [])
     assert result.exit_code == 2
     assert one_line(result.stderr) == message
@@ -275,7 +275,7 @@ def test_p2p_command_without_enough_gpus_exits_2(monkeypatch, count, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_p2p_command_on_this_machine_without_gpu():
-    assert p2p.visible_gpu_count() == 0
+    assert visible.visible_gpu_count() == 0
     result = CliRunner().invoke(p2p_command, ["--json", "-"])
     assert result.exit_code == 2
     assert one_line(result.stderr) == "ncclbench p2p: error: no CUDA GPU visible: p2p needs at least 2 GPUs"
@@ -295,11 +295,11 @@ def test_p2p_command_bad_input_is_one_line_exit_2(args):
 
 @pytest.fixture
 def four_fake_gpus(monkeypatch):
-    monkeypatch.setattr(p2p, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(visible, "visible_gpu_count", lambda: 4)
     monkeypatch.setattr(p2p, "TorchCudaApi", lambda: FakeApi(4))
     monkeypatch.setattr(topo_mod, "probe", lambda include_nics=True: SimpleNamespace())
-    monkeypatch.setattr(topo_mod, "summary_line", lambda topo: "4 x Fake GPU, all pairs NV18 (NVSwitch)")
-    monkeypatch.setattr(topo_mod, "link_peak_gbps", lambda topo: 478.116)
+    monkeypatch.setattr(model, "summary_line", lambda topo: "4 x Fake GPU, all pairs NV18 (NVSwitch)")
+    monkeypatch.setattr(model, "link_peak_gbps", lambda topo: 478.116)
 
 
 def test_p2p_command_with_fake_gpus(four_fake_gpus, tmp_path):
@@ -363,7 +363,7 @@ def test_p2p_exit_code_survives_a_non_standalone_group(monkeypatch):
     # (instead of raising) the code of a click Exit; ours must still reach the shell.
     import click
 
-    monkeypatch.setattr(p2p, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(visible, "visible_gpu_count", lambda: 0)
     group = click.Group("ncclbench")
     group.add_command(p2p_command)
     with pytest.raises(SystemExit) as exit_info:
@@ -376,7 +376,7 @@ def test_p2p_exit_code_survives_a_non_standalone_group(monkeypatch):
 
 @pytest.mark.gpu
 def test_real_p2p_default_run_on_up_to_4_gpus():
-    count = min(p2p.visible_gpu_count(), 4)
+    count = min(visible.visible_gpu_count(), 4)
     if count < 2:
         pytest.skip("needs 2 GPUs")
     result = run_p2p(P2PConfig(devices=tuple(range(count))))  # the defaults: 256 MiB, 5 x 5
@@ -395,7 +395,7 @@ def test_real_p2p_default_run_on_up_to_4_gpus():
 
 @pytest.mark.gpu
 def test_real_p2p_command(tmp_path):
-    if p2p.visible_gpu_count() < 2:
+    if visible.visible_gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
     json_file = tmp_path / "p2p.json"
     result = CliRunner().invoke(p2p_command, ["--size", "32M", "--reps", "2", "--devices", "0,1",

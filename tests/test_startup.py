@@ -271,7 +271,7 @@ UUIDS = ["GPU-1a2b0000-0000", "GPU-1a2c0000-0000", "GPU-99990000-0000", "GPU-777
     ("GPU-9999", 1), ("GPU-1a2", 0), ("GPU-1a2b,GPU-7777", 2), ("GPU-1a2b,GPU-1a2b", 0), ("MIG-abc", None),
 ])
 def test_visible_gpus_are_counted_as_cuda_reads_its_variable(setting, count):
-    from ncclbench.topology.probe import visible_cuda_count
+    from ncclbench.topology.visible import visible_cuda_count
 
     env = {} if setting is None else {"CUDA_VISIBLE_DEVICES": setting}
     nvml = FakeNvml(UUIDS)
@@ -281,7 +281,7 @@ def test_visible_gpus_are_counted_as_cuda_reads_its_variable(setting, count):
 
 def test_no_nvml_means_no_answer_and_no_driver_means_no_gpu(monkeypatch):
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import probe as topo
+    from ncclbench.topology import visible as topo
 
     assert topo.visible_cuda_count(FakeNvml(UUIDS, fail=True), {}) is None
     monkeypatch.setattr(topo, "visible_cuda_count", lambda *a, **k: None)
@@ -312,10 +312,10 @@ def spawned(monkeypatch):
     (4, "cupy", (4, "cupy")), (3, "gloo", (3, "gloo")),
 ])
 def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected, spawned, monkeypatch, capsys):
-    from ncclbench.topology import probe as topo_probe
+    from ncclbench.topology import visible as topo_visible
     from ncclbench.cli.main import main
 
-    monkeypatch.setattr(topo_probe, "visible_gpu_count", lambda: visible)
+    monkeypatch.setattr(topo_visible, "visible_gpu_count", lambda: visible)
     args = ["allreduce", "-g", "all", "-b", "8", "-e", "1M", "-f", "4", "--no-save"]
     args += ["--backend", backend] if backend else []
     monkeypatch.setattr(sys, "argv", ["ncclbench", *args])  # what the ranks are started with
@@ -334,10 +334,10 @@ def test_g_all_is_every_visible_gpu_or_two_cpu_ranks(visible, backend, expected,
     (["-g", "2", "--backend", "cupy"], "-g 2 asks for more GPUs than the 0 visible"),
 ])
 def test_a_gpu_count_that_cannot_be_met_is_exit_5(args, message, spawned, monkeypatch, capsys):
-    from ncclbench.topology import probe as topo_probe
+    from ncclbench.topology import visible as topo_visible
     from ncclbench.cli.main import main
 
-    monkeypatch.setattr(topo_probe, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(topo_visible, "visible_gpu_count", lambda: 0)
     with pytest.raises(SystemExit) as exc:
         main(["allreduce", *args, "--no-save"])
     assert exc.value.code == 5 and message in capsys.readouterr().err

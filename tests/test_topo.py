@@ -1,4 +1,4 @@
-"""Tests of ncclbench.topology.probe and the `topo` command, without a GPU.
+"""Tests of ncclbench.topology and the `topo` command, without a GPU.
 
 Real nvidia-smi output from two H200 hosts (tests/fixtures/topology) checks the
 parsers; a fake NVML module with pynvml's shape checks the NVML path, the join
@@ -18,26 +18,18 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from ncclbench.topology import probe as topo_mod
-from ncclbench.topology.probe import (
-    LinkEnd,
-    compare_with_smi,
-    cuda_order_from_env,
-    format_cpu_list,
-    infer_nvswitch,
-    link_peak_gbps,
-    normalize_pci_bus_id,
-    nvlink_count,
-    nvlink_pair_counts,
-    parse_index_ranges,
-    parse_nvlink_status,
-    parse_smi_gpu_query,
-    parse_topo_matrix,
-    pcie_code_from_paths,
-    peak_percent_line,
-    probe,
-    summary_line,
-)
+from ncclbench.topology import nvml as topo_nvml
+from ncclbench.topology import pci as topo_pci
+from ncclbench.topology import probe as topo_probe
+from ncclbench.topology import smi as topo_smi
+from ncclbench.topology.header import peak_percent_line
+from ncclbench.topology.model import LinkEnd, link_peak_gbps, nvlink_count, summary_line
+from ncclbench.topology.nvlink import infer_nvswitch, nvlink_pair_counts
+from ncclbench.topology.pci import format_cpu_list, normalize_pci_bus_id, parse_index_ranges
+from ncclbench.topology.probe import probe
+from ncclbench.topology.smi import compare_with_smi, parse_nvlink_status, parse_smi_gpu_query, parse_topo_matrix
+from ncclbench.topology.sysfs import pcie_code_from_paths
+from ncclbench.topology.visible import cuda_order_from_env
 from ncclbench.cli.topo import topo_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
@@ -85,7 +77,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """The pynvml functions ncclbench.topology.probe calls, answering for a made-up board."""
+    """The pynvml functions ncclbench.topology.nvml calls, answering for a made-up board."""
 
     NVML_AFFINITY_SCOPE_NODE = 0
     # Like nvidia-ml-py 13: the P2P caps constants are tuples by mistake.
@@ -352,7 +344,7 @@ def test_format_cpu_list(masks, expected):
 
 def test_index_ranges_round_trip():
     assert parse_index_ranges("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
-    assert topo_mod.format_index_ranges([11, 10, 8, 3, 2, 1, 0]) == "0-3,8,10-11"
+    assert topo_pci.format_index_ranges([11, 10, 8, 3, 2, 1, 0]) == "0-3,8,10-11"
 
 
 @pytest.mark.parametrize(
@@ -365,9 +357,9 @@ def test_normalize_pci_bus_id(text, expected):
 
 
 def test_nvlink_version_enum_is_translated():
-    assert topo_mod.nvlink_version_name(6) == "4.0"  # what an H100/H200 returns
-    assert topo_mod.nvlink_version_name(5) == "3.1"  # A100
-    assert topo_mod.nvlink_version_name(42) == "enum 42"
+    assert topo_nvml.nvlink_version_name(6) == "4.0"  # what an H100/H200 returns
+    assert topo_nvml.nvlink_version_name(5) == "3.1"  # A100
+    assert topo_nvml.nvlink_version_name(42) == "enum 42"
 
 
 def test_infer_nvswitch():
@@ -497,11 +489,11 @@ def test_probe_link_speed_falls_back_to_common_field_then_nvidia_smi():
 
     def smi(args):
         asked.append(list(args))
-        return fixture_text(H200_2, "nvidia-smi_nvlink_--status.txt") if args == topo_mod.SMI_NVLINK_STATUS else None
+        return fixture_text(H200_2, "nvidia-smi_nvlink_--status.txt") if args == topo_smi.SMI_NVLINK_STATUS else None
 
     fake = FakeNvml(h200_vm_gpus(2), scoped_speed=False, common_speed=False)
     topo = probe(nvml=fake, cuda=False, smi=smi, sysfs="/nonexistent", env={})
-    assert asked == [topo_mod.SMI_NVLINK_STATUS]
+    assert asked == [topo_smi.SMI_NVLINK_STATUS]
     assert topo.gpus[1].nvlink.source == "nvidia-smi nvlink --status"
     assert topo.gpus[1].nvlink.peak_gbps == pytest.approx(H200_PEAK)
 
@@ -542,9 +534,9 @@ def test_probe_from_nvidia_smi_text_when_nvml_is_missing():
     def smi_for(host, count):
         query = "".join(f"{k}, NVIDIA H200, 00000000:00:{6 + k:02X}.0, 143771, GPU-{k}\n" for k in range(count))
         texts = {
-            tuple(topo_mod.SMI_GPU_QUERY): query,
-            tuple(topo_mod.SMI_TOPO): fixture_text(host, "nvidia-smi_topo_-m.txt"),
-            tuple(topo_mod.SMI_NVLINK_STATUS): fixture_text(host, "nvidia-smi_nvlink_--status.txt"),
+            tuple(topo_smi.SMI_GPU_QUERY): query,
+            tuple(topo_smi.SMI_TOPO): fixture_text(host, "nvidia-smi_topo_-m.txt"),
+            tuple(topo_smi.SMI_NVLINK_STATUS): fixture_text(host, "nvidia-smi_nvlink_--status.txt"),
         }
         return lambda args: texts.get(tuple(args))
 
@@ -654,9 +646,9 @@ def one_line(text: str) -> str:
 @pytest.fixture
 def no_gpu_probe(monkeypatch):
     """What probe() finds on a machine without the NVIDIA driver, on any machine."""
-    real_probe = topo_mod.probe
+    real_probe = topo_probe.probe
     monkeypatch.setattr(
-        topo_mod, "probe", lambda include_nics=True: real_probe(include_nics, nvml=FailingNvml(), cuda=False, smi=None)
+        topo_probe, "probe", lambda include_nics=True: real_probe(include_nics, nvml=FailingNvml(), cuda=False, smi=None)
     )
 
 
@@ -685,12 +677,12 @@ def test_topo_command_compare_smi_disagreement_is_one_error_line_exit_1(monkeypa
     report still prints, then one error line naming the link, exit 1."""
     topo = nvml_only(FakeNvml(h200_vm_gpus(4)))
     texts = {
-        tuple(topo_mod.SMI_TOPO): fixture_text(H200_4, "nvidia-smi_topo_-m.txt").replace(
+        tuple(topo_smi.SMI_TOPO): fixture_text(H200_4, "nvidia-smi_topo_-m.txt").replace(
             "GPU1\tNV18\t X \tNV18", "GPU1\tNV12\t X \tNV18"),
-        tuple(topo_mod.SMI_NVLINK_STATUS): fixture_text(H200_4, "nvidia-smi_nvlink_--status.txt"),
+        tuple(topo_smi.SMI_NVLINK_STATUS): fixture_text(H200_4, "nvidia-smi_nvlink_--status.txt"),
     }
-    monkeypatch.setattr(topo_mod, "probe", lambda include_nics=True: topo)
-    monkeypatch.setattr(topo_mod, "_run_nvidia_smi", lambda args: texts[tuple(args)])
+    monkeypatch.setattr(topo_probe, "probe", lambda include_nics=True: topo)
+    monkeypatch.setattr(topo_smi, "run_nvidia_smi", lambda args: texts[tuple(args)])
     result = CliRunner().invoke(topo_command, ["--compare-smi", "--no-nics"])
     assert result.exit_code == 1
     assert "Link matrix" in result.stdout
@@ -721,7 +713,7 @@ def test_topo_command_with_gpus(monkeypatch):
     gpus = h200_vm_gpus(4)
     fake_topo = probe(nvml=FakeNvml(gpus), cuda=FakeCuda([cuda_props(g) for g in gpus]), smi=None,
                       sysfs="/nonexistent", env={})  # fmt: skip
-    monkeypatch.setattr(topo_mod, "probe", lambda include_nics=True: fake_topo)
+    monkeypatch.setattr(topo_probe, "probe", lambda include_nics=True: fake_topo)
     result = CliRunner().invoke(topo_command, [])
     assert result.exit_code == 0 and result.stderr == ""
     out = result.stdout
@@ -752,8 +744,8 @@ def test_real_gpus_probe_agrees_with_torch_and_nvidia_smi():
         assert gpu.name == torch.cuda.get_device_name(gpu.cuda_index)
     assert summary_line(topo)
     assert topo.versions.driver and topo.versions.nccl and topo.versions.torch == torch.__version__
-    topo_text = topo_mod._run_nvidia_smi(topo_mod.SMI_TOPO)
-    nvlink_text = topo_mod._run_nvidia_smi(topo_mod.SMI_NVLINK_STATUS)
+    topo_text = topo_smi.run_nvidia_smi(topo_smi.SMI_TOPO)
+    nvlink_text = topo_smi.run_nvidia_smi(topo_smi.SMI_NVLINK_STATUS)
     if topo_text is None:
         pytest.skip("no nvidia-smi to compare with")
     assert compare_with_smi(topo, topo_text, nvlink_text) == []
@@ -775,7 +767,8 @@ def test_the_cuda_driver_answers_like_torch():
     same order, same PCI bus ids and UUIDs, same peer access."""
     import torch
 
-    from ncclbench.topology.probe import CudaDriver, _uuid_key
+    from ncclbench.topology.cuda_driver import CudaDriver
+    from ncclbench.topology.visible import uuid_key
 
     driver, cuda = CudaDriver(), torch.cuda
     assert driver.device_count() == cuda.device_count()
@@ -784,7 +777,7 @@ def test_the_cuda_driver_answers_like_torch():
         assert ours.name == theirs.name and ours.total_memory == theirs.total_memory
         assert (ours.pci_domain_id, ours.pci_bus_id, ours.pci_device_id) == (
             theirs.pci_domain_id, theirs.pci_bus_id, theirs.pci_device_id)
-        assert _uuid_key(ours.uuid) == _uuid_key(str(theirs.uuid))
+        assert uuid_key(ours.uuid) == uuid_key(str(theirs.uuid))
         for j in range(cuda.device_count()):
             if i != j:
                 assert driver.can_device_access_peer(i, j) == cuda.can_device_access_peer(i, j)

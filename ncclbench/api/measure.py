@@ -383,7 +383,7 @@ class _Collector:
 
 @functools.lru_cache(maxsize=None)
 def _topology(backend: str):
-    from ncclbench.topology.probe import header_context
+    from ncclbench.topology.header import header_context
 
     return header_context(backend)
 
@@ -552,7 +552,7 @@ class Rows(Sequence):
         if self.summary is None:
             return ""
         from ncclbench.results import report
-        from ncclbench.topology.probe import peak_percent_line
+        from ncclbench.topology.header import peak_percent_line
 
         p, info = self.plan, self.info
         lines = report.header_lines(info, p.per_iter, p.per_iter_skip, p.report_timestamps)

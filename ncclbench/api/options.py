@@ -266,7 +266,7 @@ def validate_for_backend(plan, nranks: int | None) -> None:
 
 
 def choose_backend(requested: str | None) -> str:
-    from ncclbench.topology.probe import visible_gpu_count
+    from ncclbench.topology.visible import visible_gpu_count
 
     if requested:
         return requested

@@ -641,6 +641,7 @@ def _free_memory(backends: dict):
 def _topology_facts() -> dict | None:
     """This host's GPU links, NVLink peak and RDMA NICs, for the transport lines."""
     from ncclbench.topology import probe as topo
+    from ncclbench.topology.model import link_peak_gbps
     from ncclbench.api.verdict import nic_rate_gbps
 
     try:
@@ -649,7 +650,7 @@ def _topology_facts() -> dict | None:
         return None
     nics = [{"name": n.name, "layer": p.link_layer, "state": p.state, "rate_gbps": nic_rate_gbps(p.rate)}
             for n in t.nics for p in n.ports]
-    return {"codes": t.link_matrix if t.gpu_order == "cuda" else None, "nvlink_peak": topo.link_peak_gbps(t),
+    return {"codes": t.link_matrix if t.gpu_order == "cuda" else None, "nvlink_peak": link_peak_gbps(t),
             "nics": nics}
 
 

@@ -45,7 +45,7 @@ def build_plan(o: dict, backend: str):
 
 def run_fleet(o: dict) -> int:
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import probe
+    from ncclbench.topology import visible
     from ncclbench.api.options import choose_backend, multinode_args
 
     info = launch.detect()
@@ -61,8 +61,8 @@ def run_fleet(o: dict) -> int:
     ngpus = 1 if o["ngpus"] is None else o["ngpus"]
     if ngpus < 1:
         raise PlanError(f"-g must be at least 1 (got {ngpus})")
-    if backend == "nccl" and ngpus > probe.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {probe.visible_gpu_count()} visible",
+    if backend == "nccl" and ngpus > visible.visible_gpu_count():
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
                         ExitCode.BAD_GPU_COUNT)
     spawn = multinode_args(o, ngpus)
     child_argv = list(sys.argv[1:]) + ([] if o["backend"] else ["--backend", backend])

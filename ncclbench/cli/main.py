@@ -63,16 +63,16 @@ def local_rank_count(requested, backend: str) -> int:
     GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
     a GPU backend cannot have that many GPUs."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import probe
+    from ncclbench.topology import visible as topo_visible
 
     ngpus = 1 if requested is None else requested
     if ngpus != ALL_GPUS and ngpus < 1:
         raise _fail(f"-g must be at least 1 (got {ngpus})")
     if backend not in ("nccl", "cupy"):
         if ngpus == ALL_GPUS:
-            return probe.visible_gpu_count() or CPU_RANKS_FOR_ALL
+            return topo_visible.visible_gpu_count() or CPU_RANKS_FOR_ALL
         return ngpus
-    visible = probe.visible_gpu_count()
+    visible = topo_visible.visible_gpu_count()
     if visible == 0 and requested in (None, ALL_GPUS):
         raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
                         ExitCode.BAD_GPU_COUNT)
@@ -132,7 +132,7 @@ def run_as_rank(plan, info, spec) -> int:
 def topology_context(plan):
     """(summary line, NVLink peak GB/s, trailer-line maker) for GPU runs; empty otherwise."""
     try:
-        from ncclbench.topology.probe import header_context
+        from ncclbench.topology.header import header_context
     except ImportError:
         return None, None, None
     return header_context(plan.backend)

@@ -36,7 +36,7 @@ def run_pairs(o: dict) -> int:
     """Run as a launched rank, or self-spawn -g local ranks that re-enter here (as the
     collectives do, see cli.run_collective)."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import probe
+    from ncclbench.topology import visible
     from ncclbench.api.options import choose_backend, multinode_args
 
     argv = sys.argv[1:]
@@ -56,8 +56,8 @@ def run_pairs(o: dict) -> int:
         raise PlanError(f"-g must be at least 1 (got {ngpus})")
     if ngpus * o["nnodes"] < 2:
         raise PlanError("pairs needs at least 2 ranks: use -g 2 or more, or start it under torchrun/srun/mpirun")
-    if backend == "nccl" and ngpus > probe.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {probe.visible_gpu_count()} visible",
+    if backend == "nccl" and ngpus > visible.visible_gpu_count():
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
                         ExitCode.BAD_GPU_COUNT)
     spawn = multinode_args(o, ngpus)
     child_argv = list(argv) + ([] if o["backend"] else ["--backend", backend])

@@ -57,7 +57,7 @@ def preflight_command(**o):
     """Check the job's groups before training: exit 0 when they run as they should, 1 when a
     group, rank or host is slow (the report names it), 7 wrong data, 4 timeout."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import probe
+    from ncclbench.topology import visible
     from ncclbench.api.options import choose_backend
     from ncclbench.results.output import check_writable
 
@@ -70,8 +70,8 @@ def preflight_command(**o):
     ngpus = o["ngpus"] or 1
     if ngpus < 1:
         raise PlanError(f"-g must be at least 1 (got {ngpus})")
-    if o["backend"] == "nccl" and ngpus > probe.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {probe.visible_gpu_count()} visible",
+    if o["backend"] == "nccl" and ngpus > visible.visible_gpu_count():
+        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
                         ExitCode.BAD_GPU_COUNT)
     argv = list(sys.argv[1:]) + ([] if "--backend" in sys.argv else ["--backend", o["backend"]])
     sys.exit(int(launch.spawn_local(ngpus, argv)))

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, Sequence
 
 import click
 
-from ncclbench.topology import probe as topo_mod
+from ncclbench.topology import model as topo_model
 from ncclbench.errors import BadInput
 from ncclbench.cli.types import OneLineErrorCommand
 from ncclbench.errors import error_line
@@ -125,7 +125,7 @@ LINK_LEGEND = (
 )
 
 
-def topo_report(topo: topo_mod.Topology) -> list[TextTable | str]:
+def topo_report(topo: topo_model.Topology) -> list[TextTable | str]:
     host, versions = topo.host, topo.versions
     numa = ", ".join(f"{node}: {cpus}" for node, cpus in topo.host.numa_nodes.items()) or "?"
     out: list[TextTable | str] = [
@@ -135,7 +135,7 @@ def topo_report(topo: topo_mod.Topology) -> list[TextTable | str]:
                                  versions.torch, versions.python))  # fmt: skip
         ),
     ]
-    summary = topo_mod.summary_line(topo)
+    summary = topo_model.summary_line(topo)
     if summary:
         out.append(f"# {summary}")
     out.append("")
@@ -160,7 +160,7 @@ def topo_report(topo: topo_mod.Topology) -> list[TextTable | str]:
 
             combined = [[statuses(i, j) for j in range(len(labels))] for i in range(len(labels))]
             out.append(matrix_table("NVML P2P status read/write/nvlink", labels, combined, diagonal="X"))
-            out.append("P2P legend: " + ", ".join(f"{k} = {v}" for k, v in topo_mod.P2P_STATUS_LEGEND.items()) + "\n")
+            out.append("P2P legend: " + ", ".join(f"{k} = {v}" for k, v in topo_model.P2P_STATUS_LEGEND.items()) + "\n")
         verdict = {True: "yes", False: "no", None: "unknown"}[topo.nvswitch]
         out.append(f"NVSwitch: {verdict} ({topo.nvswitch_evidence})")
         out.append(f"GPU order: {topo.gpu_order}; CUDA-NVML join: {topo.join}\n")
@@ -181,11 +181,11 @@ def topo_report(topo: topo_mod.Topology) -> list[TextTable | str]:
     return out
 
 
-def _port_text(port: topo_mod.NicPort) -> str:
+def _port_text(port: topo_model.NicPort) -> str:
     return " ".join(part for part in (f"{port.port}:", port.state or "?", port.rate, port.link_layer) if part)
 
 
-def _gpu_table(topo: topo_mod.Topology) -> TextTable:
+def _gpu_table(topo: topo_model.Topology) -> TextTable:
     rows = []
     for gpu in topo.gpus:
         link = gpu.nvlink
@@ -228,17 +228,19 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
     CUDA peer access and NVML P2P status. Also whether NVLinks go through an
     NVSwitch, RDMA NICs, and driver/CUDA/NCCL/torch versions.
     """
-    topo = topo_mod.probe(include_nics=not no_nics)
+    from ncclbench.topology import probe as topo_probe, smi
+
+    topo = topo_probe.probe(include_nics=not no_nics)
     if not topo.gpus:
         click.echo("no GPU visible: reporting host and versions only", err=True)
     problems: list[str] | None = None
     if compare_smi:
-        topo_text = topo_mod._run_nvidia_smi(topo_mod.SMI_TOPO)
-        nvlink_text = topo_mod._run_nvidia_smi(topo_mod.SMI_NVLINK_STATUS)
+        topo_text = smi.run_nvidia_smi(smi.SMI_TOPO)
+        nvlink_text = smi.run_nvidia_smi(smi.SMI_NVLINK_STATUS)
         if topo_text is None and nvlink_text is None:
             problems = ["nvidia-smi is not available: nothing to compare with"]
         else:
-            problems = topo_mod.compare_with_smi(topo, topo_text, nvlink_text)
+            problems = smi.compare_with_smi(topo, topo_text, nvlink_text)
     if as_json:
         data = topo.to_dict()
         if problems is not None:
@@ -358,9 +360,9 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
     """
     if json_path == "-" and csv_path == "-":
         raise BadInput("--json - and --csv - cannot both write to stdout")
-    from ncclbench.topology import p2p
+    from ncclbench.topology import p2p, probe as topo_probe, visible
 
-    count = p2p.visible_gpu_count()
+    count = visible.visible_gpu_count()
     if count == 0:
         _fail("no CUDA GPU visible: p2p needs at least 2 GPUs", 2)
     if count == 1:
@@ -380,8 +382,8 @@ def p2p_command(size: int, reps: int, iters: int, warmup: int, latency_size: int
         first_line = (str(error).strip().splitlines() or [""])[0]
         _fail(f"{type(error).__name__}: {first_line}", 1)
 
-    topo = topo_mod.probe(include_nics=False)
-    summary, peak = topo_mod.summary_line(topo), topo_mod.link_peak_gbps(topo)
+    topo = topo_probe.probe(include_nics=False)
+    summary, peak = topo_model.summary_line(topo), topo_model.link_peak_gbps(topo)
     if json_path:
         data = result.to_dict() | {"topology_summary": summary, "nvlink_peak_gbps": peak}
         _write(json_path, json.dumps(data, indent=2) + "\n")

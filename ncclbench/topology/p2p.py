@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ncclbench.topology.pci import pci_bus_id_from_parts
+
 MiB = 2**20
 DEFAULT_SIZE = 256 * MiB
 MAX_SPIN_MS = 100.0
@@ -195,7 +197,7 @@ class TorchCudaApi:
     def pci_bus_id(self, device: int) -> str | None:
         props = self.torch.cuda.get_device_properties(device)
         if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-            return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            return pci_bus_id_from_parts(props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
         return None
 
     def can_access_peer(self, src: int, dst: int) -> bool:
@@ -450,10 +452,3 @@ def run_p2p(
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
 
-
-def visible_gpu_count() -> int:
-    """How many CUDA GPUs this process may use (through NVML: `p2p` on a machine without
-    two GPUs says so without importing torch)."""
-    from ncclbench.topology.probe import visible_gpu_count as count
-
-    return count()

@@ -117,7 +117,7 @@ def requested_backend(request: TuneRequest) -> str:
 
 
 def check_gpus(request: TuneRequest) -> None:
-    from ncclbench.topology.probe import visible_gpu_count
+    from ncclbench.topology.visible import visible_gpu_count
 
     visible = visible_gpu_count()
     if visible == 0:
