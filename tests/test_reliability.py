@@ -175,7 +175,7 @@ def test_exit_code_of_failures_prefers_the_run_verdict():
     rank's code; only signals alone mean a lost peer."""
     from types import SimpleNamespace as F
 
-    from ncclbench.launch.launcher import exit_code_of_failure
+    from ncclbench.launch.failures import exit_code_of_failure
 
     assert exit_code_of_failure({0: F(exitcode=7), 1: F(exitcode=-15)}) == 7
     assert exit_code_of_failure({0: F(exitcode=-15), 2: F(exitcode=4)}) == 4

@@ -204,11 +204,11 @@ def alltoallv_traffic(coll_name: str, o: dict):
 
 def split_spec_text(option: str | None) -> str | None:
     """The --split spec (or nccl-tests' variables), normalised, or None."""
-    from ncclbench.launch.env import LaunchEnvError, parse_split, split_spec_from_environ
+    from ncclbench.engine.groups import parse_split, split_spec_from_environ
 
     try:
         spec = parse_split(option) if option else split_spec_from_environ()
-    except (ValueError, LaunchEnvError) as exc:
+    except ValueError as exc:
         raise _fail(str(exc)) from None
     return f"{spec.op} {spec.value}" if spec else None
 

@@ -93,7 +93,8 @@ def byte_copy(torch, dst, src) -> None:
 
 
 def gpu_for_rank(launch, visible: int) -> int:
-    from ncclbench.launch.env import LaunchEnvError, gpu_index_for_local_rank
+    from ncclbench.launch.gpus import gpu_index_for_local_rank
+    from ncclbench.launch.variables import LaunchEnvError
 
     try:
         return gpu_index_for_local_rank(launch, visible)

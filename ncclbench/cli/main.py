@@ -24,7 +24,7 @@ from ncclbench.api.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, buil
 def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: int | None = None) -> None:
     """Say once, after validation, that a GPU-less machine falls back to gloo (and with
     how many ranks `-g all` runs there)."""
-    from ncclbench.launch.launcher import say
+    from ncclbench.launch.failures import say
 
     if requested is None and chosen == "gloo" and rank == 0 and not os.environ.get("NCCLBENCH_SPAWNED"):
         ranks = f" with {all_ranks} ranks (-g all)" if all_ranks else ""

@@ -104,7 +104,7 @@ class Plan:
         Groups must have one size: the rows combine every group's times."""
         if not self.split:
             return [list(range(nranks))]
-        from ncclbench.launch.env import split_groups
+        from ncclbench.engine.groups import split_groups
 
         groups = list(split_groups(nranks, self.split).values())
         if len({len(g) for g in groups}) > 1:

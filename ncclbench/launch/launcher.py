@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import signal
 import sys
 
 from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode, LaunchError
+from ncclbench.launch.failures import describe_failures, exit_code_of_failure, say
 
 SPAWNED_ENV = "NCCLBENCH_SPAWNED"
 LAUNCHER_PID_ENV = "NCCLBENCH_LAUNCHER_PID"  # the -g launcher, the ranks' parent
@@ -21,7 +21,8 @@ ran_as_rank = False  # this process ran as one rank of a run (entry.main then sk
 
 def detect(explicit: dict | None = None):
     """This process's LaunchInfo; PlanError on a contradictory environment."""
-    from ncclbench.launch.env import LaunchEnvError, detect as detect_env
+    from ncclbench.launch.env import detect as detect_env
+    from ncclbench.launch.variables import LaunchEnvError
 
     try:
         return detect_env(os.environ, explicit=explicit or None)
@@ -30,7 +31,8 @@ def detect(explicit: dict | None = None):
 
 
 def prepare_environ(info) -> None:
-    from ncclbench.launch.env import LaunchEnvError, apply_to_environ
+    from ncclbench.launch.env import apply_to_environ
+    from ncclbench.launch.variables import LaunchEnvError
 
     global ran_as_rank
     ran_as_rank = True
@@ -138,26 +140,6 @@ def spawn_with_torchrun(nprocs: int, argv: list[str], nnodes: int, node_rank: in
     return ExitCode.OK
 
 
-def exit_code_of_failure(failures: dict) -> int:
-    """Rank 0's code when it exited with one (it knows the run's outcome), else the lowest
-    rank's positive code; only ranks killed by signals count as a lost peer (NCCL error).
-    A rank 0 that says "interrupted" while another rank was killed by a signal was
-    terminated by the agent because of that loss (this launcher got no signal itself,
-    or it would not be here): the run's code is the lost peer's."""
-    ordered = sorted(failures.items())
-    killed = any(failure.exitcode < 0 and -failure.exitcode not in (signal.SIGTERM, signal.SIGHUP)
-                 for _rank, failure in ordered)  # not the agent's own SIGTERM
-    for rank, failure in ordered:
-        if rank == 0 and failure.exitcode == ExitCode.INTERRUPTED and killed:
-            return ExitCode.NCCL_ERROR
-        if rank == 0 and failure.exitcode > 0:
-            return failure.exitcode
-    for _rank, failure in ordered:
-        if failure.exitcode > 0:
-            return failure.exitcode
-    return ExitCode.NCCL_ERROR
-
-
 def outlive_ranks(limit_s: float = 30.0) -> None:
     """After an interrupt, wait for the ranks to end before the launcher does. torchrun's
     agent forwards the signal and waits for them, but its handler raises again on each
@@ -194,21 +176,3 @@ def quiet_torchrun_logs() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.run")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def describe_failures(failures: dict) -> list[str]:
-    """One line per rank that died from a signal (the ranks explain their own exit codes);
-    SIGTERM is the launcher tearing down the survivors, not news."""
-    lines = []
-    for rank, f in sorted(failures.items()):
-        if f.exitcode < 0:
-            name = f.signal_name()
-            if name != "SIGTERM":
-                host = getattr(f, "hostname", None) or socket.gethostname()  # the agent's records name it
-                lines.append(f"rank {rank} (pid {f.pid}) on {host} was killed by {name}; "
-                             "rows finished before it are kept, the run is incomplete")
-    return lines
-
-
-def say(message: str) -> None:
-    print(f"ncclbench: {message}", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ keeps its process layout and failure handling:
     NCCL, and end with "stopped after rank N died"). A rank that exited with a code said
     its reason itself; the others get FAILURE_GRACE_S to end on their own, then the same
     stop. A rank still running STOP_GRACE_S after the stop is killed, and said to have been;
-    the run's code is launch.exit_code_of_failure of every rank that failed. Nothing a rank
+    the run's code is failures.exit_code_of_failure of every rank that failed. Nothing a rank
     started outlives the run: every rank's process group gets SIGKILL at the end.
 
 The difference: torchrun's agent hosts the rendezvous store; here rank 0 hosts it (as
@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 
 from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode
+from ncclbench.launch.failures import exit_code_of_failure, say
 from ncclbench.launch.stop import DOING_BYTES, DOING_FD_ENV, STOP_FD_ENV, PeerDeath
 
 SHUTDOWN_S = 30.0       # torchrun's agent waits this long for terminated ranks before SIGKILL
@@ -48,7 +49,7 @@ MASTER_ADDR = "127.0.0.1"
 
 @dataclass
 class RankExit:
-    """How one rank ended (the fields launch.describe_failures reads from torchrun's ProcessFailure)."""
+    """How one rank ended (the fields failures.describe_failures reads from torchrun's ProcessFailure)."""
 
     rank: int
     pid: int
@@ -164,8 +165,6 @@ def reserve_port() -> socket.socket:
 
 def start_ranks(nprocs: int, command: list[str]) -> int:
     """Run `command` as ranks 0..nprocs-1 of a one-node world; the run's exit code."""
-    from ncclbench.launch.launcher import exit_code_of_failure, say
-
     procs: dict[int, subprocess.Popen] = {}
     channels: dict[int, RankChannel] = {}
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
