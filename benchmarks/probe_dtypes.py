@@ -1,5 +1,5 @@
 """Which dtype x op pairs each backend really runs (torchrun, 1 or more ranks). Prints one line
-per pair; used to keep `unsupported_reason` honest on a new torch/NCCL/CuPy.
+per pair; used to keep the gaps in ncclbench/backends/capabilities.py honest on a new torch/NCCL/CuPy.
 
     torchrun --nproc-per-node N benchmarks/probe_dtypes.py [torch|cupy]
 """

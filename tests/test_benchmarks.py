@@ -309,8 +309,8 @@ def _torchrun_one_rank(script, *args):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "cupy"])
 def test_dtype_probe_finds_broken_only_what_ncclbench_refuses(backend):
-    from ncclbench.backends.torch_dist import unsupported_reason
     from ncclbench.dtypes import DTYPES, OPS
+    from ncclbench.engine.collectives import ALL_REDUCE
 
     if backend == "cupy":
         pytest.importorskip("cupy")
@@ -320,7 +320,7 @@ def test_dtype_probe_finds_broken_only_what_ncclbench_refuses(backend):
     assert len(lines) == len(DTYPES) * len(OPS), proc.stdout
     name = "nccl" if backend == "torch" else "cupy"
     broken = [(dtype, op, result) for _, dtype, op, result in lines if result != "ok wrong=0"]
-    allowed = [b for b in broken if unsupported_reason(name, b[0], b[1], 1, "all_reduce") is None]
+    allowed = [b for b in broken if ALL_REDUCE.unsupported(name, b[0], b[1], 1) is None]
     assert not allowed, f"broken on one rank but not refused by ncclbench: {allowed}"
 
 

@@ -22,9 +22,8 @@ class StandIn:
     """Rank `rank` of `nranks` on the CPU, without communication. all_reduce's plain
     method writes zeros, which the check must count wrong, unless it is being captured:
     then it records the right call (a copy, the sum over one rank) for the replay. The
-    bound callable makes the right call at once."""
-
-    in_place_only = frozenset()
+    bound callable makes the right call at once. Its plans say cupy: a backend whose every
+    collective has an out-of-place call (no in-place stand-in)."""
 
     def __init__(self, rank=0, nranks=1):
         self.rank = self.group_rank = rank
@@ -86,7 +85,7 @@ class StandIn:
 
 def measured_wrong(**plan):
     backend = StandIn()
-    runner = RankRunner(Plan("all_reduce", min_bytes=4096, max_bytes=4096, iters=3, backend="nccl", **plan),
+    runner = RankRunner(Plan("all_reduce", min_bytes=4096, max_bytes=4096, iters=3, backend="cupy", **plan),
                         backend)
     buffers = Buffers(backend, *runner.plan.buffer_bytes(1))
     _layout, cells = runner.measure_size(buffers, DTYPES["float"], "sum", -1, 4096)
@@ -127,7 +126,7 @@ def test_a_rank_that_received_nothing_is_counted_wrong(name, dname, nranks, rank
     if not coll.checked_on(rank, root):
         root = rank  # reduce and gather: look at the root
     backend = StandIn(rank, nranks)
-    runner = RankRunner(Plan(coll.name, dtypes=(dname,), backend="nccl"), backend)
+    runner = RankRunner(Plan(coll.name, dtypes=(dname,), backend="cupy"), backend)
     layout = matrix.layout_for(coll, dtype, nranks)
     send_t = torch.zeros(layout.send_count, dtype=dtype.torch_dtype())
     recv_t = torch.zeros(max(layout.send_count, layout.recv_count), dtype=dtype.torch_dtype())

@@ -260,21 +260,22 @@ def test_which_backend_runs_mulsum():
     """mulsum (premul-sum): refused on gloo, on the torch NCCL group for types other than
     half/float/double (ProcessGroupNCCL throws for them, and its bfloat16 one summed
     wrong when probed), allowed on CuPy."""
-    from ncclbench.backends.torch_dist import unsupported_reason
+    from ncclbench.engine.collectives import ALL_REDUCE, REDUCE_SCATTER
 
-    assert "gloo has no mulsum" in unsupported_reason("gloo", "float", "mulsum")
+    unsupported = ALL_REDUCE.unsupported
+    assert "gloo has no mulsum" in unsupported("gloo", "float", "mulsum")
     for d in ("half", "float", "double"):
-        assert unsupported_reason("nccl", d, "mulsum") is None
-    assert "wrong sums" in unsupported_reason("nccl", "bfloat16", "mulsum")
+        assert unsupported("nccl", d, "mulsum") is None
+    assert "wrong sums" in unsupported("nccl", "bfloat16", "mulsum")
     for d in ("int8", "int32", "int64", "f8e4m3", "f8e5m2"):
-        assert "only for half, float and double" in unsupported_reason("nccl", d, "mulsum")
-    assert all(unsupported_reason("cupy", d, "mulsum") is None for d in DTYPES)
-    assert unsupported_reason("nccl", "int8", "sum") is None
+        assert "only for half, float and double" in unsupported("nccl", d, "mulsum")
+    assert all(unsupported("cupy", d, "mulsum") is None for d in DTYPES)
+    assert unsupported("nccl", "int8", "sum") is None
     # measured: torch's reduce_scatter_tensor drops the factor in a one-rank group
-    assert "ignores the premul-sum factor" in unsupported_reason("nccl", "float", "mulsum", 1, "reduce_scatter")
-    assert unsupported_reason("nccl", "float", "mulsum", 2, "reduce_scatter") is None
-    assert unsupported_reason("nccl", "float", "mulsum", 1, "all_reduce") is None
-    assert unsupported_reason("cupy", "float", "mulsum", 1, "reduce_scatter") is None
+    assert "ignores the premul-sum factor" in REDUCE_SCATTER.unsupported("nccl", "float", "mulsum", 1)
+    assert REDUCE_SCATTER.unsupported("nccl", "float", "mulsum", 2) is None
+    assert unsupported("nccl", "float", "mulsum", 1) is None
+    assert REDUCE_SCATTER.unsupported("cupy", "float", "mulsum", 1) is None
 
 
 def test_all_pairs_depend_on_ranks_per_communicator():
@@ -307,7 +308,7 @@ def test_skip_note_names_the_rank_count_when_it_matters():
     from ncclbench.engine.runner import build_run_info
 
     backend = SimpleNamespace(library_version=lambda: (22809, "NCCL 2.28.9 via CuPy"), nranks=1, group_size=1,
-                              in_place_only=frozenset(), timing_name=lambda: "eager (CUDA events)")
+                              timing_name=lambda: "eager (CUDA events)")
     plan = plan_options.build_plan("allreduce", plan_options.options_for({"datatype": "all", "op": "all"}), "cupy", [], 1)
     (note,) = [n for n in build_run_info(plan, backend, []).notes if n.startswith("skipped")]
     assert note == ("skipped what the cupy backend with 1 rank(s) per communicator cannot run: "

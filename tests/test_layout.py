@@ -104,7 +104,7 @@ def test_bus_factors():
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_hypercube_schedule_gathers_everything(n):
     """Simulate the exchanges: after log2(n) steps every rank holds every chunk."""
-    from ncclbench.backends import hypercube_schedule
+    from ncclbench.backends.common import hypercube_schedule
 
     held = [{r} for r in range(n)]
     for step in range(n.bit_length() - 1):

@@ -8,11 +8,11 @@ import pytest
 
 from conftest import run_cli, table_rows
 from ncclbench.engine import onerank
+from ncclbench.engine.collectives import ALL_REDUCE, ALLTOALL, lookup
 from ncclbench.results import report
 from ncclbench.engine.plan import Plan
 from ncclbench.results.records import PlacementResult, ResultRow, RunSummary
 
-TORCH_STAND_INS = frozenset({"all_reduce", "broadcast", "reduce"})  # TorchBackend.in_place_only
 
 
 def plan(collective="all_reduce", backend="nccl", ops=("sum",), dtypes=("float",), graph=0):
@@ -24,43 +24,43 @@ def cell(t=10.0, bw=1.0):
     return PlacementResult(t, bw, bw, 0, host_us=2.0)
 
 
-@pytest.mark.parametrize("collective,in_place_only,ranks,na", [
-    ("all_reduce", TORCH_STAND_INS, 1, True),     # torch: the stand-in is skipped on one rank
-    ("broadcast", TORCH_STAND_INS, 1, True),
-    ("reduce", TORCH_STAND_INS, 1, True),
-    ("all_reduce", TORCH_STAND_INS, 2, False),    # several ranks: the stand-in moves data (and is said)
-    ("all_gather", TORCH_STAND_INS, 1, False),    # a real out-of-place copy
-    ("all_reduce", frozenset(), 1, False),        # CuPy: NCCL's out-of-place call copies
+@pytest.mark.parametrize("collective,backend,ranks,na", [
+    ("all_reduce", "nccl", 1, True),     # torch: the stand-in is skipped on one rank
+    ("broadcast", "gloo", 1, True),
+    ("reduce", "nccl", 1, True),
+    ("all_reduce", "nccl", 2, False),    # several ranks: the stand-in moves data (and is said)
+    ("all_gather", "nccl", 1, False),    # a real out-of-place copy
+    ("all_reduce", "cupy", 1, False),    # CuPy: NCCL's out-of-place call copies
 ])
-def test_out_of_place_is_na_only_where_the_stand_in_would_be_timed(collective, in_place_only, ranks, na):
-    cells = onerank.honest_cells([cell(), cell(5.0)], collective, in_place_only, ranks)
+def test_out_of_place_is_na_only_where_the_stand_in_would_be_timed(collective, backend, ranks, na):
+    cells = onerank.honest_cells([cell(), cell(5.0)], lookup(collective), backend, ranks)
     assert cells[0].measured is (not na) and cells[1].measured
     if na:
         assert math.isnan(cells[0].time_us) and cells[0].nwrong is None and cells[1].time_us == 5.0
 
 
 def test_header_says_why_and_what_the_in_place_column_times():
-    gloo = onerank.header_notes(plan(backend="gloo"), TORCH_STAND_INS, 1)
+    gloo = onerank.header_notes(plan(backend="gloo"), 1)
     assert len(gloo) == 2 and gloo[0].startswith("out-of-place is N/A on one rank: torch.distributed has no "
                                                  "out-of-place all_reduce")
     assert gloo[1].startswith("in-place on one rank: gloo returns from an in-place all_reduce without moving data")
-    graph = onerank.header_notes(plan(graph=10), TORCH_STAND_INS, 1)
+    graph = onerank.header_notes(plan(graph=10), 1)
     assert "--backend cupy times NCCL's out-of-place call" in graph[0]
     assert graph[-1].startswith("-G on one rank: that skipped in-place all_reduce captures nothing")
-    cupy = onerank.header_notes(plan(backend="cupy", graph=10), frozenset(), 1)
+    cupy = onerank.header_notes(plan(backend="cupy", graph=10), 1)
     assert [n.split(":")[0] for n in cupy] == ["in-place on one rank", "-G on one rank"]
-    several = onerank.header_notes(plan(), TORCH_STAND_INS, 2)
+    several = onerank.header_notes(plan(), 2)
     assert several == ["torch.distributed has no out-of-place all_reduce: both columns run it in place on "
                        "distinct buffers (use --backend cupy for a true out-of-place call)"]
-    assert onerank.header_notes(plan(backend="cupy"), frozenset(), 2) == []
+    assert onerank.header_notes(plan(backend="cupy"), 2) == []
 
 
 def test_premul_sum_runs_a_kernel_even_on_one_rank():
-    assert not onerank.in_place_is_skipped("all_reduce", "nccl", 1, "avg", "float")
-    assert not onerank.in_place_is_skipped("all_reduce", "cupy", 1, "mulsum", "half")
-    assert onerank.in_place_is_skipped("all_reduce", "nccl", 1, "avg", "int32")  # integer avg: divide by 1
-    assert not onerank.in_place_is_skipped("alltoall", "nccl", 1, "sum", "float")  # send/recv path
-    mixed = onerank.header_notes(plan(ops=("sum", "avg")), TORCH_STAND_INS, 1)
+    assert not onerank.in_place_is_skipped(ALL_REDUCE, "nccl", 1, "avg", "float")
+    assert not onerank.in_place_is_skipped(ALL_REDUCE, "cupy", 1, "mulsum", "half")
+    assert onerank.in_place_is_skipped(ALL_REDUCE, "nccl", 1, "avg", "int32")  # integer avg: divide by 1
+    assert not onerank.in_place_is_skipped(ALLTOALL, "nccl", 1, "sum", "float")  # send/recv path
+    mixed = onerank.header_notes(plan(ops=("sum", "avg")), 1)
     assert mixed[1].endswith("avg on floating types and mulsum still run a kernel that scales in place")
 
 

@@ -269,7 +269,7 @@ def _row(report_cputime: bool, per_rank):
     from ncclbench.engine.runner import RankRunner
 
     plan = Plan("all_reduce", min_bytes=1 << 20, max_bytes=1 << 20, report_cputime=report_cputime)
-    runner = RankRunner(plan, SimpleNamespace(group_rank=0, group_size=2, in_place_only=frozenset()))
+    runner = RankRunner(plan, SimpleNamespace(group_rank=0, group_size=2))
     layout = plan.layout(1 << 20, 4, 2)
     return runner.to_row(per_rank, layout, DTYPES["float"], "sum", -1)
 

@@ -92,7 +92,7 @@ def test_timeout_zero_never_fires_and_the_process_group_waits_a_day():
     own timeout (otherwise 30 s after -T) becomes one day instead of 30 s."""
     from datetime import timedelta
 
-    from ncclbench.backends import process_group_timeout
+    from ncclbench.backends.common import process_group_timeout
 
     dog, fired, done = make(0)
     dog.arm("1|x")

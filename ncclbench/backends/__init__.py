@@ -2,21 +2,14 @@
 
 A backend allocates buffers, runs each collective on (send, recv) views, times a
 region on the device that runs the collectives, and moves small host objects between
-ranks. The registry and the engine never import torch.cuda or cupy themselves."""
+ranks: the contract is written in `protocol.py`, what each backend can run in
+`capabilities.py`. The registry and the engine never import torch.cuda or cupy themselves."""
 
 from __future__ import annotations
 
+from ncclbench.backends.capabilities import BACKENDS
+from ncclbench.backends.common import process_group_timeout
 from ncclbench.errors import PlanError
-
-BACKENDS = ("nccl", "gloo", "cupy")
-
-
-def process_group_timeout(timeout_s: float):
-    """The process group's own timeout: 30 s after ncclbench's per-size watchdog (-T), which
-    names the size and the late rank; with -T 0 (no timeout, as in nccl-tests) one day."""
-    from datetime import timedelta
-
-    return timedelta(seconds=timeout_s + 30) if timeout_s > 0 else timedelta(days=1)
 
 
 def create_backend(name: str, launch, timeout_s: float, stream_null: bool = False, guard=None):
@@ -69,22 +62,3 @@ def meeting_store(launch, timeout_s: float):
     store, _rank, _size = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
     store.set_timeout(timeout)
     return store
-
-
-def process_group_store(store):
-    """The store init_process_group would make of the rendezvous (same key prefix)."""
-    if store is None:
-        return {}
-    import torch.distributed as dist
-
-    return {"store": dist.PrefixStore("default_pg", store)}
-
-
-def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
-    """(peer, first chunk sent, first chunk received) per step; each step moves `step` chunks."""
-    steps, step = [], 1
-    while step < nranks:
-        peer = rank ^ step
-        steps.append((peer, (rank // step) * step, (peer // step) * step))
-        step *= 2
-    return steps

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from ncclbench.backends import process_group_store, process_group_timeout
+from ncclbench.backends.common import hypercube_schedule, process_group_store, process_group_timeout
 from ncclbench.backends.torch_dist import TorchBackend, setup_gpu
 from ncclbench.dtypes import premul_scalar
 from ncclbench.errors import PlanError
@@ -205,80 +205,47 @@ class CupyBackend(TorchBackend):
     def bind(self, coll, send, recv, op, root, layout):
         """Pre-resolved call for the eager loop: pointers, counts, types and the stream are
         fixed, so each timed op costs one Python call into CuPy (host time per op is what
-        limits eager small-message times)."""
-        name, s, r = coll.name, send.data_ptr(), recv.data_ptr()
-        stream, comm = self._stream(), self.comm
-        if name == "all_reduce":
-            return functools.partial(comm.allReduce, s, r, recv.numel(), self._type(recv), self._redop(op, recv), stream)
-        if name == "all_gather":
-            return functools.partial(comm.allGather, s, r, send.numel(), self._type(send), stream)
-        if name == "reduce_scatter":
-            return functools.partial(comm.reduceScatter, s, r, recv.numel(), self._type(recv), self._redop(op, recv),
-                                     stream)
-        if name == "broadcast":
-            return functools.partial(comm.broadcast, s, r, recv.numel(), self._type(recv), root, stream)
-        if name == "reduce":
-            return functools.partial(comm.reduce, s, r, recv.numel(), self._type(recv), self._redop(op, recv), root,
-                                     stream)
-        if name in self.GROUPED:
-            return self._bind_group(self._group_parts(name, send, recv, root, layout), self._type(recv), stream)
-        return super().bind(coll, send, recv, op, root, layout)
+        limits eager small-message times). The registry entry's call picks the collective,
+        on the bound forms instead of on the backend."""
+        return coll.call(_BoundCalls(self), send, recv, op, root, layout)
 
+    # ---- collectives: each issues its bound form once ------------------------------------
     def all_reduce(self, send, recv, op):
-        self.comm.allReduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
-                            self._redop(op, recv), self._stream())
+        _BoundCalls(self).all_reduce(send, recv, op)()
 
     def broadcast(self, send, recv, root):
-        self.comm.broadcast(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), root, self._stream())
+        _BoundCalls(self).broadcast(send, recv, root)()
 
     def reduce(self, send, recv, op, root):
-        self.comm.reduce(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv), self._redop(op, recv),
-                         root, self._stream())
+        _BoundCalls(self).reduce(send, recv, op, root)()
 
     def all_gather(self, send, recv):
-        self.comm.allGather(send.data_ptr(), recv.data_ptr(), send.numel(), self._type(send), self._stream())
+        _BoundCalls(self).all_gather(send, recv)()
 
     def reduce_scatter(self, send, recv, op):
-        self.comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), self._type(recv),
-                                self._redop(op, recv), self._stream())
+        _BoundCalls(self).reduce_scatter(send, recv, op)()
 
-    # ---- collectives built from grouped send/recv, as nccl-tests builds them --------------
-    GROUPED = frozenset({"alltoall", "gather", "scatter", "sendrecv", "alltoallv"})
+    def alltoall(self, send, recv):
+        _BoundCalls(self).alltoall(send, recv)()
 
-    def _group_parts(self, name, send, recv, root, layout) -> list[tuple[bool, int, int, int]]:
-        """The (is_send, pointer, count, peer) calls of one grouped collective, in order."""
-        n, me, item = self.group_size, self.group_rank, recv.element_size()
-        s, r = send.data_ptr(), recv.data_ptr()
-        if name == "alltoall":
-            chunk = recv.numel() // n
-            return ([(True, s + p * chunk * item, chunk, p) for p in range(n)]
-                    + [(False, r + p * chunk * item, chunk, p) for p in range(n)])
-        if name == "gather":
-            chunk = send.numel()
-            gets = [(False, r + p * chunk * item, chunk, p) for p in range(n)] if me == root else []
-            return [(True, s, chunk, root)] + gets
-        if name == "scatter":
-            chunk = recv.numel()
-            puts = [(True, s + p * chunk * item, chunk, p) for p in range(n)] if me == root else []
-            return puts + [(False, r, chunk, root)]
-        if name == "sendrecv":
-            return [(True, s, recv.numel(), (me + 1) % n), (False, r, recv.numel(), (me - 1) % n)]
-        if name == "alltoallv":  # per peer in rank order: its part out, ours in; empty parts skipped
-            parts = []
-            for peer, (out, into) in enumerate(zip(layout.sends(me), layout.receives(me))):
-                if out:
-                    parts.append((True, s, out, peer))
-                    s += out * item
-                if into:
-                    parts.append((False, r, into, peer))
-                    r += into * item
-            return parts
-        raise ValueError(name)
+    def gather(self, send, recv, root):
+        _BoundCalls(self).gather(send, recv, root)()
+
+    def scatter(self, send, recv, root):
+        _BoundCalls(self).scatter(send, recv, root)()
+
+    def alltoallv(self, send, recv, layout):
+        _BoundCalls(self).alltoallv(send, recv, layout)()
+
+    def sendrecv(self, send, recv):
+        _BoundCalls(self).sendrecv(send, recv)()
 
     def _issue_group(self, parts, dtype, stream) -> None:
         self._bind_group(parts, dtype, stream)()
 
     def _bind_group(self, parts, dtype, stream):
+        """One zero-argument call issuing `parts`, (is_send, pointer, count, peer) each, in
+        order, between ncclGroupStart and ncclGroupEnd."""
         start, end = self.nccl.groupStart, self.nccl.groupEnd
         calls = [functools.partial(self.comm.send if is_send else self.comm.recv, ptr, count, dtype, peer, stream)
                  for is_send, ptr, count, peer in parts]
@@ -296,27 +263,7 @@ class CupyBackend(TorchBackend):
         group = _NcclGroup(self.nccl.groupStart, self.nccl.groupEnd)  # stateless: one serves every iteration
         return (lambda: group), None
 
-    def _grouped_call(self, name, send, recv, root=None, layout=None):
-        self._issue_group(self._group_parts(name, send, recv, root, layout), self._type(recv), self._stream())
-
-    def alltoall(self, send, recv):
-        self._grouped_call("alltoall", send, recv)
-
-    def gather(self, send, recv, root):
-        self._grouped_call("gather", send, recv, root)
-
-    def scatter(self, send, recv, root):
-        self._grouped_call("scatter", send, recv, root)
-
-    def alltoallv(self, send, recv, layout):
-        self._grouped_call("alltoallv", send, recv, layout=layout)
-
-    def sendrecv(self, send, recv):
-        self._grouped_call("sendrecv", send, recv)
-
     def hypercube(self, send, recv):
-        from ncclbench.backends import hypercube_schedule
-
         n, me = self.group_size, self.group_rank
         chunk, item = recv.numel() // n, recv.element_size()
         own = recv[me * chunk:(me + 1) * chunk]
@@ -387,3 +334,81 @@ class _NcclGroup:
     def __exit__(self, *exc):
         self._end()
         return False
+
+
+class _BoundCalls:
+    """The backend's collectives, with the same methods and arguments, as zero-argument
+    calls on fixed pointers, counts, types and stream. alltoall, gather, scatter, sendrecv
+    and alltoallv are grouped send/recv, as nccl-tests builds them."""
+
+    __slots__ = ("b",)
+
+    def __init__(self, backend: CupyBackend):
+        self.b = backend
+
+    def all_reduce(self, send, recv, op):
+        b = self.b
+        return functools.partial(b.comm.allReduce, send.data_ptr(), recv.data_ptr(), recv.numel(), b._type(recv),
+                                 b._redop(op, recv), b._stream())
+
+    def broadcast(self, send, recv, root):
+        b = self.b
+        return functools.partial(b.comm.broadcast, send.data_ptr(), recv.data_ptr(), recv.numel(), b._type(recv),
+                                 root, b._stream())
+
+    def reduce(self, send, recv, op, root):
+        b = self.b
+        return functools.partial(b.comm.reduce, send.data_ptr(), recv.data_ptr(), recv.numel(), b._type(recv),
+                                 b._redop(op, recv), root, b._stream())
+
+    def all_gather(self, send, recv):
+        b = self.b
+        return functools.partial(b.comm.allGather, send.data_ptr(), recv.data_ptr(), send.numel(), b._type(send),
+                                 b._stream())
+
+    def reduce_scatter(self, send, recv, op):
+        b = self.b
+        return functools.partial(b.comm.reduceScatter, send.data_ptr(), recv.data_ptr(), recv.numel(),
+                                 b._type(recv), b._redop(op, recv), b._stream())
+
+    def _group(self, parts, recv):
+        return self.b._bind_group(parts, self.b._type(recv), self.b._stream())
+
+    def alltoall(self, send, recv):
+        n, item, s, r = self.b.group_size, recv.element_size(), send.data_ptr(), recv.data_ptr()
+        chunk = recv.numel() // n
+        return self._group([(True, s + p * chunk * item, chunk, p) for p in range(n)]
+                           + [(False, r + p * chunk * item, chunk, p) for p in range(n)], recv)
+
+    def gather(self, send, recv, root):
+        n, item, r = self.b.group_size, recv.element_size(), recv.data_ptr()
+        chunk = send.numel()
+        gets = [(False, r + p * chunk * item, chunk, p) for p in range(n)] if self.b.group_rank == root else []
+        return self._group([(True, send.data_ptr(), chunk, root)] + gets, recv)
+
+    def scatter(self, send, recv, root):
+        n, item, s = self.b.group_size, recv.element_size(), send.data_ptr()
+        chunk = recv.numel()
+        puts = [(True, s + p * chunk * item, chunk, p) for p in range(n)] if self.b.group_rank == root else []
+        return self._group(puts + [(False, recv.data_ptr(), chunk, root)], recv)
+
+    def sendrecv(self, send, recv):
+        n, me = self.b.group_size, self.b.group_rank
+        return self._group([(True, send.data_ptr(), recv.numel(), (me + 1) % n),
+                            (False, recv.data_ptr(), recv.numel(), (me - 1) % n)], recv)
+
+    def alltoallv(self, send, recv, layout):
+        """Per peer in rank order: its part out, ours in; empty parts skipped."""
+        me, item, s, r = self.b.group_rank, recv.element_size(), send.data_ptr(), recv.data_ptr()
+        parts = []
+        for peer, (out, into) in enumerate(zip(layout.sends(me), layout.receives(me))):
+            if out:
+                parts.append((True, s, out, peer))
+                s += out * item
+            if into:
+                parts.append((False, r, into, peer))
+                r += into * item
+        return self._group(parts, recv)
+
+    def hypercube(self, send, recv):  # one group per step: nothing to gain from binding ahead
+        return functools.partial(self.b.hypercube, send, recv)

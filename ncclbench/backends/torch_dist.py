@@ -1,8 +1,9 @@
 """torch.distributed backend: NCCL on GPUs, gloo on CPUs.
 
 torch.distributed has no out-of-place all_reduce, broadcast or reduce: for those the
-engine runs the "out-of-place" column in place on the receive buffer (declared in
-`in_place_only`, and said in the report header)."""
+engine runs the "out-of-place" column in place on the receive buffer (declared by their
+registry entries' `in_place_only`, and said in the report header). What this backend
+cannot run at all is declared in capabilities.py."""
 
 from __future__ import annotations
 
@@ -12,51 +13,11 @@ import os
 import time
 import warnings
 
-from ncclbench.backends import process_group_store, process_group_timeout
+from ncclbench.backends.common import hypercube_schedule, process_group_store, process_group_timeout
 from ncclbench.dtypes import premul_scalar
 from ncclbench.errors import ExitCode, PlanError, first_line
 
 _TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
-
-# Known gaps, refused before launching rather than discovered mid-sweep (gloo aborts
-# the process on some bad calls instead of raising). Probed on torch 2.13 (gloo) and
-# torch 2.11 + NCCL 2.28 (see docs/BENCHMARKS.md).
-_INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
-_FP8_TYPES = {"f8e4m3", "f8e5m2"}
-# ProcessGroupNCCL makes a premul-sum op for half, float, double and bfloat16 only (a
-# TypeError otherwise), and its bfloat16 one gave wrong sums (1014 of 1024 elements, torch
-# 2.11 + NCCL 2.28.9, benchmarks/probe_dtypes.py) where CuPy's was right.
-_PREMUL_TYPES = {"half", "float", "double"}
-
-
-def unsupported_reason(backend: str, dtype: str, op: str | None, nranks: int | None = None,
-                       collective: str | None = None) -> str | None:
-    """Why `backend` cannot run `collective` on `dtype` with reduction `op` (None: no
-    reduction) in communicators of `nranks` ranks (None: not known yet)."""
-    if backend == "gloo":
-        if dtype in _FP8_TYPES or dtype in ("uint32", "uint64"):
-            return f"backend gloo has no datatype {dtype}"
-        if op == "avg" and dtype in _INT_TYPES:
-            return f"backend gloo cannot average integers ({dtype}); use -o sum or a float type"
-        if op == "mulsum":
-            return "backend gloo has no mulsum (NCCL's premul-sum); use a GPU backend or another -o"
-    if backend == "nccl" and dtype in ("uint32", "uint64"):
-        return f"torch.distributed's NCCL process group has no {dtype}; use --backend cupy"
-    if backend == "nccl" and op == "mulsum" and dtype == "bfloat16":
-        return "torch.distributed's bfloat16 premul-sum gave wrong sums when probed (torch 2.11); use --backend cupy"
-    if backend == "nccl" and op == "mulsum" and dtype not in _PREMUL_TYPES:
-        return (f"torch.distributed's NCCL process group runs mulsum (premul-sum) right only for half, float "
-                f"and double, not {dtype}; use --backend cupy")
-    if backend == "nccl" and op == "mulsum" and collective == "reduce_scatter" and nranks == 1:
-        # benchmarks/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
-        # x 0.5 on one rank (torch 2.11); all_reduce and reduce applied the factor
-        return ("torch's reduce_scatter_tensor ignores the premul-sum factor in a one-rank group (measured, "
-                "torch 2.11); use --backend cupy or 2 or more ranks")
-    if backend in ("nccl", "cupy") and nranks == 1 and dtype in _FP8_TYPES and op in ("avg", "mulsum"):
-        # NCCL 2.28.9 answers "invalid argument" (all_reduce and reduce, both backends)
-        return (f"NCCL refuses {op} on {dtype} in a one-rank communicator; run 2 or more ranks "
-                f"per communicator (-g, or larger --split groups)")
-    return None
 
 
 def group_backend_name(dist, group) -> str:
@@ -117,8 +78,6 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
 
 
 class TorchBackend:
-    in_place_only = frozenset({"all_reduce", "broadcast", "reduce"})
-
     @staticmethod
     def prepare_device(name: str, launch, stream_null: bool = False):
         """This rank's device, made current (the part of the set-up that needs no peer)."""
@@ -408,8 +367,6 @@ class TorchBackend:
         self._p2p(ops)
 
     def hypercube(self, send, recv):
-        from ncclbench.backends import hypercube_schedule
-
         n, me = self.group_size, self.group_rank
         chunk = recv.numel() // n
         own = recv[me * chunk:(me + 1) * chunk]

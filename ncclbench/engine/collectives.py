@@ -3,13 +3,19 @@
 Counts follow nccl-tests 2.19.6 (`getCollByteCount` in each src/<coll>.cu): per-rank
 chunks of the "scattered" collectives are rounded down to a multiple of 16 bytes, the
 printed size is the larger of the send and receive buffers, and the printed count is
-the per-rank (or per-peer) element count."""
+the per-rank (or per-peer) element count.
+
+An entry also owns what differs between collectives on each backend: the backends it runs
+on, the dtype/op gaps a backend has for it alone (the backends' own are in
+backends/capabilities.py), where torch has no out-of-place call, what a one-rank call does,
+and whether NCCL_ALGO/NCCL_PROTO choose anything for it (and among what)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
+from ncclbench.backends.capabilities import BACKENDS, GAPS, NCCL, TORCH, Gap
 from ncclbench.engine.checkdata import InputPattern
 
 
@@ -84,6 +90,27 @@ class CheckContext:
     counts: tuple[tuple[int, ...], ...] | None = None  # Layout.counts (alltoallv)
 
 
+_ALL_PROTOCOLS = ("ll", "ll128", "simple")
+_SIMPLE = ("simple",)
+
+
+@dataclass(frozen=True, eq=False)
+class NcclTuning:
+    """A collective NCCL_ALGO and NCCL_PROTO choose for, as NCCL's tuning model has it
+    (src/graph/tuning.cc, ncclTopoTuneModel, read on 2.24 to 2.30): NVLS, NVLS_TREE, CollNet
+    and PAT take the Simple protocol only. tune/plan.py adds what depends on the machine."""
+
+    plugin: str                 # the tuner plugin's config name: allreduce
+    log: str                    # NCCL's function name in its debug lines: AllReduce
+    func: int                   # ncclFunc_t, the plugin's order of collectives
+    algorithms: dict            # algorithm -> the protocols NCCL runs it with
+    ops_without: dict = field(default_factory=dict)  # algorithm -> reductions it has no kernel for
+
+
+def _no_rank_rule(nranks: int) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Collective:
     name: str                       # nccl-tests name (all_reduce): JSON, CSV, `*_perf` alias
@@ -101,6 +128,27 @@ class Collective:
     # (rank, root) -> is this rank's send buffer an input? The check fills the others with
     # poison, so that a rank the data never reached cannot pass on its own copy of it.
     input_on: Callable[[int, int], bool] = _everyone
+    backends: tuple[str, ...] = BACKENDS
+    gaps: tuple[Gap, ...] = ()      # what a backend cannot run for this collective alone
+    in_place_only: frozenset[str] = frozenset()  # backends without an out-of-place call: in-place stands in
+    # backends whose one-rank in-place call returns without moving data (NCCL's ncclLaunchOneRank
+    # path, save premul-sum scaling: engine/onerank.py)
+    one_rank_noop: frozenset[str] = frozenset()
+    tuning: NcclTuning | None = None  # None: NCCL_ALGO/NCCL_PROTO select nothing (point-to-point)
+    rank_rule: Callable[[int], str | None] = _no_rank_rule  # (ranks per communicator) -> why not, or None
+
+    def unsupported(self, backend: str, dtype: str, op: str | None, nranks: int | None = None) -> str | None:
+        """Why `backend` cannot run this collective on `dtype` with reduction `op` (ignored
+        for collectives that reduce nothing) in communicators of `nranks` ranks (None: not
+        known yet), or None."""
+        if backend in BACKENDS and backend not in self.backends:  # an unknown name is create_backend's to refuse
+            return f"backend {backend} does not run {self.name}"
+        op = op if self.has_op else None
+        for gap in GAPS + self.gaps:
+            reason = gap.refuses(backend, dtype, op, nranks)
+            if reason:
+                return reason
+        return None
 
     def algbw_bytes(self, layout: Layout, itemsize: int, nranks: int) -> int:
         return self.moved(layout, nranks) * itemsize
@@ -125,6 +173,8 @@ _single = lambda lay, n: lay.param_count  # noqa: E731
 _scatter_factor = lambda n: (n - 1) / n  # noqa: E731
 _one = lambda n: 1.0  # noqa: E731
 
+_EVERY_BACKEND = frozenset(BACKENDS)
+
 REGISTRY: dict[str, Collective] = {}
 
 
@@ -140,6 +190,10 @@ ALL_REDUCE = register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.all_reduce(s, r, op),
+    in_place_only=TORCH, one_rank_noop=_EVERY_BACKEND,
+    tuning=NcclTuning("allreduce", "AllReduce", 4, {
+        "tree": _ALL_PROTOCOLS, "ring": _ALL_PROTOCOLS, "collnet_direct": _SIMPLE, "collnet_chain": _SIMPLE,
+        "nvls": _SIMPLE, "nvls_tree": _SIMPLE}),
 ))
 ALL_GATHER = register(Collective(
     "all_gather", "allgather",
@@ -148,6 +202,9 @@ ALL_GATHER = register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.all_gather(s, r),
+    one_rank_noop=NCCL,
+    tuning=NcclTuning("allgather", "AllGather", 2, {
+        "ring": _ALL_PROTOCOLS, "pat": _SIMPLE, "nvls": _SIMPLE, "collnet_direct": _SIMPLE}),
 ))
 REDUCE_SCATTER = register(Collective(
     "reduce_scatter", "reducescatter",
@@ -156,6 +213,15 @@ REDUCE_SCATTER = register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx + ctx.rank * ctx.chunk),
     call=lambda b, s, r, op, root, lay: b.reduce_scatter(s, r, op),
+    one_rank_noop=NCCL,
+    tuning=NcclTuning("reducescatter", "ReduceScatter", 3, {
+        "ring": _ALL_PROTOCOLS, "pat": _SIMPLE, "nvls": _SIMPLE, "collnet_direct": _SIMPLE},
+        ops_without={"pat": ("avg", "mulsum")}),
+    # benchmarks/torch_premul_probe.py: reduce_scatter_tensor returned 3.0 for 3.0 x 2 and
+    # x 0.5 on one rank (torch 2.11); all_reduce and reduce applied the factor
+    gaps=(Gap(frozenset({"nccl"}), "torch's reduce_scatter_tensor ignores the premul-sum factor in a one-rank "
+              "group (measured, torch 2.11); use --backend cupy or 2 or more ranks",
+              ops=frozenset({"mulsum"}), one_rank=True),),
 ))
 ALLTOALL = register(Collective(
     "alltoall", "alltoall",
@@ -173,6 +239,8 @@ BROADCAST = register(Collective(
     expected=lambda ctx, idx: ctx.pattern.values(ctx.root, idx),
     call=lambda b, s, r, op, root, lay: b.broadcast(s, r, root),
     input_on=_root_only,
+    in_place_only=TORCH, one_rank_noop=_EVERY_BACKEND,
+    tuning=NcclTuning("broadcast", "Broadcast", 0, {"ring": _ALL_PROTOCOLS}),
 ))
 REDUCE = register(Collective(
     "reduce", "reduce",
@@ -181,6 +249,8 @@ REDUCE = register(Collective(
     in_place_checked=True, checked_on=_root_only,
     expected=lambda ctx, idx: ctx.pattern.reduce(idx),
     call=lambda b, s, r, op, root, lay: b.reduce(s, r, op, root),
+    in_place_only=TORCH, one_rank_noop=_EVERY_BACKEND,
+    tuning=NcclTuning("reduce", "Reduce", 1, {"ring": _ALL_PROTOCOLS}),
 ))
 GATHER = register(Collective(
     "gather", "gather",
@@ -207,6 +277,7 @@ SENDRECV = register(Collective(
     in_place_checked=False, checked_on=_everyone,
     expected=lambda ctx, idx: ctx.pattern.values((ctx.rank - 1) % ctx.nranks, idx),
     call=lambda b, s, r, op, root, lay: b.sendrecv(s, r),
+    rank_rule=lambda n: "sendrecv needs at least 2 ranks (-g 2 or more)" if n < 2 else None,
 ))
 
 
@@ -220,6 +291,7 @@ HYPERCUBE = register(Collective(
     in_place_checked=True, checked_on=_everyone,
     expected=lambda ctx, idx: _from_each_rank(ctx, idx, 0),
     call=lambda b, s, r, op, root, lay: b.hypercube(s, r),
+    rank_rule=lambda n: f"hypercube needs a power-of-two number of ranks (got {n})" if n & (n - 1) else None,
 ))
 
 
@@ -257,6 +329,7 @@ ALLTOALLV = register(Collective(
     expected=_from_each_sender,
     call=lambda b, s, r, op, root, lay: b.alltoallv(s, r, lay),
 ))
+
 
 def lookup(name: str) -> Collective:
     """Find a collective by CLI name, nccl-tests name, or `<name>_perf` binary name."""

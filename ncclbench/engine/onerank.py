@@ -21,16 +21,16 @@ from dataclasses import replace
 from ncclbench.dtypes import DTYPES
 from ncclbench.results.records import PlacementResult
 
-# The collectives NCCL handles with ncclLaunchOneRank on one rank (point-to-point ones,
-# alltoall, gather, scatter, sendrecv, move data through the send/recv path even there).
-NCCL_ONE_RANK_PATH = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
-GLOO_ONE_RANK_NOOPS = frozenset({"all_reduce", "broadcast", "reduce"})
+# NCCL handles all_reduce, all_gather, reduce_scatter, broadcast and reduce with
+# ncclLaunchOneRank on one rank; point-to-point ones (alltoall, gather, scatter, sendrecv) move
+# data through the send/recv path even there. Each registry entry says which backends skip its
+# one-rank in-place call (`one_rank_noop`) and which have no out-of-place call (`in_place_only`).
 _LIBRARY = {"nccl": "NCCL", "cupy": "NCCL", "gloo": "gloo"}
 
 
-def out_of_place_is_stand_in(collective: str, in_place_only, group_size: int) -> bool:
+def out_of_place_is_stand_in(coll, backend: str, group_size: int) -> bool:
     """True where the out-of-place column would time the in-place stand-in on one rank."""
-    return group_size == 1 and collective in in_place_only
+    return group_size == 1 and backend in coll.in_place_only
 
 
 def scales_in_place(op: str, dtype: str) -> bool:
@@ -38,13 +38,12 @@ def scales_in_place(op: str, dtype: str) -> bool:
     return op == "mulsum" or (op == "avg" and DTYPES[dtype].is_float)
 
 
-def in_place_is_skipped(collective: str, backend: str, group_size: int, op: str, dtype: str) -> bool:
-    """True where the library returns from a one-rank in-place call without moving data."""
-    if group_size != 1:
+def in_place_is_skipped(coll, backend: str, group_size: int, op: str, dtype: str) -> bool:
+    """True where the library returns from a one-rank in-place call of registry entry `coll`
+    without moving data."""
+    if group_size != 1 or backend not in coll.one_rank_noop:
         return False
-    if backend in ("nccl", "cupy"):
-        return collective in NCCL_ONE_RANK_PATH and not scales_in_place(op, dtype)
-    return backend == "gloo" and collective in GLOO_ONE_RANK_NOOPS
+    return not (_LIBRARY.get(backend) == "NCCL" and scales_in_place(op, dtype))
 
 
 def not_measured(cell: PlacementResult) -> PlacementResult:
@@ -54,26 +53,26 @@ def not_measured(cell: PlacementResult) -> PlacementResult:
                    device_us=None, rank_us=tuple(nan for _ in cell.rank_us))
 
 
-def honest_cells(cells: list[PlacementResult], collective: str, in_place_only, group_size: int) -> list[PlacementResult]:
+def honest_cells(cells: list[PlacementResult], coll, backend: str, group_size: int) -> list[PlacementResult]:
     """[out-of-place, in-place] with the out-of-place cell N/A where it would time the stand-in."""
-    if out_of_place_is_stand_in(collective, in_place_only, group_size):
+    if out_of_place_is_stand_in(coll, backend, group_size):
         return [not_measured(cells[0]), cells[1]]
     return cells
 
 
-def header_notes(plan, in_place_only, group_size: int) -> list[str]:
+def header_notes(plan, group_size: int) -> list[str]:
     """What the columns time, for the report header: the stand-in (several ranks), or on
     one rank why out-of-place is N/A and that in-place times a skipped call."""
-    coll, backend = plan.coll.name, plan.backend
+    entry, coll, backend = plan.coll, plan.coll.name, plan.backend
     notes = []
-    if coll in in_place_only and group_size > 1:
+    if backend in entry.in_place_only and group_size > 1:
         notes.append(f"torch.distributed has no out-of-place {coll}: both columns run it in place on distinct "
                      "buffers (use --backend cupy for a true out-of-place call)")
-    if out_of_place_is_stand_in(coll, in_place_only, group_size):
+    if out_of_place_is_stand_in(entry, backend, group_size):
         better = "; --backend cupy times NCCL's out-of-place call (a copy)" if backend == "nccl" else ""
         notes.append(f"out-of-place is N/A on one rank: torch.distributed has no out-of-place {coll}, and the "
                      f"in-place call that stands in for it with more ranks does not copy anything here{better}")
-    skipped = [(d, op) for d, op in plan.dtype_ops() if in_place_is_skipped(coll, backend, group_size, op, d)]
+    skipped = [(d, op) for d, op in plan.dtype_ops() if in_place_is_skipped(entry, backend, group_size, op, d)]
     if skipped:
         library = _LIBRARY.get(backend, backend)
         but = ("; avg on floating types and mulsum still run a kernel that scales in place"

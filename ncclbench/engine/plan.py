@@ -115,9 +115,7 @@ class Plan:
     def unsupported(self, dtype: str, op: str, nranks: int | None = None) -> str | None:
         """Why this plan's backend cannot run `dtype` with `op` (an op-column entry, ignored
         for collectives that reduce nothing) on groups of `nranks` ranks, or None."""
-        from ncclbench.backends.torch_dist import unsupported_reason
-
-        reason = unsupported_reason(self.backend, dtype, op if self.coll.has_op else None, nranks, self.coll.name)
+        reason = self.coll.unsupported(self.backend, dtype, op, nranks)
         # Asked only where torch is loaded already (a rank, before its buffers): the launcher
         # and the file tools must not import torch (seconds) for a question torch >= 2.4 answers yes.
         if reason is None and "torch" in sys.modules and DTYPES[dtype].torch_dtype() is None:
@@ -150,10 +148,9 @@ class Plan:
             return
         if coll.has_root and self.root >= n:
             raise PlanError(f"root {self.root} does not exist with {n} ranks (use 0..{n - 1} or all)")
-        if coll.name == "sendrecv" and n < 2:
-            raise PlanError("sendrecv needs at least 2 ranks (-g 2 or more)")
-        if coll.name == "hypercube" and n & (n - 1):
-            raise PlanError(f"hypercube needs a power-of-two number of ranks (got {n})")
+        reason = coll.rank_rule(n)
+        if reason:
+            raise PlanError(reason)
         t = self.traffic
         if t is not None and t.matrix is not None:
             if len(t.matrix) < n:

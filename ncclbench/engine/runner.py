@@ -194,7 +194,7 @@ class RankRunner:
         self.backend.synchronize()
 
     def _slots(self, layout, send_t, recv_t, in_place, nslots):
-        out_of_place_missing = self.coll.name in self.backend.in_place_only
+        out_of_place_missing = self.plan.backend in self.coll.in_place_only
         return Slots(layout, send_t, recv_t, in_place, out_of_place_missing and not in_place, self.rank, nslots)
 
     def measure_size(self, buffers, dtype, op, root, size):
@@ -287,7 +287,7 @@ class RankRunner:
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
                                          device_us=seconds * 1e6,
                                          rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
-        cells = onerank.honest_cells(cells, self.coll.name, self.backend.in_place_only, self.nranks)
+        cells = onerank.honest_cells(cells, self.coll, self.plan.backend, self.nranks)
         notes = ()
         if plan.traffic_summary and layout.counts is not None:
             notes = traffic_summary_lines(plan, layout, dtype.itemsize, self.nranks, cells[0].device_us)
@@ -665,7 +665,7 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         if plan.skipped != plan.without_unsupported().skipped:  # some pairs only for the rank count
             where += f" with {backend.group_size} rank(s) per communicator"
         notes.append(f"skipped what {where} cannot run: {skipped_text(plan)}")
-    notes += onerank.header_notes(plan, backend.in_place_only, backend.group_size)
+    notes += onerank.header_notes(plan, backend.group_size)
     config = {
         "nthreads": 1, "ngpus": 1, "minimum_bytes": plan.min_bytes, "maximum_bytes": plan.max_bytes,
         "step_bytes" if plan.step_factor == 1 else "step_factor":

@@ -15,12 +15,15 @@ import io
 import re
 from dataclasses import dataclass, field
 
+from ncclbench.engine.collectives import REGISTRY
 from ncclbench.tune.plan import ALGO, MAX_CHANNELS, PROTO
 
 PERF_COLUMNS = ["collective", "size_bytes", "algorithm", "protocol", "channels", "nodes", "ranks", "pipeOps",
                 "regBuff", "cost_metric", "bandwidth_gbps", "latency_us"]
 CONFIG_FIELDS = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff"
-CONFIG_COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+# the plugin's names, in its (ncclFunc_t) order
+CONFIG_COLLECTIVES = tuple(t.plugin for t in sorted((c.tuning for c in REGISTRY.values() if c.tuning),
+                                                    key=lambda t: t.func))
 _MAX_LINE = 255  # the plugin reads lines with fgets into a 256-byte buffer
 MAX_BYTES = 2 ** 64 - 1  # size_t on a 64-bit host: the plugin reads min/max_bytes with strtoull
 

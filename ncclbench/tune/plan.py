@@ -1,17 +1,17 @@
 """Which NCCL_ALGO x NCCL_PROTO (x channel limit) combinations a collective can be measured
 under, before anything starts.
 
-The algorithms and protocols each collective has come from NCCL's tuning model
-(src/graph/tuning.cc, ncclTopoTuneModel, read on 2.24 to 2.30): broadcast and reduce run
-Ring only; all_gather and reduce_scatter Ring, PAT, NVLS and CollNetDirect; all_reduce
-every algorithm but PAT. NVLS, NVLS_TREE, CollNet and PAT take the Simple protocol only.
-The same file turns NVLS_TREE off on a single node, CollNet off unless it is enabled, and
-PAT off with more than one GPU per node. Anything else NCCL cannot do on a given machine is
-found at run time and reported as refused."""
+The algorithms and protocols each collective has in NCCL's tuning model are its registry
+entry's (`tuning`, ncclbench.engine.collectives). The same model (src/graph/tuning.cc)
+turns NVLS_TREE off on a single node, CollNet off unless it is enabled, and PAT off with
+more than one GPU per node: that part, which depends on the machine, is here. Anything else
+NCCL cannot do on a given machine is found at run time and reported as refused."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from ncclbench.engine.collectives import REGISTRY
 
 MAX_CHANNELS = 64  # MAXCHANNELS in NCCL's src/include/device.h: the most a communicator can have
 
@@ -36,23 +36,10 @@ PROTOCOLS = (Name("ll", "LL", "LL", 0), Name("ll128", "LL128", "LL128", 1), Name
 ALGO = {a.key: a for a in ALGORITHMS}
 PROTO = {p.key: p for p in PROTOCOLS}
 
-_ALL = ("ll", "ll128", "simple")
-_SIMPLE = ("simple",)
-# collective (registry name) -> {algorithm: protocols} in NCCL's tuning model
-MODEL = {
-    "all_reduce": {"tree": _ALL, "ring": _ALL, "collnet_direct": _SIMPLE, "collnet_chain": _SIMPLE,
-                   "nvls": _SIMPLE, "nvls_tree": _SIMPLE},
-    "all_gather": {"ring": _ALL, "pat": _SIMPLE, "nvls": _SIMPLE, "collnet_direct": _SIMPLE},
-    "reduce_scatter": {"ring": _ALL, "pat": _SIMPLE, "nvls": _SIMPLE, "collnet_direct": _SIMPLE},
-    "broadcast": {"ring": _ALL},
-    "reduce": {"ring": _ALL},
-}
+# registry name -> {algorithm: protocols} in NCCL's tuning model
+MODEL = {c.name: c.tuning.algorithms for c in REGISTRY.values() if c.tuning}
 # registry name -> (tuner plugin config name, NCCL's function name in debug lines)
-COLLECTIVES = {
-    "all_reduce": ("allreduce", "AllReduce"), "all_gather": ("allgather", "AllGather"),
-    "reduce_scatter": ("reducescatter", "ReduceScatter"), "broadcast": ("broadcast", "Broadcast"),
-    "reduce": ("reduce", "Reduce"),
-}
+COLLECTIVES = {c.name: (c.tuning.plugin, c.tuning.log) for c in REGISTRY.values() if c.tuning}
 ONE_RANK_NOTE = ("one rank: NCCL copies the buffer locally and chooses no algorithm or protocol "
                  "(src/enqueue.cc), so there is nothing to tune")
 
@@ -186,8 +173,8 @@ def _context_reason(collective: str, algo: str, ctx: Context) -> str | None:
     if algo == "pat":
         if ctx.nranks != ctx.nnodes and str(env.get("NCCL_PAT_ENABLE", "")).strip() != "1":
             return "NCCL runs PAT only with one GPU per node (NCCL_PAT_ENABLE=1 forces it)"
-        if collective == "reduce_scatter" and ctx.op in ("avg", "mulsum"):
-            return f"NCCL's PAT reduce_scatter has no {ctx.op} (premul-sum or post-divide)"
+    if ctx.op in REGISTRY[collective].tuning.ops_without.get(algo, ()):
+        return f"NCCL's {ALGO[algo].log} {collective} has no {ctx.op} (premul-sum or post-divide)"
     return None
 
 
