@@ -97,8 +97,6 @@ def import_nccl():
 
 
 class CupyBackend(TorchBackend):
-    in_place_only = frozenset()
-
     @staticmethod
     def prepare_device(name: str, launch, stream_null: bool = False):
         import torch
