@@ -96,7 +96,7 @@ _SIMPLE = ("simple",)
 
 @dataclass(frozen=True, eq=False)
 class NcclTuning:
-    """A collective NCCL_ALGO and NCCL_PROTO choose for, as NCCL's tuning model has it
+    """How NCCL_ALGO and NCCL_PROTO choose for a collective, as NCCL's tuning model has it
     (src/graph/tuning.cc, ncclTopoTuneModel, read on 2.24 to 2.30): NVLS, NVLS_TREE, CollNet
     and PAT take the Simple protocol only. tune/plan.py adds what depends on the machine."""
 
@@ -124,7 +124,9 @@ class Collective:
     in_place_checked: bool          # False: nccl-tests prints N/A for in-place #wrong
     checked_on: Callable[[int, int], bool]          # (rank, root) -> does this rank's output mean anything
     expected: Callable[[CheckContext, object], object]  # (ctx, recv indices) -> int64/float64 values
-    call: Callable  # (backend, send, recv, op, root, layout) -> None
+    # (backend, send, recv, op, root, layout) -> what the backend method returns: the one method
+    # of backends/protocol.py that runs this collective (CuPy's bind calls it on bound forms)
+    call: Callable
     # (rank, root) -> is this rank's send buffer an input? The check fills the others with
     # poison, so that a rank the data never reached cannot pass on its own copy of it.
     input_on: Callable[[int, int], bool] = _everyone
