@@ -107,7 +107,7 @@ def test_report_verdict_and_exit_codes():
 
 
 def test_mesh_spec_lays_ranks_out_like_init_device_mesh():
-    from ncclbench.api.preflight import parse_mesh
+    from ncclbench.api.preflight_inputs import parse_mesh
 
     assert parse_mesh("dp=2,tp=4", 8) == [("dp", [[0, 4], [1, 5], [2, 6], [3, 7]]),
                                           ("tp", [[0, 1, 2, 3], [4, 5, 6, 7]])]
@@ -178,12 +178,12 @@ def test_a_rank_that_never_calls_preflight_is_named_within_the_timeout_asked_for
 
 
 def test_the_agreement_deadline_reads_the_timeout_asked_for():
-    from ncclbench.api.preflight import DEFAULT_TIMEOUT_S, _agreement_timeout
+    from ncclbench.api.preflight_inputs import DEFAULT_TIMEOUT_S, agreement_timeout
 
-    assert _agreement_timeout(3, 10) == 3.0
-    assert _agreement_timeout(None, 30) == 90.0 and _agreement_timeout(None, 1) == 60.0
-    assert _agreement_timeout("soon", 1) == DEFAULT_TIMEOUT_S == _agreement_timeout(-1, 1)
-    assert _agreement_timeout(None, "x") == DEFAULT_TIMEOUT_S
+    assert agreement_timeout(3, 10) == 3.0
+    assert agreement_timeout(None, 30) == 90.0 and agreement_timeout(None, 1) == 60.0
+    assert agreement_timeout("soon", 1) == DEFAULT_TIMEOUT_S == agreement_timeout(-1, 1)
+    assert agreement_timeout(None, "x") == DEFAULT_TIMEOUT_S
 
 
 def test_command_times_out_on_a_stalled_rank(tmp_path):
@@ -200,15 +200,14 @@ def test_command_times_out_on_a_stalled_rank(tmp_path):
 def test_the_rank_in_a_slow_group_of_every_dimension_is_named():
     """A 2x2 mesh with one slow rank: its tp group and its dp group are slow, and it is the
     only rank in both; with one dimension there is no such evidence."""
-    from ncclbench.api.preflight import Preflight
+    from ncclbench.api.preflight_verdict import mesh_culprit
 
-    p = Preflight.__new__(Preflight)
-    p.host = {0: "a", 1: "a", 2: "b", 3: "b"}
-    p.instances = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+    host = {0: "a", 1: "a", 2: "b", 3: "b"}
+    instances = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
     slow = {("tp", (0, 1)): ["x"], ("dp", (1, 3)): ["y"]}
-    assert list(p._mesh_culprit(slow, {}, set())) == [1]
-    assert p._mesh_culprit(slow, {}, {1}) == {}  # cleared by the pair rounds
-    assert p._mesh_culprit({("tp", (0, 1)): ["x"]}, {}, set()) == {}
+    assert list(mesh_culprit(slow, {}, set(), host, instances)) == [1]
+    assert mesh_culprit(slow, {}, {1}, host, instances) == {}  # cleared by the pair rounds
+    assert mesh_culprit({("tp", (0, 1)): ["x"]}, {}, set(), host, instances) == {}
 
 
 # ---- one group: ranks alone, pairs inside it, and who explains a slow group --------------------------
@@ -285,7 +284,7 @@ def test_pairs_of_another_distance_in_the_communicator_are_not_compared():
     slow links, and a slow rank 1 accuses neither 0 nor 2."""
     from ncclbench.api.verdict import judge_group_pairs
 
-    by_distance = lambda a, b: (True, "NV18", (b - a) % 4 == 2)  # noqa: E731 - as Preflight.pair_kind
+    by_distance = lambda a, b: (True, "NV18", (b - a) % 4 == 2)  # noqa: E731 - as preflight_verdict.pair_kind
     healthy = _sweep(_four_pairs(238.0), {(0, 2): 157.0, (1, 3): 158.0})
     g = [(0, 1, 2, 3)]
     assert judge_group_pairs([healthy] * 2, g, lambda a, b: (True, "NV18"), 0.2)[1]  # the false alarm seen
@@ -380,26 +379,26 @@ def test_a_rank_slow_alone_once_only_is_not_named(monkeypatch):
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
     """NCCL sends to distance d and receives from n-d on the same channels when d = n/2 (one
     node, src/include/channel.h ncclP2pChannelBaseForRound: base = round = distance)."""
-    from ncclbench.api.preflight import Preflight
+    from functools import partial
+
+    from ncclbench.api.preflight_verdict import pair_kind
 
     def stub(n):
-        p = Preflight.__new__(Preflight)
-        p.host = {r: "a" for r in range(n)}
-        p.topo = {"a": {"codes": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)]}}
-        p.facts = [{"device": r} for r in range(n)]
-        return p
+        host = {r: "a" for r in range(n)}
+        topo = {"a": {"codes": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)]}}
+        return partial(pair_kind, host, topo, [{"device": r} for r in range(n)])
 
     four = stub(4)
-    shared = {(a, b) for a in range(4) for b in range(a + 1, 4) if four.pair_kind(a, b)[2]}
+    shared = {(a, b) for a in range(4) for b in range(a + 1, 4) if four(a, b)[2]}
     assert shared == {(0, 2), (1, 3)}
-    assert four.pair_kind(0, 1) == four.pair_kind(2, 3) == (True, "NV18", False)
+    assert four(0, 1) == four(2, 3) == (True, "NV18", False)
     eight = stub(8)
-    assert eight.pair_kind(0, 4)[2] and eight.pair_kind(3, 7)[2] and not eight.pair_kind(0, 2)[2]
-    assert not any(stub(3).pair_kind(a, b)[2] for a, b in ((0, 1), (0, 2), (1, 2)))
+    assert eight(0, 4)[2] and eight(3, 7)[2] and not eight(0, 2)[2]
+    assert not any(stub(3)(a, b)[2] for a, b in ((0, 1), (0, 2), (1, 2)))
 
 
 def test_the_one_group_note_says_pairs_only_where_they_are_swept():
-    from ncclbench.api.preflight import one_group_note
+    from ncclbench.api.within import one_group_note
 
     assert "alone and in pairs" in one_group_note("world", 4)
     assert "alone only" in one_group_note("world", 2) and "alone only" in one_group_note("world", 32)

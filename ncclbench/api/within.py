@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 
+from ncclbench.api.preflight_verdict import group_name
+from ncclbench.engine.collectives import ALL_GATHER
+
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
-SOLO_COLLECTIVE = "all_gather"
+SOLO_COLLECTIVE = ALL_GATHER
 
 
 def solo_times(pf, nbytes: int, iters: int) -> dict:
@@ -34,7 +37,7 @@ def solo_times(pf, nbytes: int, iters: int) -> dict:
         group = pf.solo_group = dist.new_group([me], use_local_synchronization=True)
     options = dict(iters=iters, warmup_iters=2, check=0, per_iter_timing=1, datatype=pf.setup["datatype"],
                    timeout=pf.timeout_s)
-    rows = _measure(SOLO_COLLECTIVE, str(nbytes), group, options, label=f"rank {me} alone", parent=pf.world,
+    rows = _measure(SOLO_COLLECTIVE.name, str(nbytes), group, options, label=f"rank {me} alone", parent=pf.world,
                     exit_on_timeout=pf.exit_on_timeout)
     cell = rows[0].out_of_place if rows.has_rows and len(rows) else None
     mine = None
@@ -61,7 +64,7 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     for r in sorted(set(flagged) & set(again)):
         others = sorted(t for q, t in second.items() if q != r)
         median = others[len(others) // 2]
-        out[r] = (f"alone (its own {SOLO_COLLECTIVE}, {nbytes} B, no partner) takes {1e6 * second[r]:.4g} us per op "
+        out[r] = (f"alone (its own {SOLO_COLLECTIVE.name}, {nbytes} B, no partner) takes {1e6 * second[r]:.4g} us per op "
                   f"against {1e6 * median:.4g} us on the other ranks ({100 * again[r]:.0f}% slower in rate), each time")
     return out
 
@@ -88,7 +91,18 @@ def judge_inside_pairs(pf, nbytes: int) -> tuple[dict, dict]:
             pf.notes.append(f"{dim}: pair(s) {', '.join(f'{a}-{b}' for a, b in unjudged)} not judged: fewer than three "
                             "pairs of their kind (host, link type, NCCL channel sharing) in their group to compare with")
         for r, line in found.items():
-            bad.setdefault(r, f"in {pf._name(dim, next(g for g in groups if r in g))}: {line}")
+            bad.setdefault(r, f"in {group_name(pf.instances, dim, next(g for g in groups if r in g))}: {line}")
         for pair, line in slow_links.items():
-            links.setdefault(pair, f"in {pf._name(dim, next(g for g in groups if pair[0] in g))}: {line}")
+            where = group_name(pf.instances, dim, next(g for g in groups if pair[0] in g))
+            links.setdefault(pair, f"in {where}: {line}")
     return bad, links
+
+
+def one_group_note(dim: str, size: int) -> str:
+    """The note on a dimension of one group: how its ranks are judged (pairs are swept only
+    inside groups of PAIR_SWEEP_RANKS)."""
+    low, high = PAIR_SWEEP_RANKS
+    how = ("alone and in pairs inside it" if low <= size <= high else
+           f"alone only (pairs are swept inside groups of {low} to {high} ranks; a slow link here is not found)")
+    return (f"{dim}: one group, no peer group to compare it with: its ranks are judged {how}; the group as a whole "
+            "only against a floor (--min-peak-busbw)")

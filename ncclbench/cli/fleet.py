@@ -19,7 +19,7 @@ NODE_BYTES = {"nccl": 64 << 20, "gloo": 256 << 10}
 
 def build_plan(o: dict, backend: str):
     from ncclbench.api.fleet import FleetPlan
-    from ncclbench.api.preflight import parse_band
+    from ncclbench.api.preflight_inputs import parse_band
     from ncclbench.results.output import check_writable
 
     text = o["size"] or DEFAULT_BYTES[backend]

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from ncclbench.api.preflight import PREFLIGHT_COLLECTIVES, Preflight, make_groups
+from ncclbench.api.preflight import Preflight
+from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, make_groups
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 

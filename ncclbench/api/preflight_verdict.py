@@ -1,0 +1,81 @@
+"""Preflight's localisation rules on gathered numbers: which groups are slow, which rank of a
+mesh explains them, which pairs are compared with which. Pure functions of what every rank
+gathered (the rules of one measurement are in ncclbench.api.verdict), so every rank reaches
+the same verdict and the rules can be unit-tested without processes."""
+
+from __future__ import annotations
+
+
+def group_name(instances: dict, dim: str, ranks: tuple) -> str:
+    """A group as the report names it: its dimension, its index there, its ranks."""
+    index = instances[dim].index(ranks) if ranks in instances.get(dim, []) else 0
+    return f"{dim}[{index}] (ranks {ranks_text(ranks)})"
+
+
+def ranks_text(ranks) -> str:
+    return ",".join(str(r) for r in ranks)
+
+
+def pair_kind(host: dict, topo: dict, facts: list, a: int, b: int) -> tuple:
+    """What a pair is compared with: pairs on one host or across hosts, of the same GPU
+    link type where the host's topology says (NVLink and PCIe pairs differ), and alike
+    in how NCCL spreads the exchange over its channels. NCCL places point-to-point
+    traffic by the distance between the two ranks in the communicator; at half the
+    communicator's size, sending and receiving share the same channels: on 4 H200s on
+    one NVSwitch ranks 0-2 and 1-3 exchanged at 157 GB/s per direction against 238 for
+    the other pairs, every time."""
+    n = len(host)
+    shared_channels = 2 * ((b - a) % n) == n
+    same = host[a] == host[b]
+    codes = (topo.get(host[a]) or {}).get("codes") if same else None
+    da, db = facts[a]["device"], facts[b]["device"]
+    link = codes[da][db] if codes and da is not None and db is not None and max(da, db) < len(codes) else None
+    return same, link, shared_channels
+
+
+def both(first, second):
+    """The findings flagged in both measurements (the second run's evidence)."""
+    from ncclbench.api.verdict import DimFindings
+
+    return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups})
+
+
+def slow_groups(rel: dict, absolute: dict, instances: dict, floor) -> tuple[dict, list[str]]:
+    """({(dim, group): [evidence]}, notes): slower than their peers, or below the floor
+    (unless every group of the dimension is: that is the fabric or a setting, not a host)."""
+    slow: dict = {}
+    notes = []
+    for d, found in rel.items():
+        for g, hits in found.groups.items():
+            # the largest size's evidence: where busbw means the most
+            (coll, size, placement), busbw, frac = max(hits, key=lambda h: (h[0][1], h[2]))
+            slow.setdefault((d, g), []).append(
+                f"{coll} {size} B {placement}: {busbw:.3g} GB/s, {100 * frac:.0f}% below the other {d} groups")
+    for d, failing in absolute.items():
+        everyone = len(failing) == len(instances[d]) and len(instances[d]) > 1
+        for g, lines in failing.items():
+            slow.setdefault((d, g), []).extend(lines)
+        if everyone:
+            notes.append(f"every {d} group is below the floor {floor.describe()}: "
+                         "a setting or the fabric, not one host")
+    return slow, notes
+
+
+def mesh_culprit(slow: dict, bad: dict, fine: set, host: dict, instances: dict) -> dict:
+    """{rank: evidence} for the one rank that is in a slow group of every dimension with
+    slow groups (two or more): a slow node slows each group it is in, its peers are slow
+    in one dimension only. Used when the pair rounds neither accused nor cleared it (on
+    a noisy host they may not settle either way)."""
+    dims = sorted({d for d, _ in slow})
+    if len(dims) < 2:
+        return {}
+    common = set(host)
+    for d in dims:
+        common &= {r for (dd, g) in slow if dd == d for r in g}
+    if len(common) != 1 or bad:
+        return {}
+    r = next(iter(common))
+    if r in fine:
+        return {}
+    groups = ", ".join(group_name(instances, d, g) for (d, g) in slow if r in g)
+    return {r: f"is the only rank in a slow group of every dimension ({groups}); the pair rounds did not settle it"}
