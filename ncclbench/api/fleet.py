@@ -13,7 +13,10 @@ one read of each result by rank 0 (docs/fleet.md has the cost model).
 Phases: (1) the inventory (ranks and GPU model per node) and each node's ranks alone
 (all_reduce, all_gather on a group of the node's ranks); (2) node pairs rail by rail, screening
 rounds then localisation rounds (ncclbench.engine.fleet_schedule, ncclbench.api.fleet_verdict);
-(3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code."""
+(3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code.
+
+Here: what every rank shares (the plan, the store keys, the layout, the Worker that does the
+tasks); ncclbench.api.fleet_run starts a rank and runs rank 0's rounds on top of it."""
 
 from __future__ import annotations
 
@@ -137,31 +140,6 @@ def build_layout(facts: dict) -> Layout:
         for r in ranks:
             out.node_of[r] = node
     return out
-
-
-def run_fleet_rank(plan: FleetPlan, info) -> int:
-    """One rank's whole run; its exit code (the same on every rank that lives to the end)."""
-    import torch.distributed as dist
-
-    from ncclbench.launch import launcher as launch
-
-    launch.prepare_environ(info)
-    facts = my_facts(plan, info)
-    dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=plan.timeout_s + 30))
-    from ncclbench.engine.watchdog import default_store
-
-    ctl = Control(default_store(), info.rank, info.world_size, 3 * plan.timeout_s + 120)
-    started = time.monotonic()
-    ctl.post("facts", facts)
-    if info.rank == 0:
-        from ncclbench.api.fleet_run import Coordinator
-
-        code = Coordinator(plan, ctl, started).run()
-    else:
-        code = Worker(plan, ctl, facts).run()
-    sys.stdout.flush()
-    return code
 
 
 class Worker:

@@ -1,13 +1,39 @@
-"""Rank 0's side of `ncclbench fleet`: the rounds, who measures what in each, and the
-judgement between them (ncclbench.api.fleet_verdict). It is also a rank like the others: it
-does its own task of each round before it collects everyone's."""
+"""A rank's whole run of `ncclbench fleet` (run_fleet_rank), and rank 0's side of it: the
+rounds, who measures what in each, and the judgement between them
+(ncclbench.api.fleet_verdict). Rank 0 is also a rank like the others: it does its own task
+of each round before it collects everyone's."""
 
 from __future__ import annotations
 
+import sys
 import time
+from datetime import timedelta
 
-from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, say
+from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say
 from ncclbench.api.fleet_verdict import Localiser, PairTest, judge_alone, judge_inventory, localisation_round
+
+
+def run_fleet_rank(plan: FleetPlan, info) -> int:
+    """One rank's whole run; its exit code (the same on every rank that lives to the end)."""
+    import torch.distributed as dist
+
+    from ncclbench.launch import launcher as launch
+
+    launch.prepare_environ(info)
+    facts = my_facts(plan, info)
+    dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
+                            timeout=timedelta(seconds=plan.timeout_s + 30))
+    from ncclbench.engine.watchdog import default_store
+
+    ctl = Control(default_store(), info.rank, info.world_size, 3 * plan.timeout_s + 120)
+    started = time.monotonic()
+    ctl.post("facts", facts)
+    if info.rank == 0:
+        code = Coordinator(plan, ctl, started).run()
+    else:
+        code = Worker(plan, ctl, facts).run()
+    sys.stdout.flush()
+    return code
 
 
 class Coordinator:
@@ -68,7 +94,7 @@ class Coordinator:
 
     def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
         """({node: slow reason}, {node: {collective: busbw}}, {node: error}) of each node's ranks alone."""
-        from ncclbench.engine.collectives import lookup
+        from ncclbench.engine.fleet_exchange import NODE_COLLECTIVES
 
         lay = self.layout
         judged = [n for n, ranks in enumerate(lay.ranks) if n not in inventory and len(ranks) >= 2]
@@ -83,10 +109,10 @@ class Coordinator:
                 errors[n] = f"node-local collectives failed: {failed[0]}"
                 continue
             busbw[n] = {}
-            for coll in ("all_reduce", "all_gather"):
-                seconds = max(x["node"][coll] for x in mine)
+            for coll in NODE_COLLECTIVES:
+                seconds = max(x["node"][coll.name] for x in mine)
                 algbw = self.plan.node_bytes / seconds / 1e9 if seconds > 0 else 0.0
-                busbw[n][coll] = algbw * lookup(coll).bus_factor(len(lay.ranks[n]))
+                busbw[n][coll.name] = algbw * coll.bus_factor(len(lay.ranks[n]))
         return judge_alone(busbw, self.plan.band), busbw, errors
 
     def pairs(self, active: list[int]) -> tuple[Localiser, str]:

@@ -13,7 +13,7 @@ import os
 import click
 
 from ncclbench.api.params import FiniteFloat, GPU_COUNT, SIZE
-from ncclbench.engine.collectives import lookup
+from ncclbench.engine.collectives import ALLTOALLV, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import PlanError
 from ncclbench.sizes import parse_size
@@ -175,7 +175,7 @@ def alltoallv_traffic(coll_name: str, o: dict):
 
     keys = ("a2av_spread", "a2av_matrix", "a2av_scale", "a2av_summary")
     spread, matrix, scale, summary = (o.get(k) for k in keys)
-    if lookup(coll_name).name != "alltoallv":
+    if lookup(coll_name) is not ALLTOALLV:
         given = [k for k in keys if o.get(k) is not None]
         if given:
             raise _fail(f"--{given[0].replace('a2av_', 'alltoallv-')} applies to alltoallv only")

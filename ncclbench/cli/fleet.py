@@ -55,7 +55,7 @@ def run_fleet(o: dict) -> int:
         if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                             f"{info.local_world_size} ranks on this node); drop -g")
-        from ncclbench.api.fleet import run_fleet_rank
+        from ncclbench.api.fleet_run import run_fleet_rank
 
         return run_fleet_rank(plan, info)
     ngpus = 1 if o["ngpus"] is None else o["ngpus"]

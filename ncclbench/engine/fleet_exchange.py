@@ -16,7 +16,10 @@ import statistics
 import time
 from datetime import timedelta
 
+from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
 from ncclbench.engine.pairs import pattern_byte
+
+NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these
 
 
 class DeadlinePassed(Exception):
@@ -145,8 +148,8 @@ def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: 
     chunk = data[: count // n].clone()
     gathered = torch.empty(count, device=backend.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    ops = {"all_reduce": lambda _i: dist.all_reduce(data, op=dist.ReduceOp.MAX, group=group),
-           "all_gather": lambda _i: gather(gathered, chunk, group=group)}
+    ops = {ALL_REDUCE.name: lambda _i: dist.all_reduce(data, op=dist.ReduceOp.MAX, group=group),
+           ALL_GATHER.name: lambda _i: gather(gathered, chunk, group=group)}
     out = {}
     for name, op in ops.items():
         timing = measure(backend, op, TimingSettings(iters=iters, per_iter=True))
