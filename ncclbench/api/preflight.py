@@ -77,8 +77,8 @@ class Preflight:
             self.world.before_exit = lambda message: self._timed_out(message).to_json(self.json_path)
         self._clock = time.monotonic()
         try:
-            self.setup = self.world.agree(partial(check_inputs, self.args, self.world.dist), "preflight: checking the inputs",
-                                          self.timeout_s)
+            check = partial(check_inputs, self.args, self.world.dist)
+            self.setup = self.world.agree(check, "preflight: checking the inputs", self.timeout_s)
             self.timeout_s = self.setup["timeout"]
             self._gather_facts()
             self._phase("set-up")
