@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ncclbench.errors import ExitCode
-from ncclbench.tune import run
+from ncclbench.tune import launches, run
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination
 
 
@@ -17,7 +17,7 @@ def _setup(tmp_path):
 
 
 def _items(setup):
-    return run.work_items(setup, lambda c: [DEFAULT, *setup.plans[c].combos], 2, csv=False)
+    return launches.work_items(setup, lambda c: [DEFAULT, *setup.plans[c].combos], 2, csv=False)
 
 
 def _fake_launches(monkeypatch, script):
@@ -38,7 +38,7 @@ def _fake_launches(monkeypatch, script):
                                         "status": status, "errors": [status], "comm_ready": True}) + "\n")
         return code
 
-    monkeypatch.setattr(run, "spawn", spawn)
+    monkeypatch.setattr(launches, "spawn", spawn)
     return calls
 
 
@@ -48,7 +48,7 @@ def test_a_launch_that_dies_inside_an_item_is_started_again_for_the_rest(tmp_pat
     calls = _fake_launches(monkeypatch, [
         ([("done", "ok"), ("done", "ok"), ("started", None)], ExitCode.NCCL_ERROR),
         ([("done", "ok")] * 3, ExitCode.OK)])
-    results, worlds, code = run.run_phase(setup, "raw", items, {})
+    results, worlds, code = launches.run_phase(setup, "raw", items, {})
     assert calls == [[0, 1, 2, 3, 4, 5], [3, 4, 5]]
     assert [results[i].status for i in range(6)] == ["ok", "ok", "crashed", "ok", "ok", "ok"]
     assert results[2].pid == 101 and worlds == {101: True, 102: True} and code == ExitCode.OK
@@ -60,7 +60,7 @@ def test_peers_of_a_dead_rank_finish_its_item_with_an_error_and_start_the_next(t
     calls = _fake_launches(monkeypatch, [
         ([("done", "ok"), ("done", "error"), ("started", None)], ExitCode.NCCL_ERROR),
         ([("done", "ok")] * 4, ExitCode.OK)])
-    results, _, _ = run.run_phase(setup, "raw", _items(setup), {})
+    results, _, _ = launches.run_phase(setup, "raw", _items(setup), {})
     assert calls[1] == [2, 3, 4, 5]
     assert results[1].status == "crashed" and "a rank died" in results[1].errors[-1]
     assert results[2].status == "ok"
@@ -72,7 +72,7 @@ def test_an_item_that_kills_its_launch_twice_is_the_crash(tmp_path, monkeypatch)
         ([("done", "error"), ("started", None)], ExitCode.NCCL_ERROR),
         ([("started", None)], ExitCode.TIMEOUT),
         ([("done", "ok")] * 4, ExitCode.OK)])
-    results, _, _ = run.run_phase(setup, "raw", _items(setup), {})
+    results, _, _ = launches.run_phase(setup, "raw", _items(setup), {})
     assert calls == [[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [2, 3, 4, 5]]
     assert results[0].status == "crashed" and results[1].status == "timeout"
 
@@ -80,7 +80,7 @@ def test_an_item_that_kills_its_launch_twice_is_the_crash(tmp_path, monkeypatch)
 def test_a_launch_that_starts_nothing_ends_the_phase(tmp_path, monkeypatch):
     setup = _setup(tmp_path)
     calls = _fake_launches(monkeypatch, [([], ExitCode.NCCL_ERROR)])
-    results, _, code = run.run_phase(setup, "raw", _items(setup), {})
+    results, _, code = launches.run_phase(setup, "raw", _items(setup), {})
     assert len(calls) == 1 and code == ExitCode.NCCL_ERROR
     assert {r.status for r in results.values()} == {"not run"}
 
@@ -92,7 +92,7 @@ def test_an_interrupted_item_is_the_users_interrupt_only_when_the_launch_says_so
     setup = _setup(tmp_path)
     calls = _fake_launches(monkeypatch, [([("done", "ok"), ("done", "interrupted")], code),
                                          ([("done", "ok")] * 4, ExitCode.OK)])
-    results, _, _ = run.run_phase(setup, "raw", _items(setup), {})
+    results, _, _ = launches.run_phase(setup, "raw", _items(setup), {})
     assert results[1].status == expected
     if expected == "interrupted":
         assert len(calls) == 1 and {results[i].status for i in range(2, 6)} == {"not run"}

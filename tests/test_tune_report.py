@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from ncclbench.tune import report, run
+from ncclbench.tune import launches, report, run
 from ncclbench.tune.analysis import ItemResult
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination
 
@@ -40,7 +40,7 @@ def _setup(tmp_path):
 
 
 def _probe(setup, tmp_path):
-    items = run.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 1, csv=False)
+    items = launches.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 1, csv=False)
     pre = "gpu-host:4242:4242 [0] NCCL INFO "
     lines = ["NCCL version 2.28.9+cuda13.0", pre + "24 coll channels, 24 collnet channels", pre + "comm 0x1 - Init COMPLETE"]
     for it in items:
@@ -57,7 +57,7 @@ def _probe(setup, tmp_path):
 
 
 def _measured(setup, tmp_path):
-    items = run.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 3, csv=True)
+    items = launches.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 3, csv=True)
     (tmp_path / "raw").mkdir()
     for it in items:
         label = Combination.from_dict(it["combo"]).label

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ncclbench.errors import ExitCode
-from ncclbench.tune import run, verify
+from ncclbench.tune import verify
 from ncclbench.tune.files import parse_config_line, read_config
 from ncclbench.tune.ranges import Series, judge_deploy
 from test_tune_report import BUSBW, _raw, _setup
@@ -104,7 +104,7 @@ def _fake_launches(monkeypatch, tmp_path, plugin_busbw):
             (tmp_path / "verify" / "probe" / f"nccl.gpu-host.{pid}.log").write_text("\n".join(lines) + "\n")
         return ExitCode.OK
 
-    monkeypatch.setattr(run, "spawn", spawn)
+    monkeypatch.setattr("ncclbench.tune.launches.spawn", spawn)
     return launches
 
 

@@ -11,29 +11,24 @@ launch of its own: the debug log that shows its choices (the probe: NCCL_DEBUG=I
 a line per call, which costs host time, so the measured launch runs without it) and, in
 --verify, a tuner plugin (NCCL loads it once per process).
 
-Launches: the probe (one untimed call per size and combination, NCCL's choices logged;
-combinations NCCL refuses are found here and not measured again), then the measurement
-(every repeat of every combination, repeats interleaved so drift hits all alike). A
-launch that dies (a crash, a -T timeout) is started again for the items it had not run;
-the item it was running is reported as crashed."""
+Launches (launches.py): the probe (one untimed call per size and combination, NCCL's choices
+logged; combinations NCCL refuses are found here and not measured again), then the
+measurement (every repeat of every combination, repeats interleaved so drift hits all alike)."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from dataclasses import dataclass, field
 
 from ncclbench.errors import ExitCode, PlanError
-from ncclbench.tune.analysis import ItemResult
+from ncclbench.tune.launches import PROBE_OVERRIDES, probe_env, run_phase, work_items
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
 from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 # options of the collective commands tune passes on (the rest keep their defaults)
 RUN_OPTIONS = ("minbytes", "maxbytes", "stepbytes", "stepfactor", "op", "datatype", "iters", "warmup_iters",
                "check", "timeout", "average")
-PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0}
-PROBE_SUBSYS = "INIT,ENV,TUNING"
 CONFLICTING_ENV = {
     "NCCL_ALGO": "tune sets NCCL_ALGO for each combination and measures NCCL's default with it unset",
     "NCCL_PROTO": "tune sets NCCL_PROTO for each combination and measures NCCL's default with it unset",
@@ -225,119 +220,6 @@ def prepare_output(folder: str | None) -> str:
         raise _fail(f"cannot create output folder {folder}: {exc.strerror}") from None
     probe_directory(folder, f"cannot write to output folder {folder}")
     return folder
-
-
-# ---- launches ---------------------------------------------------------------------------------
-def work_items(setup: Setup, combos_for, rounds: int, csv: bool, first: int = 1) -> list[dict]:
-    """Items in run order: repeat after repeat (numbered from `first`), each over every
-    collective and combination."""
-    items = []
-    for r in range(first, first + rounds):
-        for coll in setup.request.collectives:
-            for combo in combos_for(coll):
-                base = f"{coll}.{combo.file_key}"
-                items.append({"index": len(items), "collective": coll, "combo": combo.to_dict(), "round": r,
-                              "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None})
-    return items
-
-
-def run_phase(setup: Setup, phase: str, items: list[dict], env: dict, overrides=None, outputs=True):
-    """Run `items` in as few launches as crashes allow: {index: ItemResult}, plus
-    {pid: world communicator made} and the last launch's exit code."""
-    folder = os.path.join(setup.output_dir, phase)
-    control = os.path.join(setup.output_dir, "launches")  # out of the results' folders, which hold only results
-    os.makedirs(folder, exist_ok=True)
-    os.makedirs(control, exist_ok=True)
-    status_path = os.path.join(control, phase.replace("/", "-") + ".status.jsonl")
-    options = {coll: dict(setup.request.options, **(overrides or {})) for coll in setup.request.collectives}
-    for item in items:
-        if item.get("csv"):
-            item["csv"] = os.path.join(folder, os.path.basename(item["csv"]))
-    results: dict[int, ItemResult] = {}
-    worlds: dict[int, bool] = {}
-    pending, code, requeued = list(items), ExitCode.OK, set()
-    while pending:
-        work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
-                "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path}
-        work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
-        with open(work_path, "w", encoding="utf-8") as f:
-            json.dump(work, f, indent=1)
-        code = spawn(setup, ["tune", "--worker", work_path], env)
-        done_before = set(results)
-        started = read_status(status_path, results, worlds, code)
-        finished = [it["index"] for it in pending if it["index"] in results and it["index"] not in done_before]
-        pending = settle(pending, started, results, code, finished, requeued)
-    return results, worlds, code
-
-
-def read_status(path: str, results: dict, worlds: dict, code: int) -> dict[int, dict]:
-    """Fold rank 0's status lines into `results`; returns the started items' records."""
-    started = {}
-    if not os.path.exists(path):
-        return started
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a crash
-            if e.get("event") == "launch":
-                worlds[e["pid"]] = bool(e.get("world_comm"))
-            elif e.get("event") == "started":
-                started[e["index"]] = e
-            elif e.get("event") == "done" and e["index"] not in results:
-                status = e["status"]
-                if status == "interrupted" and code not in (ExitCode.INTERRUPTED, ExitCode.OK):
-                    # the launcher tore the ranks down because one died: not the user's interrupt
-                    status = "crashed"
-                    e["errors"] = [f"a rank died (the launch ended with exit code {code})"]
-                results[e["index"]] = ItemResult(status, e.get("errors", []), bool(e.get("comm_ready")), e.get("pid"))
-    return started
-
-
-def settle(pending, started, results, code, finished, requeued) -> list[dict]:
-    """Items still to run after a launch, and what the launch did to the others.
-    `finished`: items this launch ended, in order; `requeued`: items already run again once."""
-    remaining = [it for it in pending if it["index"] not in results]
-    if not remaining:
-        return []
-    if code == ExitCode.INTERRUPTED:
-        for it in remaining:
-            results[it["index"]] = ItemResult("not run", ["interrupted"])
-        return []
-    running = [it for it in remaining if it["index"] in started]
-    if running:
-        it = running[0]
-        last = results.get(finished[-1]) if finished else None
-        if last is not None and last.status == "error" and it["index"] not in requeued:
-            # A rank died in the item before (its peers saw their calls fail and went on,
-            # until the launcher tore them down in this one): that one is the crash.
-            last.status = "crashed"
-            last.errors.append(f"then the launch ended (exit code {code}): a rank died in it")
-            requeued.add(it["index"])
-            return remaining
-        what = "timeout" if code == ExitCode.TIMEOUT else "crashed"
-        results[it["index"]] = ItemResult(what, [f"the ranks ended (exit code {code}) while it ran"],
-                                          False, started[it["index"]].get("pid"))
-        return [x for x in remaining if x is not it]
-    if len(remaining) < len(pending):
-        return remaining  # progress was made, then the launch ended between items: go on
-    for it in remaining:
-        results[it["index"]] = ItemResult("not run", [f"the launch ended (exit code {code}) before it started"])
-    return []
-
-
-def spawn(setup: Setup, argv: list[str], env: dict) -> int:
-    """One launch of `-g` ranks with `env` added (None removes a variable) for it only."""
-    from ncclbench.launch import launcher as launch
-
-    with launch.environ_changed(env):
-        return launch.spawn_local(setup.nranks, argv + ["--backend", setup.backend])
-
-
-def probe_env(folder: str) -> dict:
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": PROBE_SUBSYS,
-            "NCCL_DEBUG_FILE": os.path.join(folder, "nccl.%h.%p.log")}
 
 
 # ---- the whole run ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.tune import analysis
+from ncclbench.tune.launches import PROBE_OVERRIDES, probe_env, run_phase, work_items
 from ncclbench.tune.plan import COLLECTIVES, DEFAULT
 
 INTERFACES = (6, 5, 4, 3, 2)
@@ -108,8 +109,6 @@ def verify_phases(repeat: int, env: dict, probe_overrides: dict):
 
 
 def run_verify(setup) -> int:
-    from ncclbench.tune.run import PROBE_OVERRIDES, probe_env, run_phase, work_items
-
     req = setup.request
     (rows, mine), plugin = setup.verify_rows, setup.plugin
     env = {"NCCL_TUNER_PLUGIN": plugin.path, "NCCL_TUNER_CONFIG_FILE": os.path.abspath(req.verify)}
