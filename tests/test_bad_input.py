@@ -170,9 +170,9 @@ def test_a_suite_entry_asking_for_another_stream_than_its_launch_is_refused(caps
     stream_null than the launch's first entry is refused before anything starts (it used to
     run on the first entry's stream, silently). One GPU stands in for the count, so that the
     refusal is the stream's on a machine without one too."""
-    from ncclbench.cli import main as cli
+    from ncclbench.api import command
 
-    monkeypatch.setattr(cli, "local_rank_count", lambda requested, backend: 1)
+    monkeypatch.setattr(command, "local_rank_count", lambda requested, backend: 1)
     path = tmp_path / "streams.yaml"
     path.write_text("runs:\n  - allreduce\n  - collective: allgather\n    stream_null: 1\n")
     with pytest.raises(SystemExit) as exc:

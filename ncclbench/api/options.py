@@ -265,6 +265,14 @@ def validate_for_backend(plan, nranks: int | None) -> None:
     plan.check_runnable(len(plan.groups(nranks)[0]) if nranks is not None else None)
 
 
+def checked_plan(coll_name: str, values: dict, backend: str, argv: list[str], nranks: int | None):
+    """A Plan from partial options (a suite entry, tune's run options), every value read as
+    its command-line option would be and the plan refused now if it cannot run."""
+    plan = build_plan(coll_name, options_for(values), backend, argv, nranks)
+    validate_for_backend(plan, nranks)
+    return plan
+
+
 def choose_backend(requested: str | None) -> str:
     from ncclbench.topology.visible import visible_gpu_count
 

@@ -11,76 +11,13 @@ import sys
 import click
 
 from ncclbench import __version__
-from ncclbench.api.params import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT
+from ncclbench.api.params import ALL_GPUS
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.engine.collectives import REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
+from ncclbench.api.command import announce_backend, local_rank_count, output_spec, run_as_rank
 # the option table and its conversion into a Plan, shared with the Python API
-from ncclbench.api.options import (MAX_TIMEOUT_S, _fail, alltoallv_traffic, build_plan, choose_backend,  # noqa: F401
-                                   collective_options, multinode_args, options_for, split_spec_text,
-                                   validate_for_backend)
-
-
-def announce_backend(requested: str | None, chosen: str, rank: int, all_ranks: int | None = None) -> None:
-    """Say once, after validation, that a GPU-less machine falls back to gloo (and with
-    how many ranks `-g all` runs there)."""
-    from ncclbench.launch.failures import say
-
-    if requested is None and chosen == "gloo" and rank == 0 and not os.environ.get("NCCLBENCH_SPAWNED"):
-        ranks = f" with {all_ranks} ranks (-g all)" if all_ranks else ""
-        say(f"no CUDA GPU visible: using the gloo CPU backend{ranks} (timings are host-clock CPU numbers)")
-
-
-def output_spec(plan, o: dict):
-    from ncclbench.results.output import OutputSpec, check_csv_appendable, check_writable, default_results_dir, probe_directory
-
-    for flag, key in (("-J", "output_file"), ("--csv", "csv_path")):
-        if o[key] is not None and not o[key].strip():
-            raise _fail(f"{flag} needs a file name (got an empty one)")
-    if o["output_file"] and o["csv_path"] and os.path.realpath(o["output_file"]) == os.path.realpath(o["csv_path"]):
-        raise _fail(f"-J and --csv name the same file {o['csv_path']}: the JSON rewrites would erase the CSV rows")
-    if o["output_file"]:
-        check_writable(o["output_file"], "JSON file")
-    if o["csv_path"]:
-        check_csv_appendable(o["csv_path"])
-    results_dir = None
-    if not o["no_save"]:
-        results_dir = o["results_dir"] or default_results_dir()
-        try:
-            os.makedirs(results_dir, exist_ok=True)
-        except OSError as exc:
-            raise _fail(f"cannot use result store {results_dir}: {exc.strerror}") from None
-        if not os.access(results_dir, os.W_OK):
-            raise _fail(f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
-        probe_directory(results_dir, f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
-    return OutputSpec(json_path=o["output_file"], csv_path=o["csv_path"], results_dir=results_dir,
-                      timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip,
-                      progress=not o.get("quiet"))
-
-
-def local_rank_count(requested, backend: str) -> int:
-    """The ranks to start on this node for -g `requested` (None: 1; `all`: one per visible
-    GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
-    a GPU backend cannot have that many GPUs."""
-    from ncclbench.launch import launcher as launch
-    from ncclbench.topology import visible as topo_visible
-
-    ngpus = 1 if requested is None else requested
-    if ngpus != ALL_GPUS and ngpus < 1:
-        raise _fail(f"-g must be at least 1 (got {ngpus})")
-    if backend not in ("nccl", "cupy"):
-        if ngpus == ALL_GPUS:
-            return topo_visible.visible_gpu_count() or CPU_RANKS_FOR_ALL
-        return ngpus
-    visible = topo_visible.visible_gpu_count()
-    if visible == 0 and requested in (None, ALL_GPUS):
-        raise PlanError(f"the {backend} backend needs a CUDA GPU and none is visible (--backend gloo runs on the CPU)",
-                        ExitCode.BAD_GPU_COUNT)
-    if ngpus == ALL_GPUS:
-        return visible
-    if ngpus > visible:
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible} visible", ExitCode.BAD_GPU_COUNT)
-    return ngpus
+from ncclbench.api.options import _fail, build_plan, choose_backend, collective_options, multinode_args, validate_for_backend
 
 
 def run_collective(coll_name: str, o: dict) -> int:
@@ -98,7 +35,7 @@ def run_collective(coll_name: str, o: dict) -> int:
         validate_for_backend(plan, info.world_size)
         spec = output_spec(plan, o) if info.rank == 0 else None
         announce_backend(o["backend"], backend, info.rank)
-        return run_as_rank(plan, info, spec)
+        return run_as_rank([plan], info, spec)
     ngpus = local_rank_count(o["ngpus"], backend)
     nranks = ngpus * o.get("nnodes", 1)
     plan = build_plan(coll_name, o, backend, argv, nranks)
@@ -110,32 +47,6 @@ def run_collective(coll_name: str, o: dict) -> int:
     if o["backend"] is None:
         child_argv += ["--backend", backend]
     return launch.spawn_local(ngpus, child_argv, **spawn)
-
-
-def run_as_rank(plan, info, spec) -> int:
-    from dataclasses import replace
-
-    from ncclbench.launch import launcher as launch
-    from ncclbench.results.output import Reporter
-    from ncclbench.engine.runner import leave_launched_rank, run_rank
-
-    launch.prepare_environ(info)
-
-    def make_report(plan, run_info):
-        run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
-        return Reporter(run_info, replace(spec, expected_rows=plan.expected_rows(run_info.nranks)),
-                        peak_line_for=peak_line_for)
-
-    return leave_launched_rank(info, run_rank([plan], info, make_report))
-
-
-def topology_context(plan):
-    """(summary line, NVLink peak GB/s, trailer-line maker) for GPU runs; empty otherwise."""
-    try:
-        from ncclbench.topology.header import header_context
-    except ImportError:
-        return None, None, None
-    return header_context(plan.backend)
 
 
 class CollectiveGroup(click.Group):

@@ -152,8 +152,7 @@ def candidate_plans(request: TuneRequest, ctx: Context, backend: str) -> dict[st
 
     plans = {}
     for coll in request.collectives:
-        plan = plan_options.build_plan(coll, plan_options.options_for(request.options), backend, ["tune"], ctx.nranks)
-        plan_options.validate_for_backend(plan, ctx.nranks)
+        plan_options.checked_plan(coll, request.options, backend, ["tune"], ctx.nranks)
         try:
             plans[coll] = candidates(coll, ctx, request.algos, request.protos, request.channels)
         except ValueError as exc:
