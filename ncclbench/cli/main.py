@@ -15,12 +15,12 @@ from ncclbench.api.params import ALL_GPUS
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.engine.collectives import REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
-from ncclbench.api.command import announce_backend, local_rank_count, output_spec, run_as_rank
 # the option table and its conversion into a Plan, shared with the Python API
-from ncclbench.api.options import _fail, build_plan, choose_backend, collective_options, multinode_args, validate_for_backend
+from ncclbench.api.options import build_plan, choose_backend, collective_options, multinode_args, validate_for_backend
 
 
 def run_collective(coll_name: str, o: dict) -> int:
+    from ncclbench.api.command import announce_backend, local_rank_count, output_spec, run_as_rank
     from ncclbench.launch import launcher as launch
 
     argv = sys.argv[1:]
@@ -30,8 +30,8 @@ def run_collective(coll_name: str, o: dict) -> int:
     if launched:
         plan = build_plan(coll_name, o, backend, argv, info.world_size)
         if o["ngpus"] not in (None, 1, ALL_GPUS, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
-            raise _fail(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
-                        f"{info.local_world_size} ranks on this node); drop -g")
+            raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
+                            f"{info.local_world_size} ranks on this node); drop -g")
         validate_for_backend(plan, info.world_size)
         spec = output_spec(plan, o) if info.rank == 0 else None
         announce_backend(o["backend"], backend, info.rank)
