@@ -51,7 +51,6 @@ def local_rank_count(requested, backend: str) -> int:
     """The ranks to start on this node for -g `requested` (None: 1; `all`: one per visible
     GPU, CPU_RANKS_FOR_ALL on gloo without a GPU); PlanError, exit 5 as in nccl-tests, when
     a GPU backend cannot have that many GPUs."""
-    from ncclbench.launch import launcher as launch
     from ncclbench.topology import visible as topo_visible
 
     ngpus = 1 if requested is None else requested
