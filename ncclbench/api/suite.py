@@ -30,7 +30,7 @@ class SuiteRun:
     index: int
     label: str
     collective: str
-    options: dict               # RUN_KEYS values (raw, validated later by build_plan)
+    options: dict               # RUN_KEYS values (raw, validated later by group_plans)
     env: tuple = field(default=())  # sorted (name, value) pairs
     tune: dict | None = None        # `tune:` settings: run `ncclbench tune` on this entry (ncclbench.tune.suite)
 
