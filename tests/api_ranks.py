@@ -11,6 +11,8 @@ import sys
 import time
 import traceback
 
+from ncclbench import failpoints
+
 
 def sum_check(dist, torch, group=None) -> float:
     """A collective after ncclbench: the group still works and gives the right answer."""
@@ -122,10 +124,12 @@ def scenario_preflight(out, dist, torch, ncclbench, outdir):
     report = ncclbench.preflight(groups, budget_s=3)
     out["healthy"] = {"passed": report.passed, "failures": report.failures, "groups": len(report.groups)}
     out["sum_after_healthy"] = sum_check(dist, torch)
-    os.environ["NCCLBENCH_FAULT"] = "slow:rank=1,us=20000"
+    os.environ[failpoints.ENV] = "slow:rank=1,us=20000"
+    failpoints.reset()  # read once per process: read again
     report = ncclbench.preflight(groups, budget_s=3, collectives=["all_reduce"],  # 20 ms an op: keep it short
                                  json_path=os.path.join(outdir, "report.json"))
-    os.environ.pop("NCCLBENCH_FAULT")
+    os.environ.pop(failpoints.ENV)
+    failpoints.reset()
     out["slow"] = {"passed": report.passed, "failures": report.failures, "bad_ranks": report.bad_ranks,
                    "drain": report.drain, "exit_code": int(report.exit_code),
                    "raised": caught(report.raise_if_failed)}
@@ -181,7 +185,8 @@ def scenario_gpu(out, dist, torch, ncclbench, outdir):
     report = ncclbench.preflight(budget_s=3)
     out["preflight"] = {"passed": report.passed, "failures": report.failures, "groups": report.groups}
     out["sum_after_preflight"] = sum_check(dist, torch)
-    os.environ["NCCLBENCH_FAULT"] = "stall:rank=0,size=4096,seconds=8"
+    os.environ[failpoints.ENV] = "stall:rank=0,size=4096,seconds=8"
+    failpoints.reset()
     start = time.time()
     out["timeout"] = caught(lambda: ncclbench.measure("all_reduce", "1K:16K:x4", iters=2, timeout=2))
     out["timeout_elapsed"] = time.time() - start

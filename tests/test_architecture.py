@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ncclbench"
-SHARED = {"errors", "sizes", "dtypes", "lazy", "startup"}  # vocabulary every layer uses
+SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints"}  # vocabulary every layer uses
 
-# layer -> the layers it may import (besides itself, the shared modules and `testing`)
+# layer -> the layers it may import (besides itself and the shared modules)
 ALLOWED = {
     "entry": {"cli", "launch", "api"},  # ncclbench/__init__.py hands out the API's names
     "cli": {"api", "tune", "engine", "backends", "results", "topology", "launch"},
@@ -22,7 +22,6 @@ ALLOWED = {
     "launch": {"topology"},
     "results": set(),
     "topology": set(),
-    "testing": {"backends"},
     "shared": set(),
 }
 # the one import a leaf makes upwards, and why
@@ -97,7 +96,7 @@ def violations() -> list[str]:
         src = layer_of(source)
         for target, line in imports_of(path):
             dst = layer_of(target)
-            if dst == src or dst == "testing" or (dst == "shared" and src != "shared") or src == "entry" and dst in ALLOWED["entry"]:
+            if dst == src or (dst == "shared" and src != "shared") or src == "entry" and dst in ALLOWED["entry"]:
                 continue
             if dst in ALLOWED[src] or (source, target) in EXCEPTIONS:
                 continue
@@ -179,3 +178,22 @@ def test_functions_stay_short(path):
     long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
     assert long == []
+
+
+FAILPOINT_SETTINGS = ("NCCLBENCH_FAULT", "NCCLBENCH_FAULT_ITEM", "NCCLBENCH_PAIRS_SLOW")
+
+
+def test_only_the_failpoints_module_reads_the_fault_settings():
+    """Production code reaches failpoints by name; what is planted there, and how it is
+    spelled in the environment, is the failpoints module's alone."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = module_name(path)
+        if source == "ncclbench.failpoints":
+            continue
+        text = path.read_text()
+        offenders += [f"{source} names {name}" for name in FAILPOINT_SETTINGS if name in text]
+        offenders += [f"{source} imports {target}" for target, _ in imports_of(path)
+                      if target.startswith("ncclbench.testing")]
+    assert offenders == []
+    assert not list((PACKAGE / "testing").glob("*.py"))  # test hooks no longer ship in the package

@@ -211,15 +211,16 @@ def test_a_peer_death_travels_as_one_line():
 
 
 def test_a_dead_peer_is_found_by_its_process_even_before_it_is_reaped():
+    from ncclbench import procs
     from ncclbench.engine import peers
 
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         deadline = time.monotonic() + 20
-        while peers.alive(dead.pid) and time.monotonic() < deadline:  # a zombie until reaped below
+        while procs.alive(dead.pid) and time.monotonic() < deadline:  # a zombie until reaped below
             time.sleep(0.05)
-        assert not peers.alive(dead.pid) and peers.alive(alive.pid)
+        assert not procs.alive(dead.pid) and procs.alive(alive.pid)
         host = socket.gethostname()
         peers._peers[:] = [(0, host, os.getpid()), (1, host, alive.pid), (2, host, dead.pid), (3, "elsewhere", 1)]
         found = peers.dead_here()
@@ -229,7 +230,7 @@ def test_a_dead_peer_is_found_by_its_process_even_before_it_is_reaped():
         alive.kill()
         alive.wait()
         dead.wait()
-        assert not peers.alive(dead.pid)
+        assert not procs.alive(dead.pid)
 
 
 @pytest.mark.parametrize("posted", [True, False])

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.engine.pairs import (PairsPlan, PairsResult, below_median, pair_busbw, parse_percent,
-                             parse_slow_hook, peer_in_round, slow_pairs, tournament_rounds)
+                                    peer_in_round, slow_pairs, tournament_rounds)
 
 # Small enough that gloo's exchanges cost next to nothing; the launch (torch imports on
 # 2 cores) dominates each end-to-end test at ~10-20 s.
@@ -90,14 +90,6 @@ def test_parse_percent(text, value):
 def test_parse_percent_refuses(text):
     with pytest.raises(PlanError):
         parse_percent(text)
-
-
-def test_parse_slow_hook():
-    assert parse_slow_hook(None) == (frozenset(), 0.0)
-    assert parse_slow_hook("1") == (frozenset({1}), 0.1)
-    assert parse_slow_hook("1,3:0.5") == (frozenset({1, 3}), 0.5)
-    with pytest.raises(PlanError):
-        parse_slow_hook("one")
 
 
 def fake_result(times, fail_below=20.0, wrong=()):

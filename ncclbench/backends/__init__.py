@@ -34,17 +34,18 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
         backend = backend_class(name, launch, timeout_s, stream_null)
         startup.mark("backend_ready")
         return backend
-    from ncclbench.testing import faults
+    from ncclbench.backends.torch_dist import gpu_for_rank
+    from ncclbench.failpoints import failpoint
 
     store = meeting_store(launch, timeout_s)
     run = guard(store)
 
     def device():
-        faults.device_setup(launch)
+        failpoint("backend.device_setup", rank=launch.rank, find_gpu=lambda visible: gpu_for_rank(launch, visible))
         return backend_class.prepare_device(name, launch, stream_null)
 
     def communicator():
-        faults.communicator_setup(launch.rank)
+        failpoint("backend.communicator_setup", rank=launch.rank)
         return backend_class(name, launch, timeout_s, stream_null, device=dev, store=store)
 
     dev = run("device", "setting up the device", device)

@@ -129,7 +129,7 @@ class TorchBackend:
         import torch
         import torch.distributed as dist
 
-        from ncclbench.testing import faults
+        from ncclbench.failpoints import failpoint
 
         self = cls.__new__(cls)
         self.torch, self.dist, self.adopted = torch, dist, True
@@ -147,9 +147,10 @@ class TorchBackend:
             self.device = torch.device("cpu")
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        delay = faults.op_delay(dist.get_rank())
-        if delay:  # test-only: a planted slow node
-            self.bind = faults.slowed(self.bind, delay, self.synchronize)
+        bind = failpoint("backend.bind", self.bind, rank=self.rank, global_rank=dist.get_rank(),
+                         synchronize=self.synchronize)
+        if bind != self.bind:  # a planted slow node
+            self.bind = bind
         return self
 
     def use_groups(self, groups: list[list[int]]) -> None:

@@ -14,7 +14,6 @@ def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream) ->
     """One pass of `rounds` on the default group under `call`'s guard (an api GroupCall) for
     `limit` seconds, the ops on the stream `own_stream(backend, stream_null)` gives; this
     rank's ({peer: seconds per exchange}, [peers whose data arrived wrong])."""
-    from ncclbench.testing import faults
     from ncclbench.backends.torch_dist import TorchBackend
     from ncclbench.engine.pairs import PairsPlan, measure_rounds
     from ncclbench.engine.watchdog import SizeWatchdog
@@ -27,7 +26,7 @@ def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream) ->
     dog.arm(f"{len(rounds)} round(s) of pair exchanges")
     try:
         with call.op_timeout(limit), own_stream(backend, False):
-            times, wrong = measure_rounds(backend, plan, rounds, faults.op_delay(call.global_ranks[call.rank]))
+            times, wrong = measure_rounds(backend, plan, rounds)
     except BenchError:
         call.raise_if_timed_out()
         raise

@@ -13,9 +13,6 @@ exchange, a barrier, `iters` exchanges between two device marks. A pair's time i
 slower of its two ranks' (the exchange is over when both sides are done); its busbw is
 bytes / time. Rank 0 prints the matrix and the pairs furthest below the median;
 --fail-below X% makes the exit code 1 when any pair is more than X% below it.
-
-NCCLBENCH_PAIRS_SLOW=R[,R...][:SECONDS] (tests only) makes those ranks sleep SECONDS
-(default 0.1) inside every timed exchange, so the slow-pair path runs for real.
 """
 
 from __future__ import annotations
@@ -26,14 +23,11 @@ import os
 import socket
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.sizes import format_size
 
-SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
-DEFAULT_SLOW_SECONDS = 0.1
 SHOWN_SLOWEST = 5  # pairs listed under the matrix when nothing is flagged
 
 
@@ -116,19 +110,6 @@ def parse_percent(text: str) -> float:
     return value
 
 
-def parse_slow_hook(text: str | None) -> tuple[frozenset[int], float]:
-    """NCCLBENCH_PAIRS_SLOW 'R[,R...][:SECONDS]' -> (ranks, seconds); empty when unset."""
-    if not text or not text.strip():
-        return frozenset(), 0.0
-    ranks_text, _, seconds_text = text.strip().partition(":")
-    try:
-        ranks = frozenset(int(r) for r in ranks_text.split(",") if r.strip())
-        seconds = float(seconds_text) if seconds_text else DEFAULT_SLOW_SECONDS
-    except ValueError:
-        raise PlanError(f"{SLOW_ENV}={text!r}: expected RANK[,RANK...][:SECONDS]") from None
-    return ranks, seconds
-
-
 # ---------------------------------------------------------------------------
 # One rank's measurement
 # ---------------------------------------------------------------------------
@@ -152,24 +133,19 @@ class PairsPlan:
 class PairExchange:
     """Both directions between this rank and one peer, on fixed buffers."""
 
-    def __init__(self, backend, peer: int, send, recv, slow_s: float):
+    def __init__(self, backend, peer: int, send, recv):
         import torch.distributed as dist
 
         self.dist = dist
         self.backend = backend
         self.peer = peer
         self.send, self.recv = send, recv
-        self.slow_s = slow_s
 
     def __call__(self, _op_index: int = 0) -> None:
         dist = self.dist
         ops = [dist.P2POp(dist.isend, self.send, self.peer), dist.P2POp(dist.irecv, self.recv, self.peer)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
-        if self.slow_s:
-            # test hook: this rank takes longer than the link needs, inside the timed region
-            self.backend.synchronize()
-            time.sleep(self.slow_s)
 
 
 def pattern_byte(rank: int) -> int:
@@ -178,10 +154,13 @@ def pattern_byte(rank: int) -> int:
     return rank % 251 + 1
 
 
-def measure_rounds(backend, plan: PairsPlan, rounds, slow_s: float) -> tuple[dict[int, float], list[int]]:
+def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], list[int]]:
     """This rank's seconds per exchange with each peer, and the peers whose data arrived
     wrong. Every rank runs measure() once per round, idle or not: it holds a barrier."""
+    import torch.distributed as dist
+
     from ncclbench.engine.timing import TimingSettings, measure
+    from ncclbench.failpoints import failpoint
 
     settings = TimingSettings(iters=plan.iters)
     send = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
@@ -195,7 +174,9 @@ def measure_rounds(backend, plan: PairsPlan, rounds, slow_s: float) -> tuple[dic
             measure(backend, lambda _i: None, settings)  # sit out, but keep the barriers in step
             continue
         recv.zero_()
-        exchange = PairExchange(backend, peer, send, recv, slow_s)
+        # a failpoint here can slow this rank's exchanges (a slow node, inside the timed region)
+        exchange = failpoint("pairs.exchange", PairExchange(backend, peer, send, recv), rank=backend.rank,
+                             global_rank=dist.get_rank(), synchronize=backend.synchronize)
         for _ in range(plan.warmup_iters):
             exchange()
         times[peer] = measure(backend, exchange, settings).device_s
@@ -237,7 +218,6 @@ def run_rank(plan: PairsPlan, info) -> int:
     from ncclbench.backends import create_backend
 
     launch.prepare_environ(info)
-    slow_ranks, slow_s = parse_slow_hook(os.environ.get(SLOW_ENV))
     backend = create_backend(plan.backend, info, plan.timeout_s)
     try:
         agree(backend, plan)
@@ -245,7 +225,7 @@ def run_rank(plan: PairsPlan, info) -> int:
         rounds = tournament_rounds(backend.nranks)
         try:
             first_collective(backend)
-            mine = measure_rounds(backend, plan, rounds, slow_s if backend.rank in slow_ranks else 0.0)
+            mine = measure_rounds(backend, plan, rounds)
         except BenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed exchange ends the run in one line

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
+from ncclbench import procs
 from ncclbench.launch import stop as rank_stop
 from ncclbench.launch.stop import PeerDeath
 
@@ -32,27 +33,9 @@ def find_death() -> PeerDeath | None:
 def dead_here() -> PeerDeath | None:
     host = socket.gethostname()
     for rank, peer_host, pid in _peers:
-        if peer_host == host and not alive(pid):
+        if peer_host == host and not procs.alive(pid):
             return PeerDeath(rank, f"rank {rank} (pid {pid}) on {host} died")
     return None
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, dead but not yet reaped by its launcher, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def _store():

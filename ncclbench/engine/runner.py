@@ -23,8 +23,8 @@ from ncclbench.engine.signals import (_held_interrupt, _held_signals, _interrupt
                                       exit_on_termination_signals, hold_termination_signals, stop_on_termination_signals)
 from ncclbench.engine.hooks import RankHooks  # noqa: F401 - the API subclasses it from here
 from ncclbench.engine import peers
+from ncclbench.failpoints import failpoint
 from ncclbench.launch import stop as rank_stop
-from ncclbench.testing import faults
 
 # Elements per expected-value chunk: computing a chunk's expected values took 65-92 bytes of
 # int64 temporaries per element on the CPU (about 400 MiB here), well inside the 2 GiB that validate()
@@ -47,7 +47,7 @@ class Buffers:
 
     def __init__(self, backend, send_bytes: int, recv_bytes: int, unalign: int = 0):
         try:
-            faults.before_alloc(backend.rank, send_bytes + recv_bytes)
+            failpoint("engine.alloc", rank=backend.rank, nbytes=send_bytes + recv_bytes)
             self.send_raw = backend.alloc_bytes(send_bytes)
             self.recv_raw = backend.alloc_bytes(recv_bytes)
         except (RuntimeError, MemoryError) as exc:  # torch's CPU and CUDA out-of-memory errors
@@ -151,7 +151,7 @@ class RankRunner:
 
         mine = dict(self.plan.fingerprint(), torch=torch.__version__,
                     library=self.backend.library_version()[0])
-        mine.update(faults.plan_tweak(self.backend.rank, mine))
+        mine = failpoint("engine.plan_fingerprint", mine, rank=self.backend.rank)
         everyone = self.backend.all_gather_object(mine)
         reference = everyone[0]
         differ = [r for r, fp in enumerate(everyone) if fp != reference]
@@ -164,7 +164,7 @@ class RankRunner:
         p = self.plan
         p.check_runnable(self.nranks)  # with the group size the backend actually formed
         send, recv = p.buffer_bytes(self.nranks)
-        free = faults.free_memory(self.backend.rank, self.backend.free_memory())
+        free = failpoint("engine.free_memory", self.backend.free_memory(), rank=self.backend.rank)
         if free is not None and send + recv + (2 << 30) > free:
             fit = p.largest_fitting_size(self.nranks, free - (2 << 30))
             hint = f"largest size that fits: -e {fit}" if fit else "not even the smallest size fits"
@@ -238,9 +238,9 @@ class RankRunner:
 
         def one_op():
             run_op(0)
-            # test-only: a wrong element written by the graph itself, after the collective
-            recv = slots[0][1][:layout.recv_span(self.rank)]
-            faults.corrupt_in_graph(self.backend.rank, recv, size)
+            # a failpoint here can plant a wrong element written by the graph itself
+            failpoint("engine.check_in_graph", rank=self.backend.rank, size=size,
+                      view=slots[0][1][:layout.recv_span(self.rank)])
 
         return self.backend.capture(one_op)
 
@@ -262,7 +262,7 @@ class RankRunner:
         if not self.coll.checked_on(self.rank, root):
             return 0
         recv = recv[:layout.recv_span(self.rank)]
-        faults.corrupt_output(self.backend.rank, recv, size)
+        failpoint("engine.check_output", rank=self.backend.rank, size=size, view=recv)
         ctx = CheckContext(pattern, self.rank, self.nranks, root, layout.param_count, layout.counts)
         return count_wrong(recv, self.coll, ctx, dtype, pattern.op, device)
 
@@ -406,7 +406,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
         # the rank at once with it (never with an earlier plan's code).
         exit_on_termination_signals(outcome)
         backend.close()
-        faults.after_outcome(launch.rank)
+        failpoint("engine.after_outcome", rank=launch.rank)
     return outcome
 
 
@@ -440,7 +440,7 @@ def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, 
                 doing[0] = f"{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})"
                 rank_stop.doing(doing[0])
                 watchdog.arm(f"{step}|{doing[0]}")
-                faults.before_size(backend.rank, size)
+                failpoint("engine.before_size", rank=backend.rank, size=size)
                 board.reach(step)  # "arrived": about to enter this size's collectives
                 layout, mine = runner.measure_size(buffers, dtype, op, root, size)
                 everyone = backend.all_gather_object(mine)
@@ -507,7 +507,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         info.notes += notes
         report = make_report(plan, info)
     hooks.open_outcome(finish_early if report is not None else None)
-    faults.after_report(backend.rank)
+    failpoint("engine.after_report", rank=backend.rank)
 
     try:
         try:
@@ -535,7 +535,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
                 hooks.say(message)
             raise hooks.sweep_error(message) from exc
     finally:
-        faults.after_sweep(backend.rank)
+        failpoint("engine.after_sweep", rank=backend.rank)
         watchdog.stop()
         backend.release_graphs()
         backend.deregister_buffers()

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
-from ncclbench.testing import faults
+from ncclbench.failpoints import failpoint
 
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
@@ -80,7 +80,7 @@ def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
     finally:
         if collecting:
             gc.enable()
-    slow = faults.device_time_factor()
+    slow = failpoint("timing.device_time_factor", 1.0)
     if slow != 1.0:
         timing = Timing(timing.device_s * slow, timing.host_s, [v * slow for v in timing.per_iter_s])
     return timing

@@ -12,9 +12,9 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 
+from ncclbench import failpoints
 from ncclbench.errors import CollectiveError, ExitCode, RankFailures, first_line
 from ncclbench.tune.plan import Combination
 
@@ -91,7 +91,7 @@ def settled_item(item, plan, backend, info, work) -> dict:
     """run_item's outcome, or `interrupted`; an item that failed while a peer died is
     `crashed` (the launch cannot go on without that rank)."""
     try:
-        with faults_for(item):
+        with failpoints.within(item=item["name"]):  # a fault planted for one item acts there only
             outcome = run_item(item, plan, backend, info, work)
         if outcome["status"] == "error" and not peers_alive(backend):
             outcome["status"] = "crashed"
@@ -122,25 +122,6 @@ def world_communicator_made(backend) -> bool:
         return False
     default = backend.dist.distributed_c10d._get_default_group()
     return getattr(default, "bound_device_id", None) is not None
-
-
-FAULT_ITEM_ENV = "NCCLBENCH_FAULT_ITEM"  # tests: NCCLBENCH_FAULT applies to the item of this name only
-
-
-@contextmanager
-def faults_for(item):
-    from ncclbench.testing import faults
-
-    wanted = os.environ.get(FAULT_ITEM_ENV)
-    saved = os.environ.get(faults.ENV)
-    if wanted is None or saved is None or wanted == item["name"]:
-        yield
-        return
-    os.environ.pop(faults.ENV)
-    try:
-        yield
-    finally:
-        os.environ[faults.ENV] = saved
 
 
 def say_progress(work, item, n, outcome, seconds) -> None:
