@@ -253,7 +253,7 @@ def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():
 
     from ncclbench.errors import PlanError
     from ncclbench.engine.plan import Plan
-    from ncclbench.engine.runner import RankRunner
+    from ncclbench.engine.rankrunner import RankRunner
 
     class FakeGpuBackend(SimpleNamespace):
         def free_memory(self):

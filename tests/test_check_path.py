@@ -13,7 +13,8 @@ from ncclbench.engine.checkdata import InputPattern, bit_view
 from ncclbench.engine.collectives import REGISTRY
 from ncclbench.dtypes import DTYPES
 from ncclbench.engine.plan import Plan
-from ncclbench.engine.runner import Buffers, RankRunner
+from ncclbench.engine.buffers import Buffers
+from ncclbench.engine.rankrunner import RankRunner
 
 import test_fault_matrix as matrix
 

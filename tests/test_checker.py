@@ -305,7 +305,7 @@ def test_skip_note_names_the_rank_count_when_it_matters():
     from types import SimpleNamespace
 
     from ncclbench.api import options as plan_options
-    from ncclbench.engine.runner import build_run_info
+    from ncclbench.engine.runfacts import build_run_info
 
     backend = SimpleNamespace(library_version=lambda: (22809, "NCCL 2.28.9 via CuPy"), nranks=1, group_size=1,
                               timing_name=lambda: "eager (CUDA events)")

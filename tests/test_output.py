@@ -202,7 +202,7 @@ def test_a_result_file_that_stops_working_mid_run_loses_no_rows(tmp_path, capsys
 
     from ncclbench.results.output import OutputSpec
     from ncclbench.results.records import RunSummary
-    from ncclbench.engine.runner import exit_code_for
+    from ncclbench.engine.outcome import exit_code_for
 
     (tmp_path / "j").mkdir()
     (tmp_path / "c").mkdir()
@@ -247,13 +247,13 @@ def test_a_lost_csv_is_named_in_the_json_and_the_json_keeps_every_row(tmp_path, 
 
 def test_an_output_error_ranks_below_every_measured_failure():
     from ncclbench.errors import ExitCode
-    from ncclbench.engine.runner import _severity
+    from ncclbench.engine.outcome import severity
 
-    assert _severity(ExitCode.OK) < _severity(ExitCode.OUTPUT_ERROR) < _severity(ExitCode.WRONG_RESULTS)
+    assert severity(ExitCode.OK) < severity(ExitCode.OUTPUT_ERROR) < severity(ExitCode.WRONG_RESULTS)
 
 
 def test_ranks_whose_nccl_settings_differ_from_rank_0s_are_named():
-    from ncclbench.engine.runner import environ_note
+    from ncclbench.engine.runfacts import environ_note
 
     same = ("NCCL_ALGO=Ring",)
     assert environ_note([same, same, same]) is None

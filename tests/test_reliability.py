@@ -23,12 +23,12 @@ BASE = ["allreduce", "-g", "2", "--backend", "gloo", "-b", "1K", "-e", "64K", "-
 @pytest.fixture
 def signal_state():
     """In-process tests of the rank's signal handling: pytest's own handlers and the
-    runner's list of noted signals are put back afterwards."""
-    from ncclbench.engine import runner
+    rank's list of noted signals are put back afterwards."""
+    from ncclbench.engine import signals
 
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    yield runner
-    runner._held_signals.clear()
+    yield signals
+    signals._held_signals.clear()
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 
@@ -240,8 +240,8 @@ def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with, si
     launcher's parent-death signal comes once per exiting thread; on Ctrl-C torchrun's agent
     forwards SIGINT to ranks that got it from the terminal already) are only noted: a
     second exception raised while the first unwinds would skip the summary."""
-    runner = signal_state
-    runner.stop_on_termination_signals()
+    signals = signal_state
+    signals.stop_on_termination_signals()
     with pytest.raises(KeyboardInterrupt) as stopped:
         os.kill(os.getpid(), first)
         time.sleep(5)  # the handler runs here at the latest
@@ -249,7 +249,7 @@ def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with, si
     for sig in STOP_SIGNALS:
         os.kill(os.getpid(), sig)
     time.sleep(0.1)
-    assert runner._held_signals == list(STOP_SIGNALS)
+    assert signals._held_signals == list(STOP_SIGNALS)
 
 
 @pytest.mark.parametrize("fault,message", [("terms", "terminated by SIGTERM"), ("ints", "interrupted by the user (Ctrl-C)")])
@@ -332,10 +332,10 @@ def test_an_interrupt_before_a_later_plan_began_ends_the_run_with_130(signal_sta
     ends with 130 and one line, the suite's epilogue still runs, and a signal during the
     teardown exits with 130, never with the first plan's 0."""
     from ncclbench import backends
+    from ncclbench.engine import lifecycle
     from ncclbench.errors import Terminated
     from ncclbench.results.records import RunSummary
 
-    runner = signal_state
     closed, ran = [], []
 
     class Backend:
@@ -360,10 +360,10 @@ def test_an_interrupt_before_a_later_plan_began_ends_the_run_with_130(signal_sta
             return [[0]]
 
     monkeypatch.setattr(backends, "create_backend", lambda *_a, **_k: Backend())
-    monkeypatch.setattr(runner, "run_plan", run_plan)
+    monkeypatch.setattr(lifecycle, "run_plan", run_plan)
     epilogue = []
     launch = types.SimpleNamespace(rank=0, world_size=1)
-    code = runner.run_rank([Plan(), Plan()], launch, None, epilogue=lambda: epilogue.append(1))
+    code = lifecycle.run_rank([Plan(), Plan()], launch, None, epilogue=lambda: epilogue.append(1))
     assert code == 130 and epilogue == [1] and len(ran) == 1
     assert capsys.readouterr().err == "ncclbench: error: terminated by SIGTERM\n"
     leave = closed[0]  # the teardown's handler: exits with the run's code

@@ -266,7 +266,7 @@ def _row(report_cputime: bool, per_rank):
 
     from ncclbench.dtypes import DTYPES
     from ncclbench.engine.plan import Plan
-    from ncclbench.engine.runner import RankRunner
+    from ncclbench.engine.rankrunner import RankRunner
 
     plan = Plan("all_reduce", min_bytes=1 << 20, max_bytes=1 << 20, report_cputime=report_cputime)
     runner = RankRunner(plan, SimpleNamespace(group_rank=0, group_size=2))

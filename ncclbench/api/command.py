@@ -79,7 +79,7 @@ def run_as_rank(plans, info, spec, epilogue=None) -> int:
 
     from ncclbench.launch import launcher as launch
     from ncclbench.results.output import Reporter
-    from ncclbench.engine.runner import leave_launched_rank, run_rank
+    from ncclbench.engine.lifecycle import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
     reporters = []

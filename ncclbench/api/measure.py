@@ -36,7 +36,9 @@ from collections.abc import Sequence
 from ncclbench.errors import (BenchError, CollectiveError, ExitCode, LaunchError, PlanError, PreflightError,
                               TimeoutExpired, error_line, first_line)
 from ncclbench.engine.guard import CAUSE_KEY
-from ncclbench.engine.runner import RankHooks, failed_verdict, run_plan
+from ncclbench.engine.hooks import RankHooks
+from ncclbench.engine.outcome import failed_verdict
+from ncclbench.engine.runner import run_plan
 from ncclbench.engine.watchdog import PROGRESS_KEY, ProgressBoard, SizeWatchdog, default_store, hard_exit
 
 DEFAULT_SIZES = "8M:1G:x4"

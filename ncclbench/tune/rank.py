@@ -56,21 +56,21 @@ def build_plans(work: dict, nranks: int) -> dict:
 def run_worker(work_path: str) -> int:
     """Entry point of a rank started by `ncclbench tune`'s launcher."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.engine import runner
+    from ncclbench.engine import signals
     from ncclbench.backends import create_backend
 
     work = read_work(work_path)
     info = launch.detect()
     launch.prepare_environ(info)
     plans = build_plans(work, info.world_size)
-    runner.stop_on_termination_signals()
+    signals.stop_on_termination_signals()
     backend = create_backend(work["backend"], info, work["timeout"], False)
     status = StatusLog(work["status"] if backend.rank == 0 else None)
     status.write(event="launch", pid=os.getpid(), world_comm=world_communicator_made(backend))
     code = ExitCode.OK
     try:
         for n, item in enumerate(work["items"], 1):
-            runner.stop_on_termination_signals()
+            signals.stop_on_termination_signals()
             status.write(event="started", index=item["index"], pid=os.getpid())
             began = time.monotonic()
             outcome = settled_item(item, plans[item["collective"]], backend, info, work)
@@ -80,9 +80,9 @@ def run_worker(work_path: str) -> int:
             if outcome["status"] in ("interrupted", "crashed"):
                 code = ExitCode.INTERRUPTED if outcome["status"] == "interrupted" else ExitCode.NCCL_ERROR
                 break
-        runner.hold_termination_signals()
+        signals.hold_termination_signals()
     finally:
-        runner.exit_on_termination_signals(code)
+        signals.exit_on_termination_signals(code)
         backend.close()
     return code
 
@@ -136,7 +136,7 @@ def say_progress(work, item, n, outcome, seconds) -> None:
 def _quiet_sweep_hooks():
     """The command line's hooks, except that a failed combination is not said on stderr:
     tune's progress line says how each item ended."""
-    from ncclbench.engine.runner import RankHooks
+    from ncclbench.engine.hooks import RankHooks
 
     class QuietSweep(RankHooks):
         def sweep_failed(self, *args, **kwargs):
