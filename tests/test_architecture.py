@@ -197,3 +197,88 @@ def test_only_the_failpoints_module_reads_the_fault_settings():
                       if target.startswith("ncclbench.testing")]
     assert offenders == []
     assert not list((PACKAGE / "testing").glob("*.py"))  # test hooks no longer ship in the package
+
+
+MAX_MODULE_LINES = 600
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (at any depth of the file: a function-level
+    import ties two modules as firmly as a top-level one). `from pkg import mod` names the
+    submodule; `from pkg.mod import name` names pkg.mod."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        targets = {target for target, _line in imports_of(path)}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute(path, node)
+                targets |= {f"{base}.{a.name}" for a in node.names
+                            if base.startswith("ncclbench") and _is_module(f"{base}.{a.name}")}
+        resolved = set()
+        for target in targets:
+            while target.count(".") > 1 and not _is_module(target):
+                target = target.rsplit(".", 1)[0]
+            resolved.add(target)
+        graph[module_name(path)] = resolved - {module_name(path)}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circles():
+    """Inside a layer, imports still run one way: two modules that import each other (even
+    through a package's __init__ or a function-level import) are one module in two files."""
+    assert import_circles(import_graph()) == []
+
+
+def test_the_circle_check_sees_a_planted_circle():
+    graph = {"ncclbench.a.x": {"ncclbench.a.y"}, "ncclbench.a.y": {"ncclbench.a.z"},
+             "ncclbench.a.z": {"ncclbench.a.x"}, "ncclbench.a.w": {"ncclbench.a.x"}}
+    assert import_circles(graph) == [["ncclbench.a.x", "ncclbench.a.y", "ncclbench.a.z"]]
+    assert import_circles({"m.a": {"m.b"}, "m.b": set()}) == []
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_modules_stay_readable(path):
+    """No module over 600 lines: past that a module holds several concerns; split it along
+    its seams."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{lines} lines"
