@@ -329,3 +329,20 @@ def test_premul_probe_runs():
     proc = _torchrun_one_rank("torch_premul_probe.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len([ln for ln in proc.stdout.splitlines() if "factor" in ln]) == 11, proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# same_output.py: a layout change is a difference, a timing change is not
+# ---------------------------------------------------------------------------
+
+def test_same_output_ignores_numbers_of_timed_runs_only():
+    same = load_script("same_output")
+    row = "        1024           256     float     sum      -1    {}    0.01    0.02       0\n"
+    assert same.collapse(row.format("12.31"), timed=True) == same.collapse(row.format("9.04"), timed=True)
+    assert same.collapse(row.format("12.31"), timed=False) != same.collapse(row.format("9.04"), timed=False)
+    # a word or a column that changes is caught, even in a timed run
+    assert same.collapse(row.format("12.31"), True) != same.collapse(row.format("12.31").replace("sum", "max"), True)
+    assert same.collapse(row.format("1.0"), True) != same.collapse(row.format("1.0") + "N/A\n", True)
+    # result-store names carry the time of day
+    line = "ncclbench: results saved to store/20261126-164030_all_reduce_1r_gloo.json"
+    assert same.collapse(line, False) == same.collapse(line.replace("164030", "171501"), False)
