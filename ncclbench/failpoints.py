@@ -118,12 +118,23 @@ def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
         if kind not in KINDS:
             raise ValueError(f"{ENV}: unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
         fields = dict(field.split("=", 1) for field in rest.split(",") if "=" in field)
-        seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
+        unknown = sorted(set(fields) - FIELDS) + [f for f in rest.split(",") if f.strip() and "=" not in f]
+        if unknown:  # a misspelt rank= would plant the fault on rank 0
+            raise ValueError(f"{ENV}: unknown field(s) {', '.join(unknown)} in {part.strip()!r}; "
+                             f"known: {', '.join(sorted(FIELDS))}")
+        try:
+            rank, size = int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None
+            seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
+            factor = float(fields.get("factor", 1))
+        except ValueError as e:
+            raise ValueError(f"{ENV}: {part.strip()!r}: {e} (sizes in bytes, times as numbers)") from None
         for name, action, rank_key in KINDS[kind]:
-            out.append((name, Plant(kind, action, int(fields.get("rank", 0)) if rank_key else None, rank_key or "rank",
-                                    int(fields["size"]) if "size" in fields else None, seconds,
-                                    float(fields.get("factor", 1)), item)))
+            out.append((name, Plant(kind, action, rank=rank if rank_key else None, rank_key=rank_key or "rank",
+                                    size=size, seconds=seconds, factor=factor, item=item)))
     return out
+
+
+FIELDS = {"rank", "size", "seconds", "us", "factor"}
 
 
 def parse_pairs_slow(text: str | None) -> list[tuple[str, Plant]]:

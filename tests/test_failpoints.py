@@ -143,3 +143,49 @@ def test_every_kind_parses_and_an_unknown_one_is_refused():
     assert failpoints.parse("corrupt_graph")[0][1].rank == 0  # rank 0 unless named
     with pytest.raises(ValueError, match="unknown fault kind 'kil'"):
         failpoints.parse("kil:rank=1")
+
+
+def _reached_names(package) -> set[str]:
+    """Every failpoint name production code reaches: failpoint("name", ...) calls."""
+    import ast
+
+    names = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "failpoint"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+    return names
+
+
+def test_every_planted_name_is_reached_and_documented():
+    """A fault kind planted at a name no code reaches would silently plant nothing (a typo in
+    either place); every name is listed in docs/failpoints.md."""
+    import re
+    from pathlib import Path
+
+    root = Path(failpoints.__file__).resolve().parent
+    planted = {name for entries in failpoints.KINDS.values() for name, _action, _key in entries}
+    planted |= {name for name, _plant in failpoints.parse_pairs_slow("1")}
+    reached = _reached_names(root)
+    assert planted == reached, (planted - reached, reached - planted)
+    documented = set(re.findall(r"^\| `([a-z_]+\.[a-z_]+)`", (root.parent / "docs" / "failpoints.md").read_text(), re.M))
+    assert reached == documented, (reached - documented, documented - reached)
+
+
+def test_the_name_check_sees_a_misspelt_failpoint(tmp_path):
+    (tmp_path / "m.py").write_text('failpoint("engine.check_in_grpah", rank=0)\nx.failpoint("pairs.exchange", v)\n')
+    assert _reached_names(tmp_path) == {"engine.check_in_grpah", "pairs.exchange"}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("kill:rnak=1,size=4096", "unknown field(s) rnak"),
+    ("kill:rank=1,sise=4096", "unknown field(s) sise"),
+    ("kill:rank=1,4096", "unknown field(s) 4096"),
+    ("kill:rank=1,size=4K", "'kill:rank=1,size=4K': invalid literal"),
+    ("stall:rank=one", "invalid literal"),
+])
+def test_a_misspelt_fault_is_refused_naming_the_variable(text, says):
+    with pytest.raises(ValueError) as e:
+        failpoints.parse(text)
+    assert str(e.value).startswith(failpoints.ENV) and says in str(e.value)

@@ -74,6 +74,27 @@ def _shape(member):
     return kind, params
 
 
+# What the CuPy backend takes from the torch backend on purpose: it keeps torch's device,
+# memory, streams, events and process group (the rendezvous, barrier and object exchange),
+# and runs only the collectives through its own NCCL communicator.
+CUPY_FROM_TORCH = {
+    "is_gpu": "the same device set-up", "device_info": "the same device",
+    "alloc_bytes": "torch's caching allocator", "free_memory": "torch's allocator",
+    "memory_usage": "torch's allocator", "synchronize": "torch's stream",
+    "release_graphs": "CUDA graphs through torch", "timing_name": "CUDA events on torch's stream",
+    "barrier": "torch's process group", "all_gather_object": "torch's process group",
+    "register_buffers": "-R is answered with a note before (no CuPy binding): mode 0",
+    "deregister_buffers": "nothing registered",
+}
+
+
+def test_cupy_writes_its_own_collectives_and_inherits_only_what_it_shares():
+    """A protocol member CuPy does not define itself falls back to torch.distributed's: only
+    the named ones may (deleting CupyBackend.all_reduce must fail here)."""
+    inherited = {name for name in PROTOCOL if name not in vars(CupyBackend)}
+    assert inherited == set(CUPY_FROM_TORCH)
+
+
 @pytest.mark.parametrize("cls", [TorchBackend, CupyBackend], ids=lambda c: c.__name__)
 def test_backend_has_every_protocol_method_with_its_signature(cls):
     assert {"prepare_device", "is_gpu", "all_reduce", "bind", "all_gather_object"} <= set(PROTOCOL)

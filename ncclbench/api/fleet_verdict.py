@@ -286,11 +286,6 @@ class Localiser:
         return min((v if v is not None else -1.0) for v in t.rails) if t.rails else -1.0
 
 
-def median_busbw(tests: list[PairTest]) -> float | None:
-    values = [v for t in tests for v in t.rails if v is not None]
-    return statistics.median(values) if values else None
-
-
 def localisation_round(loc: Localiser, seed: int = 0) -> list[tuple[int, int, str]]:
     """The next localisation round: (a, b, kind) with kind "clean" (a suspect with a partner
     that tested clean), "retest" (a suspected link again) or "spare" (clean nodes left over,

@@ -108,6 +108,11 @@ class CupyBackend(TorchBackend):
         cupy.cuda.Device(device.index).use()
         return device
 
+    def renew_communicator(self, channels: int | None = None) -> None:
+        """tune's fresh communicators are torch's process groups; this backend's NCCL
+        communicator is made once (tune refuses --backend cupy before any rank starts)."""
+        raise PlanError("the CuPy backend does not renew its communicator: use --backend nccl")
+
     def __init__(self, name: str, launch, timeout_s: float, stream_null: bool = False, device=None, store=None):
         import cupy
         import torch

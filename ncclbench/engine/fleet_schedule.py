@@ -18,7 +18,6 @@ and the round carries its own reference pairs."""
 
 from __future__ import annotations
 
-import math
 import random
 
 from ncclbench.engine.pairs import tournament_rounds
@@ -120,11 +119,3 @@ def pair_up(nodes: list[int], met: set, look_ahead: int = 8) -> list[tuple[int, 
         out.append((min(a, b), max(a, b)))
         i += 2
     return out
-
-
-def rounds_for_budget(n: int) -> int:
-    """How many screening rounds the shuffled schedule takes by default: enough for each
-    node to meet DEFAULT_SCREEN_ROUNDS partners, a little more on very large fleets (one
-    more per factor 16 above 1,024 nodes), never more than all pairs."""
-    extra = max(0, math.ceil(math.log(max(n, 1) / 1024, 16))) if n > 1024 else 0
-    return min(max(n - 1, 1), DEFAULT_SCREEN_ROUNDS + extra)

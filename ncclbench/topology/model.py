@@ -21,9 +21,6 @@ SCHEMA = "ncclbench.topo/1"
 
 _NV_CODE = re.compile(r"^NV(\d+)$")
 
-# The codes of `nvidia-smi topo -m`, nearest first. "SOC" is what old drivers called SYS.
-PCIE_CODES = ("PIX", "PXB", "PHB", "NODE", "SYS")
-
 # The short codes of `nvidia-smi topo -p2p` (ncclbench.topology.nvml reads them from NVML).
 P2P_STATUS_LEGEND = {
     "X": "self",
