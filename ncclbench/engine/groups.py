@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from ncclbench.launch.variables import read_var
+
 __all__ = ["SplitSpec", "parse_split", "split_color", "split_groups", "split_spec_from_environ"]
 
 _SPLIT_OPS = {"AND": "AND", "&": "AND", "OR": "OR", "|": "OR", "MOD": "MOD", "%": "MOD", "DIV": "DIV", "/": "DIV"}
@@ -75,26 +77,17 @@ def split_groups(world_size: int, spec: str | SplitSpec) -> dict[int, list[int]]
     return dict(sorted(groups.items()))
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    """The variable's value, or None when unset or blank (as the launch variables are read:
-    `export NCCL_TESTS_SPLIT=` means no split)."""
-    value = env.get(name)
-    if value is None or not value.strip():
-        return None
-    return value.strip()
-
-
 def split_spec_from_environ(environ: Mapping[str, str] | None = None) -> SplitSpec | None:
     """The split nccl-tests would apply: NCCL_TESTS_SPLIT_MASK (hex, color = rank & mask)
     takes precedence over NCCL_TESTS_SPLIT; None when neither is set."""
     env = os.environ if environ is None else environ
-    mask = _get(env, "NCCL_TESTS_SPLIT_MASK")
+    mask = read_var(env, "NCCL_TESTS_SPLIT_MASK")
     if mask is not None:
         try:
             return SplitSpec("AND", int(mask, 16))
         except ValueError:
             raise ValueError(f"NCCL_TESTS_SPLIT_MASK={mask!r} is not a hex mask") from None
-    spec = _get(env, "NCCL_TESTS_SPLIT")
+    spec = read_var(env, "NCCL_TESTS_SPLIT")
     if spec is None:
         return None
     try:

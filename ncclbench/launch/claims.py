@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from ncclbench.launch.slurm import parse_nodelist, parse_tasks_per_node
-from ncclbench.launch.variables import LaunchEnvError, _as_count, _first, _get
+from ncclbench.launch.variables import LaunchEnvError, as_count, first_set, read_var
 
-_FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
+FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
 
 
 @dataclass
-class _Claim:
+class Claim:
     """What one launcher's variables say about this process."""
 
     launcher: str
@@ -59,10 +59,10 @@ class _Claim:
     port_seed: str | None = None    # job id every rank shares, for derived_port()
 
     def take(self, env: Mapping[str, str], fld: str, names: Iterable[str]) -> bool:
-        found = _first(env, names)
+        found = first_set(env, names)
         if found is None:
             return False
-        self.values[fld] = _as_count(*found)
+        self.values[fld] = as_count(*found)
         self.names[fld] = found[0]
         return True
 
@@ -78,18 +78,18 @@ class _Claim:
 # One reader per launcher: None when the launcher did not start this process
 # ---------------------------------------------------------------------------
 
-def _torchrun_claim(env: Mapping[str, str]) -> _Claim | None:
-    proven = _get(env, "TORCHELASTIC_RUN_ID") is not None
-    has_rank = _get(env, "RANK") is not None
-    has_size = _get(env, "WORLD_SIZE") is not None
+def _torchrun_claim(env: Mapping[str, str]) -> Claim | None:
+    proven = read_var(env, "TORCHELASTIC_RUN_ID") is not None
+    has_rank = read_var(env, "RANK") is not None
+    has_size = read_var(env, "WORLD_SIZE") is not None
     if not (proven or has_rank or has_size):
         return None
     if not (has_rank and has_size):
-        present = [n for n in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE") if _get(env, n) is not None]
-        missing = [n for n in ("RANK", "WORLD_SIZE") if _get(env, n) is None]
+        present = [n for n in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE") if read_var(env, n) is not None]
+        missing = [n for n in ("RANK", "WORLD_SIZE") if read_var(env, n) is None]
         raise LaunchEnvError(f"{' and '.join(present)} {'is' if len(present) == 1 else 'are'} set "
                              f"but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
-    claim = _Claim("torchrun", proven=proven)
+    claim = Claim("torchrun", proven=proven)
     claim.take(env, "rank", ["RANK"])
     claim.take(env, "world_size", ["WORLD_SIZE"])
     claim.take(env, "local_rank", ["LOCAL_RANK"])
@@ -102,15 +102,15 @@ def _torchrun_claim(env: Mapping[str, str]) -> _Claim | None:
 _SLURM_STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEPID")
 
 
-def _slurm_claim(env: Mapping[str, str]) -> _Claim | None:
-    step = _first(env, _SLURM_STEP_VARS)
-    if _get(env, "SLURM_PROCID") is None or step is None:
+def _slurm_claim(env: Mapping[str, str]) -> Claim | None:
+    step = first_set(env, _SLURM_STEP_VARS)
+    if read_var(env, "SLURM_PROCID") is None or step is None:
         return None  # sbatch / salloc shell, not a task that srun started
-    tasks = _first(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
-    if _get(env, "SLURM_PTY_PORT") is not None and tasks is not None and tasks[1] == "1":
+    tasks = first_set(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+    if read_var(env, "SLURM_PTY_PORT") is not None and tasks is not None and tasks[1] == "1":
         return None  # `srun --pty bash`: an interactive shell, where one runs ncclbench -g N
     why = f"SLURM_PROCID and {step[0]} are set (an srun task)"
-    claim = _Claim("slurm")
+    claim = Claim("slurm")
     claim.take(env, "rank", ["SLURM_PROCID"])
     # Inside a step srun overwrites SLURM_NTASKS, SLURM_NNODES, SLURM_NODELIST and
     # SLURM_TASKS_PER_NODE with the step's values; the STEP_ names are the unambiguous
@@ -120,7 +120,7 @@ def _slurm_claim(env: Mapping[str, str]) -> _Claim | None:
     claim.require("node_rank", ("SLURM_NODEID",), env, why)
     claim.take(env, "nnodes", ["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"])
 
-    nodelist = _first(env, ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"))
+    nodelist = first_set(env, ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"))
     hosts: list[str] = []
     if nodelist is not None:
         try:
@@ -140,17 +140,17 @@ def _slurm_claim(env: Mapping[str, str]) -> _Claim | None:
 
     _slurm_local_world_size(env, claim)
 
-    job = _first(env, ("SLURM_JOB_ID", "SLURM_JOBID"))
+    job = first_set(env, ("SLURM_JOB_ID", "SLURM_JOBID"))
     if job is not None:
         # The step id too: two steps of one job running side by side must not share a port.
         claim.port_seed = f"slurm:{job[1]}.{step[1]}"
     return claim
 
 
-def _slurm_local_world_size(env: Mapping[str, str], claim: _Claim) -> None:
+def _slurm_local_world_size(env: Mapping[str, str], claim: Claim) -> None:
     """Tasks on this node: the per-node list indexed by SLURM_NODEID (exact even for
     uneven layouts such as "4,3"), else --ntasks-per-node, else an even split."""
-    per_node = _first(env, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
+    per_node = first_set(env, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
     if per_node is not None:
         name, raw = per_node
         try:
@@ -178,23 +178,23 @@ def _slurm_local_world_size(env: Mapping[str, str], claim: _Claim) -> None:
                          f"and {claim.show('world_size')} does not divide evenly by {claim.show('nnodes')}")
 
 
-def _openmpi_claim(env: Mapping[str, str]) -> _Claim | None:
-    if _get(env, "OMPI_COMM_WORLD_RANK") is None:
+def _openmpi_claim(env: Mapping[str, str]) -> Claim | None:
+    if read_var(env, "OMPI_COMM_WORLD_RANK") is None:
         return None
     why = "OMPI_COMM_WORLD_RANK is set (an Open MPI rank)"
-    claim = _Claim("openmpi")
+    claim = Claim("openmpi")
     claim.take(env, "rank", ["OMPI_COMM_WORLD_RANK"])
     claim.require("world_size", ("OMPI_COMM_WORLD_SIZE",), env, why)
     claim.require("local_rank", ("OMPI_COMM_WORLD_LOCAL_RANK",), env, why)
     claim.require("local_world_size", ("OMPI_COMM_WORLD_LOCAL_SIZE",), env, why)
     # Open MPI does not say which node index we are on; _fill_placement derives it assuming
     # ranks are packed node by node (mpirun's default --map-by slot).
-    hnp_uri = _get(env, "OMPI_MCA_orte_hnp_uri")
+    hnp_uri = read_var(env, "OMPI_MCA_orte_hnp_uri")
     if hnp_uri is not None:
         claim.master_addr_guess = _host_of_orte_uri(hnp_uri)
     # Deliberately not PMIX_SERVER_URI*: those name this node's own PMIx server
     # (usually 127.0.0.1), so ranks on different nodes would pick different masters.
-    seed = _first(env, ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"))
+    seed = first_set(env, ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"))
     if seed is not None:
         claim.port_seed = f"ompi:{seed[1]}"
     return claim
@@ -213,11 +213,11 @@ def _host_of_orte_uri(uri: str) -> str | None:
     return None
 
 
-def _pmi_claim(env: Mapping[str, str]) -> _Claim | None:
-    if _get(env, "PMI_RANK") is None:
+def _pmi_claim(env: Mapping[str, str]) -> Claim | None:
+    if read_var(env, "PMI_RANK") is None:
         return None
     why = "PMI_RANK is set (an MPICH / Intel MPI / PMI rank)"
-    claim = _Claim("pmi")
+    claim = Claim("pmi")
     claim.take(env, "rank", ["PMI_RANK"])
     claim.require("world_size", ("PMI_SIZE",), env, why)
     # Hydra sets both local variables; srun's PMI-2 plugin sets neither (SLURM's
@@ -228,7 +228,7 @@ def _pmi_claim(env: Mapping[str, str]) -> _Claim | None:
         raise LaunchEnvError("MPI_LOCALRANKID is set but MPI_LOCALNRANKS is missing")
     if has_local_size and not has_local:
         raise LaunchEnvError("MPI_LOCALNRANKS is set but MPI_LOCALRANKID is missing")
-    seed = _get(env, "PMI_JOBID")
+    seed = read_var(env, "PMI_JOBID")
     if seed is not None:
         claim.port_seed = f"pmi:{seed}"
     return claim
@@ -238,19 +238,19 @@ def _pmi_claim(env: Mapping[str, str]) -> _Claim | None:
 # Choosing among claims
 # ---------------------------------------------------------------------------
 
-def _same_process(a: _Claim, b: _Claim) -> bool:
+def _same_process(a: Claim, b: Claim) -> bool:
     """Do two claims describe the same process? Rank and world size must match, and the
     local numbers too where both know them."""
-    return all(a.values[f] == b.values[f] for f in _FIELDS[:4] if f in a.values and f in b.values)
+    return all(a.values[f] == b.values[f] for f in FIELDS[:4] if f in a.values and f in b.values)
 
 
-def _disagreement(a: _Claim, b: _Claim) -> str:
-    parts = [f"{a.show(f)} vs {b.show(f)}" for f in _FIELDS[:4]
+def _disagreement(a: Claim, b: Claim) -> str:
+    parts = [f"{a.show(f)} vs {b.show(f)}" for f in FIELDS[:4]
              if f in a.values and f in b.values and a.values[f] != b.values[f]]
     return ", ".join(parts)
 
 
-def _choose(env: Mapping[str, str]) -> tuple[_Claim, list[_Claim], str] | None:
+def choose_claim(env: Mapping[str, str]) -> tuple[Claim, list[Claim], str] | None:
     """(claim whose values we use, agreeing claims that fill its gaps, launcher label),
     or None when nothing launched us."""
     torchrun = _torchrun_claim(env)

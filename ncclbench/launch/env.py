@@ -19,8 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
-from ncclbench.launch.claims import _FIELDS, _Claim, _choose
-from ncclbench.launch.variables import LaunchEnvError, _as_port, _get
+from ncclbench.launch.claims import FIELDS, Claim, choose_claim
+from ncclbench.launch.variables import LaunchEnvError, as_port, read_var
 
 __all__ = ["LaunchInfo", "apply_to_environ", "derived_port", "detect"]
 
@@ -34,7 +34,7 @@ DEFAULT_MASTER_PORT = 29500  # torch's conventional default
 DERIVED_PORT_BASE = 20000
 DERIVED_PORT_SPAN = 10000
 
-_EXPLICIT_KEYS = frozenset(_FIELDS) | {"master_addr", "master_port"}
+_EXPLICIT_KEYS = frozenset(FIELDS) | {"master_addr", "master_port"}
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,10 @@ def detect(environ: Mapping[str, str] | None = None, *, explicit: dict | None = 
     if unknown:
         raise ValueError(f"unknown explicit launch option(s): {', '.join(sorted(unknown))}")
 
-    chosen = _choose(env)
+    chosen = choose_claim(env)
     values: dict[str, int] = {}
     names: dict[str, str] = {}
-    claims: list[_Claim] = []
+    claims: list[Claim] = []
     launcher = "none"
     if chosen is not None:
         primary, agreeing, launcher = chosen
@@ -89,7 +89,7 @@ def detect(environ: Mapping[str, str] | None = None, *, explicit: dict | None = 
             values.update(claim.values)
             names.update(claim.names)
 
-    for key in _FIELDS:
+    for key in FIELDS:
         if key in given:
             values[key] = _explicit_count(key, given[key])
             names[key] = _option_name(key)
@@ -112,7 +112,7 @@ def detect(environ: Mapping[str, str] | None = None, *, explicit: dict | None = 
     _check_counts(values, names)
     master_addr, master_port = _master(env, given, values, names, claims, launcher)
     return LaunchInfo(launcher=launcher, master_addr=master_addr, master_port=master_port,
-                      hostname=socket.gethostname(), **{k: values[k] for k in _FIELDS})
+                      hostname=socket.gethostname(), **{k: values[k] for k in FIELDS})
 
 
 def _option_name(key: str) -> str:
@@ -172,12 +172,12 @@ def _master(env, given, values, names, claims, launcher) -> tuple[str | None, in
     (torch's env:// reads those, so they must win over anything derived), then what the
     launchers tell us."""
     world = values["world_size"]
-    addr = given.get("master_addr") or _get(env, "MASTER_ADDR")
+    addr = given.get("master_addr") or read_var(env, "MASTER_ADDR")
     port, port_source = given.get("master_port"), "--master-port"
     if port is not None:
-        port = _as_port("--master-port", str(port))
-    elif _get(env, "MASTER_PORT") is not None:
-        port, port_source = _as_port("MASTER_PORT", _get(env, "MASTER_PORT")), "MASTER_PORT"
+        port = as_port("--master-port", str(port))
+    elif read_var(env, "MASTER_PORT") is not None:
+        port, port_source = as_port("MASTER_PORT", read_var(env, "MASTER_PORT")), "MASTER_PORT"
 
     if launcher == "none":
         return addr, port  # no rendezvous needed; apply_to_environ fills loopback
@@ -232,7 +232,7 @@ def apply_to_environ(info: LaunchInfo, environ: MutableMapping[str, str], *,
     }
     changed: dict[str, str] = {}
     for name, value in wanted.items():
-        current = _get(environ, name)
+        current = read_var(environ, name)
         if current is not None and _same_setting(current, value):
             continue
         if current is not None and not overwrite:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-__all__ = ["LaunchEnvError"]
+__all__ = ["LaunchEnvError", "read_var", "first_set", "as_count", "as_port"]
 
 
 class LaunchEnvError(Exception):
@@ -13,7 +13,7 @@ class LaunchEnvError(Exception):
     names the variables involved."""
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
+def read_var(env: Mapping[str, str], name: str) -> str | None:
     """The variable's value, or None when unset or blank (`export RANK=` in a script
     means "no rank", not a malformed one)."""
     value = env.get(name)
@@ -22,15 +22,15 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     return value.strip()
 
 
-def _first(env: Mapping[str, str], names: Iterable[str]) -> tuple[str, str] | None:
+def first_set(env: Mapping[str, str], names: Iterable[str]) -> tuple[str, str] | None:
     for name in names:
-        value = _get(env, name)
+        value = read_var(env, name)
         if value is not None:
             return name, value
     return None
 
 
-def _as_count(name: str, raw: str) -> int:
+def as_count(name: str, raw: str) -> int:
     """A rank, size or id: a non-negative decimal integer."""
     try:
         value = int(raw, 10)
@@ -41,8 +41,8 @@ def _as_count(name: str, raw: str) -> int:
     return value
 
 
-def _as_port(name: str, raw: str) -> int:
-    value = _as_count(name, raw)
+def as_port(name: str, raw: str) -> int:
+    value = as_count(name, raw)
     if value > 65535:
         raise LaunchEnvError(f"{name}={value} is not a TCP port (0-65535)")
     return value
