@@ -108,6 +108,9 @@ def _load() -> dict[str, list[Plant]]:
     return planted
 
 
+FIELDS = {"rank", "size", "seconds", "us", "factor"}  # of a NCCLBENCH_FAULT entry
+
+
 def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
     """NCCLBENCH_FAULT's text -> (failpoint name, plant) for each fault, in order."""
     out = []
@@ -133,8 +136,6 @@ def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
                                     size=size, seconds=seconds, factor=factor, item=item)))
     return out
 
-
-FIELDS = {"rank", "size", "seconds", "us", "factor"}
 
 
 def parse_pairs_slow(text: str | None) -> list[tuple[str, Plant]]:

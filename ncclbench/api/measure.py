@@ -142,7 +142,7 @@ class GroupCall:
         self.size = dist.get_world_size(group)
         self.global_ranks = list(dist.get_process_group_ranks(self.pg))
         self.label = label or ("the default group" if group is None else
-                               f"group {self.pg.group_name} (ranks {_ranks_text(self.global_ranks)})")
+                               f"group {self.pg.group_name} (ranks {ranks_text(self.global_ranks)})")
         self.parent, self.exit_on_timeout = parent, exit_on_timeout
         self.before_exit = None  # callable(message) run on rank 0 before a timeout ends the process
         with _calls_lock:
@@ -176,7 +176,7 @@ class GroupCall:
         """The watchdog fired on group rank `rank` (watchdog thread): name the late ranks,
         leave the message for every rank, unblock the waiting ones."""
         late = [self.global_ranks[r] for r in behind if r < len(self.global_ranks)]
-        who = (f"rank(s) {_ranks_text(late)} never reached it" if late
+        who = (f"rank(s) {ranks_text(late)} never reached it" if late
                else "every rank reached it (stuck inside the collective)")
         message = (f"timeout: {what} on {self.label} did not finish within {timeout_s:g} s "
                    f"on rank {self.global_ranks[rank]}; {who}")
@@ -291,7 +291,7 @@ class GroupCall:
         name, message, code = failure or failed[0][1]
         ranks = [self.global_ranks[r] for r, f in failed if f[1] == message]
         if len(ranks) < self.size:
-            message = f"{message} (on rank(s) {_ranks_text(ranks)})"
+            message = f"{message} (on rank(s) {ranks_text(ranks)})"
         raise _ERROR_TYPES.get(name, PlanError)(message, code)
 
     def forget(self) -> None:
@@ -331,7 +331,8 @@ class _Board(ProgressBoard):
                 self.store.delete_key(PROGRESS_KEY.format(rank=self.rank))
 
 
-def _ranks_text(ranks) -> str:
+def ranks_text(ranks) -> str:
+    """Ranks as a comma-separated list (0,1,3), as errors and preflight's notes name them."""
     return ",".join(str(r) for r in ranks)
 
 

@@ -24,9 +24,10 @@ import socket
 import time
 from functools import partial
 
+from ncclbench.api.measure import ranks_text
 from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
 from ncclbench.api.preflight_report import explain, group_records, host_verdicts, timed_out_report
-from ncclbench.api.preflight_verdict import both, group_name, mesh_culprit, pair_kind, ranks_text, slow_groups
+from ncclbench.api.preflight_verdict import both, group_name, mesh_culprit, pair_kind, slow_groups
 from ncclbench.engine.collectives import ALL_REDUCE
 from ncclbench.errors import PlanError, TimeoutExpired
 

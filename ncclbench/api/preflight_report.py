@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from ncclbench.api.preflight_verdict import group_name, ranks_text
+from ncclbench.api.measure import ranks_text
+from ncclbench.api.preflight_verdict import group_name
 
 
 def explain(slow, bad, fine, wrong, inner_links, host: dict, instances: dict,

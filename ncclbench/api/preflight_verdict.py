@@ -5,15 +5,13 @@ the same verdict and the rules can be unit-tested without processes."""
 
 from __future__ import annotations
 
+from ncclbench.api.measure import ranks_text
+
 
 def group_name(instances: dict, dim: str, ranks: tuple) -> str:
     """A group as the report names it: its dimension, its index there, its ranks."""
     index = instances[dim].index(ranks) if ranks in instances.get(dim, []) else 0
     return f"{dim}[{index}] (ranks {ranks_text(ranks)})"
-
-
-def ranks_text(ranks) -> str:
-    return ",".join(str(r) for r in ranks)
 
 
 def pair_kind(host: dict, topo: dict, facts: list, a: int, b: int) -> tuple:

@@ -200,7 +200,7 @@ def launch_groups(suite_file: str, groups, local: int, backend: str, outputs: di
             code = launch.spawn_local(local, argv)
         if code != ExitCode.OK:
             worst = code
-        if code in (ExitCode.INTERRUPTED,):
+        if code == ExitCode.INTERRUPTED:
             break
     return worst
 
