@@ -18,7 +18,10 @@
 # GPU, both backends), pytest (the GPU tests), startup (benchmarks/startup.py: start-up against bare
 # torch/CuPy/gloo scripts, and nccl-tests when NCCL_TESTS names its all_reduce_perf; REPEAT runs
 # each, default 5), targets (benchmarks/speed_targets.py on this
-# folder), report (benchmarks/report.py on this folder, into report.md). Put targets and report last.
+# folder), report (benchmarks/report.py on this folder, into report.md), multihost (the GPUs as 2 hosts and
+# as 4 one-GPU hosts, NCCL across a network: sweeps under each launcher, a capped NIC, preflight;
+# benchmarks/multihost.py, needs root and pyroute2), pytest_multihost (tests/test_multihost.py's GPU
+# tests). Put targets and report last.
 # Knobs: NP (ranks, default all GPUs), MINBYTES (full_* stages), MAXBYTES (default 4G), OUT (log folder),
 # COLLS (collectives of the full_* stages), TAG (suffix of the latency logs), COMMIT (the code's
 # commit when this copy has no .git), REFDIR (nccl-tests files for this host type).
@@ -202,6 +205,23 @@ for stage in $STAGES; do
       done ;;
     pytest)
       timeout ${PYTEST_TIMEOUT:-300} $PY -m pytest -q -m gpu tests >"$LOG/pytest_gpu.txt" 2>&1 ;;
+    multihost)  # the GPUs as 2 hosts (and 4 one-GPU hosts): NCCL across a network (docs/multihost.md)
+      half=$(( NP / 2 )); h0=$(seq -s, 0 $((half - 1))); h1=$(seq -s, $half $((NP - 1)))
+      mh() { local name=$1; shift; local s=$EPOCHREALTIME
+             timeout 300 $PY benchmarks/multihost.py "$@" >"$LOG/mh_$name.txt" 2>&1; local rc=$?
+             $PY -c "print('$name: exit $rc, %.1f s' % ($EPOCHREALTIME - $s))" >>"$LOG/mh_times.txt"; }
+      mh 2host --hosts 2 --gpus $h0 $h1 --nccl-log "$LOG/mh_nccl_2host" -- allreduce -b 1M -e 256M -f 4
+      mh 2host_nic --hosts 2 --gpus $h0 $h1 --slow-nic 1=2gbit -- allreduce -b 1M -e 64M -f 4
+      for how in torchrun slurm mpi; do mh "2host_$how" --hosts 2 --gpus $h0 $h1 --launcher $how -- allgather -b 1M -e 64M -f 4; done
+      if [ "$NP" -ge 4 ]; then
+        mh 4host --hosts 4 --gpus 0 1 2 3 -- allreduce -b 1M -e 256M -f 4
+        mh 4host_pre --hosts 4 --gpus 0 1 2 3 --launcher torchrun -- preflight
+        mh 4host_pre_nic --hosts 4 --gpus 0 1 2 3 --launcher torchrun --slow-nic 2=2gbit -- preflight
+      fi
+      mh 2host_pre --hosts 2 --gpus $h0 $h1 --launcher torchrun -- preflight
+      mh 2host_pre_nic --hosts 2 --gpus $h0 $h1 --launcher torchrun --slow-nic 1=2gbit -- preflight ;;
+    pytest_multihost)
+      timeout ${PYTEST_TIMEOUT:-500} $PY -m pytest -q -m gpu tests/test_multihost.py >"$LOG/pytest_multihost.txt" 2>&1 ;;
     single)  # the CLI's options on one GPU, both backends (for a machine with one GPU); exit codes in single.txt
       for b in nccl cupy; do
         run1() { local name=$1; shift; timeout 120 ncclbench "$@" --backend $b --no-save >"$LOG/single_${b}_$name.txt" 2>&1

@@ -1,61 +1,155 @@
-"""Simulated nodes that are real network hosts: one network namespace per node, with its
-own hostname (a UTS namespace), one veth on a shared bridge, an address in 198.18.0.0/15,
-and `ncclbench fleet --nnodes N --node-rank i` (torchrun's agent) started inside it. Faults
-are traffic control on a node's interface: a token bucket (a slow NIC) or an htb class with a
-filter on one destination (a slow link). Everything made here is removed by `close()`, and
-the context manager calls it even when a test fails."""
+"""Simulated hosts that are real network hosts, on one machine: one network namespace per
+host, with its own hostname (a UTS namespace) and its own view of /sys/class/net, one veth on
+a shared bridge, an address in 198.18.0.0/15, and optionally its own GPUs
+(`CUDA_VISIBLE_DEVICES`) and its own `NCCL_HOSTID`, so that NCCL sees separate hosts and
+crosses the bridge with its NET transport (`via NET/Socket/0`) between them and P2P within
+one.
+
+Faults: a token bucket on a host's interface (a slow NIC), an htb class with a filter on one
+destination (a slow link), a host's link down, every process of a host killed or frozen
+(SIGSTOP).
+
+Everything is made through netlink from Python (pyroute2, in the test extras) and a few libc
+calls, so the rig needs no `ip`, `tc` or `unshare` programs: GPU machines often have none.
+Everything made here is removed by `close()`; the context manager calls it even when a test
+fails. Needs root.
+
+Also a maintainers' command (benchmarks/multihost.py) builds on it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
-import shutil
+import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 SUBNET = "198.18.{}.{}"
+NETNS_DIR = Path("/var/run/netns")
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWNET = 0x40000000
+MS_REC = 0x4000
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+
+# variables a simulated host must not inherit from the process that builds it
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "NCCL_HOSTID")
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def enter_host(ns_name: str, hostname: str) -> None:
+    """Make the calling process a process of that host: its network namespace, a UTS
+    namespace of its own with the host's name, and a mount namespace whose /sys shows the
+    host's interfaces (what `ip netns exec` does), so `/sys/class/net` agrees with netlink."""
+    libc = _libc()
+    fd = os.open(NETNS_DIR / ns_name, os.O_RDONLY)
+    try:
+        _check(libc.setns(fd, CLONE_NEWNET), "setns")
+    finally:
+        os.close(fd)
+    _check(libc.unshare(CLONE_NEWUTS | CLONE_NEWNS), "unshare")
+    name = hostname.encode()
+    _check(libc.sethostname(name, len(name)), "sethostname")
+    # best effort: where /sys cannot be remounted, netlink (what NCCL and gloo use) still is right
+    if libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) == 0:
+        libc.umount2(b"/sys", MNT_DETACH)
+        libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None)
 
 
 def why_not() -> str | None:
     """None when namespaces, veths, a bridge and tc can be made here; else the reason."""
     if os.geteuid() != 0:
         return "needs root to make network namespaces"
-    for tool in ("ip", "tc", "unshare"):
-        if not shutil.which(tool):
-            return f"{tool} is missing (scripts/ci/install_cluster_tools.sh installs iproute2)"
+    try:
+        from pyroute2 import netns
+    except ImportError:
+        return "pyroute2 is missing (pip install -e '.[test]')"
     probe = f"nbp{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    try:
+        netns.create(probe)
+        netns.remove(probe)
+    except Exception as exc:  # noqa: BLE001 - any failure means: cannot build the rig here
+        return f"cannot make a network namespace: {exc}"
     return None
 
 
-def sh(*args: str) -> None:
-    subprocess.run(list(args), check=True, capture_output=True, text=True)
+def _ns_inode(ns_name: str) -> int | None:
+    try:
+        return os.stat(NETNS_DIR / ns_name).st_ino
+    except OSError:
+        return None
+
+
+def pids_in(ns_name: str) -> list[int]:
+    """Every process whose network namespace is that host's."""
+    inode = _ns_inode(ns_name)
+    found = []
+    if inode is None:
+        return found
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry / "ns" / "net").st_ino == inode:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 class SimFleet:
-    def __init__(self, n: int):
+    """`n` hosts on one bridge. `gpus` (optional) lists each host's GPUs as
+    CUDA_VISIBLE_DEVICES values; a host with GPUs also gets its own NCCL_HOSTID and NCCL is
+    told to use eth0 and no InfiniBand."""
+
+    def __init__(self, n: int, gpus: list[str] | None = None, prefix: str = "simnode"):
         self.tag = uuid.uuid4().hex[:5]
         self.n = n
+        self.gpus = gpus
         self.bridge = f"nbbr{self.tag}"
         self.spaces = [f"nb{self.tag}n{i}" for i in range(n)]
-        self.hosts = [f"simnode{i}" for i in range(n)]
+        self.veths = [f"nbv{self.tag}{i}" for i in range(n)]
+        self.hosts = [f"{prefix}{i}" for i in range(n)]
         self.addrs = [SUBNET.format(0, i + 1) for i in range(n)]
-        self.procs: list = []
+        self.procs: list[subprocess.Popen] = []
+        self._made_spaces: list[str] = []
+        self._made_bridge = False
 
+    # ---- building and removing -----------------------------------------------------------
     def __enter__(self):
+        from pyroute2 import IPRoute, NetNS, netns
+
         try:
-            sh("ip", "link", "add", self.bridge, "type", "bridge")
-            sh("ip", "link", "set", self.bridge, "up")
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=self.bridge, kind="bridge")
+                self._made_bridge = True
+                bridge = ipr.link_lookup(ifname=self.bridge)[0]
+                ipr.link("set", index=bridge, state="up")
+                for i, ns in enumerate(self.spaces):
+                    netns.create(ns)
+                    self._made_spaces.append(ns)
+                    ipr.link("add", ifname=self.veths[i], kind="veth", peer={"ifname": "eth0", "net_ns_fd": ns})
+                    veth = ipr.link_lookup(ifname=self.veths[i])[0]
+                    ipr.link("set", index=veth, master=bridge, state="up")
             for i, ns in enumerate(self.spaces):
-                sh("ip", "netns", "add", ns)
-                veth = f"nbv{self.tag}{i}"
-                sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                sh("ip", "link", "set", veth, "master", self.bridge, "up")
-                sh("ip", "-n", ns, "addr", "add", f"{self.addrs[i]}/16", "dev", "eth0")
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                sh("ip", "-n", ns, "link", "set", "lo", "up")
+                with NetNS(ns) as inside:
+                    eth0 = inside.link_lookup(ifname="eth0")[0]
+                    inside.addr("add", index=eth0, address=self.addrs[i], prefixlen=16)
+                    inside.link("set", index=eth0, state="up")
+                    inside.link("set", index=inside.link_lookup(ifname="lo")[0], state="up")
         except BaseException:
             self.close()
             raise
@@ -64,53 +158,159 @@ class SimFleet:
     def __exit__(self, *exc):
         self.close()
 
-    def slow_nic(self, i: int, rate: str = "20mbit") -> None:
-        sh("ip", "netns", "exec", self.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-           "rate", rate, "burst", "32kbit", "latency", "400ms")
-
-    def slow_link(self, i: int, j: int, rate: str = "20mbit") -> None:
-        """Traffic between nodes i and j only, both ways."""
-        for a, b in ((i, j), (j, i)):
-            ns = ["ip", "netns", "exec", self.spaces[a], "tc"]
-            sh(*ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10")
-            sh(*ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit")
-            sh(*ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", rate)
-            sh(*ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-               "match", "ip", "dst", f"{self.addrs[b]}/32", "flowid", "1:20")
-
-    def start(self, i: int, argv: list[str], nproc: int = 1, port: int = 29555, env: dict | None = None):
-        """`ncclbench fleet ... --nnodes N --node-rank i` inside node i, as its own hostname."""
-        full = dict(env or os.environ)
-        full.update({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
-            full.pop(name, None)
-        inner = argv + ["-g", str(nproc), "--nnodes", str(self.n), "--node-rank", str(i),
-                        "--master-addr", self.addrs[0], "--master-port", str(port)]
-        cmd = ["ip", "netns", "exec", self.spaces[i], "unshare", "--uts", "sh", "-c",
-               f'hostname {self.hosts[i]} && exec "$@"', "sh", *inner]
-        proc = subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def kill_node(self, i: int) -> None:
-        """Every process of node i (its launcher and ranks), by SIGKILL, as a node that dies."""
-        out = subprocess.run(["ip", "netns", "pids", self.spaces[i]], capture_output=True, text=True).stdout
-        for pid in (int(p) for p in out.split()):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, 9)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                proc.wait()
-        for i, ns in enumerate(self.spaces):
+        for i in range(len(self._made_spaces)):
             self.kill_node(i)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            from pyroute2 import IPRoute, netns
+        except ImportError:
+            return
+        for ns in self._made_spaces:
+            try:
+                netns.remove(ns)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._made_spaces = []
+        if self._made_bridge:
+            with IPRoute() as ipr:
+                for name in [*self.veths, self.bridge]:
+                    for index in ipr.link_lookup(ifname=name):
+                        try:
+                            ipr.link("del", index=index)
+                        except Exception:  # noqa: BLE001 - a veth goes with its namespace
+                            pass
+            self._made_bridge = False
+
+    # ---- faults --------------------------------------------------------------------------
+    def _inside(self, i: int):
+        from pyroute2 import NetNS
+
+        return NetNS(self.spaces[i])
+
+    def slow_nic(self, i: int, rate: str = "20mbit") -> None:
+        """Everything host i sends goes through a token bucket of `rate`."""
+        with self._inside(i) as ns:
+            eth0 = ns.link_lookup(ifname="eth0")[0]
+            ns.tc("add", "tbf", index=eth0, rate=rate, burst=4096, latency="400ms")
+
+    def slow_link(self, i: int, j: int, rate: str = "20mbit") -> None:
+        """Traffic between hosts i and j only, both ways, at `rate`; the rest unlimited."""
+        for a, b in ((i, j), (j, i)):
+            dst = "".join(f"{int(part):02x}" for part in self.addrs[b].split("."))
+            with self._inside(a) as ns:
+                eth0 = ns.link_lookup(ifname="eth0")[0]
+                ns.tc("add", "htb", index=eth0, handle="1:", default=0x10)
+                ns.tc("add-class", "htb", index=eth0, handle="1:10", parent="1:", rate="10gbit",
+                      burst=1 << 20, cburst=1 << 20)
+                ns.tc("add-class", "htb", index=eth0, handle="1:20", parent="1:", rate=rate)
+                ns.tc("add-filter", "u32", index=eth0, handle=0, parent="1:", prio=1, protocol=0x0800,
+                      target="1:20", keys=[f"0x{dst}/0xffffffff+16"])
+
+    def link_down(self, i: int) -> None:
+        """Host i's cable pulled: its veth on the bridge goes down; its processes live on."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            ipr.link("set", index=ipr.link_lookup(ifname=self.veths[i])[0], state="down")
+
+    def signal_node(self, i: int, sig: int) -> list[int]:
+        pids = pids_in(self.spaces[i])
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def kill_node(self, i: int) -> None:
+        """Every process of host i (its launcher and ranks), by SIGKILL, as a host that dies."""
+        self.signal_node(i, signal.SIGKILL)
+
+    def freeze(self, i: int) -> list[int]:
+        """Every process of host i stopped (SIGSTOP): alive, holding its sockets, answering nothing."""
+        return self.signal_node(i, signal.SIGSTOP)
+
+    def thaw(self, i: int) -> None:
+        self.signal_node(i, signal.SIGCONT)
+
+    # ---- processes -----------------------------------------------------------------------
+    def env_for(self, i: int, env: dict | None = None) -> dict:
+        full = dict(os.environ if env is None else env)
+        for name in LAUNCHER_VARS:
+            full.pop(name, None)
+        full.update({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
+        if self.gpus is not None:
+            full.update({"CUDA_VISIBLE_DEVICES": self.gpus[i], "NCCL_HOSTID": self.hosts[i],
+                         "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
+        if env is not None:
+            full.update({k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES", "NCCL_HOSTID")})
+        return full
+
+    def run_in(self, i: int, argv: list[str], env: dict | None = None, **popen) -> subprocess.Popen:
+        """Any command as a process of host i (its own session, so it can be killed whole)."""
+        return self._run_env(i, argv, self.env_for(i, env), **popen)
+
+    def start(self, i: int, argv: list[str], nproc: int = 1, port: int = 29555, env: dict | None = None):
+        """`ncclbench ... -g nproc --nnodes N --node-rank i` inside host i (torchrun's agent)."""
+        inner = argv + ["-g", str(nproc), "--nnodes", str(self.n), "--node-rank", str(i),
+                        "--master-addr", self.addrs[0], "--master-port", str(port)]
+        return self.run_in(i, inner, env=env)
+
+    def launch(self, how: str, args: list[str], per_host: int, port: int = 29555,
+               env: dict | None = None, ncclbench: list[str] | None = None) -> list[subprocess.Popen]:
+        """One job of `per_host` ranks on every host, started as a user's launcher would:
+        `spawn` (ncclbench's own -g/--nnodes, torchrun's agent inside), `torchrun` (the
+        user's own torchrun on each host), `slurm` or `mpi` (each rank a process with the
+        variables srun or Open MPI's mpirun give it). Host 0's first process comes first."""
+        import sys
+
+        cli = ncclbench or [sys.executable, "-m", "ncclbench"]
+        if how == "spawn":
+            return [self.start(i, cli + args, per_host, port, env) for i in range(self.n)]
+        if how == "torchrun":
+            return [self.run_in(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
+                                    "--node-rank", str(i), "--nproc-per-node", str(per_host),
+                                    "--master-addr", self.addrs[0], "--master-port", str(port),
+                                    "-m", "ncclbench", *args], env=env) for i in range(self.n)]
+        if how not in ("slurm", "mpi"):
+            raise ValueError(f"unknown launcher {how!r}: spawn, torchrun, slurm or mpi")
+        world = self.n * per_host
+        procs = []
+        for i in range(self.n):
+            for local in range(per_host):
+                rank = i * per_host + local
+                full = self.env_for(i, env)
+                full.update(MASTER_ADDR=self.addrs[0], MASTER_PORT=str(port))
+                if how == "slurm":
+                    full.update(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
+                                SLURM_STEP_NUM_TASKS=str(world), SLURM_LOCALID=str(local),
+                                SLURM_NODEID=str(i), SLURM_STEP_NUM_NODES=str(self.n),
+                                SLURM_STEP_NODELIST=",".join(self.hosts),
+                                SLURM_STEP_TASKS_PER_NODE=f"{per_host}(x{self.n})")
+                else:
+                    full.update(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(world),
+                                OMPI_COMM_WORLD_LOCAL_RANK=str(local),
+                                OMPI_COMM_WORLD_LOCAL_SIZE=str(per_host))
+                procs.append(self._run_env(i, cli + args, full))
+        return procs
+
+    def _run_env(self, i: int, argv: list[str], full_env: dict, **popen) -> subprocess.Popen:
+        ns, host = self.spaces[i], self.hosts[i]
+        popen.setdefault("stdout", subprocess.PIPE)
+        popen.setdefault("stderr", subprocess.PIPE)
+        popen.setdefault("text", True)
+        proc = subprocess.Popen(argv, env=full_env, start_new_session=True,
+                                preexec_fn=lambda: enter_host(ns, host), **popen)
+        self.procs.append(proc)
+        return proc

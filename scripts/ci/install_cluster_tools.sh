@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install_cluster_tools.sh -- the real launchers tests/test_cluster.py drives: Open MPI's
-# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, and iproute2 for the simulated
-# nodes of tests/test_fleet.py, from Debian's packages.
+# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, from Debian's packages. (The
+# simulated hosts of tests/netsim.py need no package here: they are built through netlink
+# by pyroute2, from the test extras.)
 #
 # Idempotent and quiet: when every tool is already there it says so and exits 0 without
 # touching apt. Needs root (CI runs as root) or passwordless sudo. libopenmpi-dev is not
@@ -23,8 +24,6 @@ declare -A PROVIDES=(
     [slurmd]=slurmd
     [sbatch]=slurm-client
     [munged]=munge
-    [ip]=iproute2       # simulated nodes of tests/test_fleet.py: ip netns, veth, bridge
-    [tc]=iproute2       # and a token-bucket limit on one node's interface
 )
 
 say() { echo "install_cluster_tools: $*"; }
@@ -41,7 +40,7 @@ missing_packages() {
 
 mapfile -t wanted < <(missing_packages)
 if [[ ${#wanted[@]} -eq 0 ]]; then
-    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged, ip, tc"
+    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged"
     exit 0
 fi
 

@@ -1,0 +1,289 @@
+"""Several hosts on one machine (tests/netsim.py): the rig itself, a job across hosts under
+each launcher a user has (ncclbench's own -g/--nnodes, torchrun, srun's and mpirun's
+variables), and, on a GPU machine, NCCL really crossing a network between hosts: its NET
+transport between hosts and P2P within one, a capped NIC, preflight and fleet across hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli_command, table_rows
+
+sys.path.insert(0, str(ROOT / "tests"))
+import netsim  # noqa: E402
+
+REASON = netsim.why_not()
+rig = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _finish(procs, timeout=240):
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=timeout))
+        except Exception:  # noqa: BLE001 - the fixture kills what is left
+            outs.append(("", "no end in time"))
+    return [p.returncode for p in procs], outs
+
+
+# ---- the rig ---------------------------------------------------------------------------------
+SERVER = ("import socket,sys;s=socket.socket();s.bind(('0.0.0.0',int(sys.argv[1])));s.listen();c,_=s.accept();n=0\n"
+          "while True:\n d=c.recv(1<<20)\n if not d: break\n n+=len(d)\nprint(n)")
+CLIENT = ("import socket,sys,time;s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=5);"
+          "b=b'x'*(1<<20);t=time.time();[s.sendall(b) for _ in range(int(sys.argv[3]))];s.close();"
+          "print(int(sys.argv[3])*(1<<20)/(time.time()-t))")
+
+
+def _throughput(fleet, src, dst, port, megabytes):
+    server = fleet.run_in(dst, [sys.executable, "-c", SERVER, str(port)])
+    time.sleep(0.5)
+    client = fleet.run_in(src, [sys.executable, "-c", CLIENT, fleet.addrs[dst], str(port), str(megabytes)])
+    out, err = client.communicate(timeout=60)
+    server.communicate(timeout=30)
+    assert client.returncode == 0, err
+    return float(out)
+
+
+@rig
+def test_each_host_has_its_name_its_interface_and_its_address():
+    with netsim.SimFleet(2) as fleet:
+        proc = fleet.run_in(1, [sys.executable, "-c", "import os,socket;print(socket.gethostname());"
+                                                      "print(sorted(os.listdir('/sys/class/net')))"])
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    name, interfaces = out.splitlines()
+    assert name == "simnode1" and name != socket.gethostname()
+    assert "eth0" in interfaces and "nbbr" not in interfaces
+
+
+@rig
+def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
+    with netsim.SimFleet(3) as fleet:
+        free = _throughput(fleet, 1, 0, 5100, 100)
+        fleet.slow_link(1, 2, "80mbit")
+        capped_link = _throughput(fleet, 1, 2, 5101, 3)
+        other = _throughput(fleet, 1, 0, 5102, 100)
+        fleet.slow_nic(0, "80mbit")
+        capped_nic = _throughput(fleet, 0, 1, 5103, 3)
+    limit = 80e6 / 8 * 1.5
+    assert capped_link < limit and capped_nic < limit, (capped_link, capped_nic)
+    assert free > 4 * limit and other > 4 * limit, (free, other)
+
+
+@rig
+def test_a_frozen_host_stops_and_a_downed_link_cuts_it_off():
+    with netsim.SimFleet(2) as fleet:
+        sleeper = fleet.run_in(1, ["sleep", "60"])
+        time.sleep(0.3)
+        assert sleeper.pid in fleet.freeze(1)
+        time.sleep(0.2)
+        assert Path(f"/proc/{sleeper.pid}/stat").read_text().split()[2] == "T"
+        fleet.thaw(1)
+        fleet.link_down(1)
+        probe = fleet.run_in(1, [sys.executable, "-c", CLIENT, fleet.addrs[0], "5200", "1"])
+        probe.communicate(timeout=30)
+        assert probe.returncode != 0
+        tag = fleet.tag
+    left = [p for p in Path("/proc").iterdir() if p.name == str(sleeper.pid)]
+    assert not left or Path(f"/proc/{sleeper.pid}/stat").read_text().split()[2] == "Z"
+    assert not [ns for ns in os.listdir(netsim.NETNS_DIR) if tag in ns]
+    assert not [i for i in os.listdir("/sys/class/net") if tag in i]
+
+
+@rig
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["spawn", "torchrun", "slurm", "mpi"])
+def test_gloo_job_across_hosts_under_each_launcher(how):
+    args = ["allreduce", "--backend", "gloo", "-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-T", "60"]
+    with netsim.SimFleet(2) as fleet:
+        procs = fleet.launch(how, args, 2, port=29610, ncclbench=cli_command())
+        codes, outs = _finish(procs)
+    assert codes == [0] * len(procs), outs[0][1][-2000:]
+    stdout = outs[0][0]
+    assert "4 ranks on 2 nodes (simnode0, simnode1)" in stdout
+    rows = table_rows(stdout)
+    assert len(rows) == 3 and all(r[8] == "0" and r[12] == "0" for r in rows)
+
+
+# ---- NCCL across hosts (GPU) ---------------------------------------------------------------
+def _layout(hosts: int) -> list[str] | None:
+    """Each host's CUDA_VISIBLE_DEVICES when this machine's GPUs split evenly into `hosts`."""
+    n = _gpu_count()
+    if n < hosts:
+        return None
+    per = n // hosts
+    return [",".join(str(h * per + k) for k in range(per)) for h in range(hosts)]
+
+
+def _nccl_log_env(folder: Path) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,SHM,NET",
+                NCCL_DEBUG_FILE=str(folder / "nccl.%h.%p.log"), NCCL_NVLS_ENABLE="0")
+
+
+def _busbw(stdout: str) -> dict[int, float]:
+    return {int(r[0]): float(r[7]) for r in table_rows(stdout)}
+
+
+needs2 = pytest.mark.skipif(_layout(2) is None, reason="needs 2 GPUs")
+needs4 = pytest.mark.skipif(_gpu_count() < 4, reason="needs 4 GPUs")
+
+
+@pytest.mark.gpu
+@rig
+@needs2
+@pytest.mark.parametrize("how", ["spawn", "torchrun", "slurm", "mpi"])
+def test_nccl_crosses_hosts_over_its_net_transport(how, tmp_path):
+    gpus = _layout(2)
+    per = len(gpus[0].split(","))
+    args = ["allgather" if how != "spawn" else "allreduce", "-b", "1M", "-e", "16M", "-f", "4", "-T", "120"]
+    with netsim.SimFleet(2, gpus=gpus) as fleet:
+        procs = fleet.launch(how, args, per, port=29620, env=_nccl_log_env(tmp_path / "nccl"),
+                             ncclbench=cli_command())
+        codes, outs = _finish(procs)
+    assert codes == [0] * len(procs), outs[0][1][-2000:]
+    assert f"{2 * per} ranks on 2 nodes (simnode0, simnode1)" in outs[0][0]
+    rows = table_rows(outs[0][0])
+    assert rows and all(r[8] in ("0", "N/A") and r[12] == "0" for r in rows)
+    log = "".join(p.read_text() for p in (tmp_path / "nccl").iterdir())
+    assert re.search(r"via NET/Socket/\d", log), "NCCL did not cross hosts over its network transport"
+    assert "Using network Socket" in log
+    if per > 1:
+        assert re.search(r"via (P2P|SHM)/", log), "ranks of one host did not talk directly"
+
+
+@pytest.mark.gpu
+@rig
+@needs2
+def test_a_capped_nic_lowers_busbw_across_hosts():
+    gpus = _layout(2)
+    per = len(gpus[0].split(","))
+    args = ["allreduce", "-b", "16M", "-e", "64M", "-f", "4", "-n", "5", "-T", "120"]
+    measured = []
+    for cap in (None, "2gbit"):
+        with netsim.SimFleet(2, gpus=gpus) as fleet:
+            if cap:
+                fleet.slow_nic(1, cap)
+            codes, outs = _finish(fleet.launch("spawn", args, per, port=29630, ncclbench=cli_command()))
+        assert codes == [0, 0], outs[0][1][-2000:]
+        measured.append(_busbw(outs[0][0])[64 << 20])
+    healthy, capped = measured
+    assert capped < 0.5 * healthy, measured
+    assert capped < 2e9 / 8 / 1e9 * 1.5  # a ring through a 2 Gbit/s NIC moves no more than it sends
+
+
+def _preflight(fleet, per, tmp_path, extra=()):
+    out = tmp_path / "preflight.json"
+    start = time.monotonic()
+    procs = fleet.launch("torchrun", ["preflight", "--json", str(out), *extra], per, port=29640,
+                         env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    codes, outs = _finish(procs, timeout=300)
+    return codes, outs, json.loads(out.read_text()) if out.exists() else {}, time.monotonic() - start
+
+
+@pytest.mark.gpu
+@rig
+@needs4
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_preflight_across_hosts_names_the_host_with_a_slow_nic_within_its_budget(hosts, tmp_path):
+    gpus = _layout(hosts)
+    per = len(gpus[0].split(","))
+    with netsim.SimFleet(hosts, gpus=gpus) as fleet:
+        codes, outs, _report, healthy_s = _preflight(fleet, per, tmp_path)
+    assert codes == [0] * hosts, outs[0][0][-3000:] + outs[0][1][-2000:]
+    with netsim.SimFleet(hosts, gpus=gpus) as fleet:
+        fleet.slow_nic(hosts - 1, "2gbit")
+        codes, outs, report, slow_s = _preflight(fleet, per, tmp_path)
+    text = outs[0][0] + outs[0][1]
+    assert codes[0] == 1, text[-3000:]
+    drained = [h["host"] for h in report["hosts"] if h["verdict"] == "drain"]
+    assert drained == [f"simnode{hosts - 1}"], text[-3000:]
+    # the budget (10 s) holds: at most twice it, plus the start-up of a healthy run's launch
+    assert slow_s < healthy_s + 2 * 10, (healthy_s, slow_s)
+
+
+def _fleet(fleet, tmp_path, extra=(), freeze=None, kill=None):
+    out = tmp_path / "fleet.json"
+    procs = [fleet.start(i, cli_command() + ["fleet", "-b", "64M", "-T", "30", "--json", str(out), *extra], 1,
+                         port=29650, env=dict(os.environ, NCCL_NVLS_ENABLE="0")) for i in range(fleet.n)]
+    if freeze is not None or kill is not None:
+        for line in procs[0].stderr:
+            if "round 2 of" in line:
+                (fleet.freeze if freeze is not None else fleet.kill_node)(freeze if freeze is not None else kill)
+                break
+    codes, outs = _finish(procs, timeout=300)
+    return codes[0], outs[0], json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.mark.gpu
+@rig
+@needs4
+@pytest.mark.parametrize("fault", ["none", "nic", "link", "kill", "freeze"])
+def test_fleet_across_four_gpu_hosts(fault, tmp_path):
+    with netsim.SimFleet(4, gpus=["0", "1", "2", "3"]) as fleet:
+        if fault == "nic":
+            fleet.slow_nic(2, "2gbit")
+        if fault == "link":
+            fleet.slow_link(1, 3, "2gbit")
+        code, (stdout, stderr), report = _fleet(fleet, tmp_path, kill=3 if fault == "kill" else None,
+                                               freeze=3 if fault == "freeze" else None)
+    assert report is not None, stderr[-3000:]
+    drained = [d["host"] for d in report["drain"]]
+    links = [link["hosts"] for link in report["links"]]
+    expected = {"none": ([], []), "nic": (["simnode2"], []), "link": ([], [["simnode1", "simnode3"]]),
+                "kill": (["simnode3"], []), "freeze": (["simnode3"], [])}[fault]
+    assert (drained, links) == expected, stdout[-3000:]
+    assert code == (0 if fault == "none" else 1)
+
+
+@pytest.mark.gpu
+@rig
+@needs2
+def test_a_frozen_host_is_named_alone_across_hosts(tmp_path):
+    """Every process of host 1 stopped mid-sweep (SIGSTOP): the run names a rank of host 1
+    as the one that stopped, never a rank of host 0, within -T + 5 s of the freeze."""
+    gpus = _layout(2)
+    per = len(gpus[0].split(","))
+    args = ["allreduce", "-b", "64M", "-e", "64M", "-n", "100000", "-T", "10"]
+    with netsim.SimFleet(2, gpus=gpus) as fleet:
+        procs = fleet.launch("spawn", args, per, port=29660, ncclbench=cli_command(),
+                             env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+        _wait_for_sweep(procs[0])
+        time.sleep(3)  # inside the 64 MiB size's timed loop
+        frozen_at = time.monotonic()
+        fleet.freeze(1)
+        out, err = procs[0].communicate(timeout=60)
+        named_after = time.monotonic() - frozen_at
+        fleet.thaw(1)
+    text = out + err
+    lines = [line for line in err.splitlines() if line.startswith("ncclbench: error")]
+    assert procs[0].returncode == 4, text[-3000:]
+    assert lines and "simnode1" in lines[-1], text[-3000:]
+    assert not re.search(r"rank \d+ (failed|died)", lines[-1].split("simnode1")[0]), lines[-1]
+    assert named_after < 10 + 5 + 5, named_after  # -T + 5 s, plus this host's own start-up slack
+
+
+def _wait_for_sweep(proc) -> None:
+    """Read rank 0's stdout up to the table's column header: the sweep starts next."""
+    for line in proc.stdout:
+        if line.startswith("#") and "(B)" in line:
+            return
+    raise AssertionError("the run ended before its sweep began")
