@@ -5,6 +5,7 @@ a slow NIC, a slow link, a node short of ranks, a node killed mid-run."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -133,11 +134,11 @@ sim = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 FLEET = ["fleet", "--backend", "gloo", "-T", "20"]
 
 
-def _run(fleet: netsim.SimFleet, tmp_path, nproc=None, kill=None, extra=()):
+def _run(fleet: netsim.SimFleet, tmp_path, nproc=None, kill=None, extra=(), base=FLEET, env=None):
     out = tmp_path / "fleet.json"
     drain = tmp_path / "drain.txt"
-    procs = [fleet.start(i, cli_command() + FLEET + list(extra) + ["--json", str(out), "--drain-file", str(drain)],
-                         (nproc or {}).get(i, 1), port=29555) for i in range(fleet.n)]
+    procs = [fleet.start(i, cli_command() + base + list(extra) + ["--json", str(out), "--drain-file", str(drain)],
+                         (nproc or {}).get(i, 1), port=29555, env=env(i) if env else None) for i in range(fleet.n)]
     if kill is not None:
         for line in procs[0].stderr:  # the coordinator's progress: kill once the pairs began
             if "round 2 of" in line:
@@ -289,3 +290,37 @@ def test_a_node_slow_once_is_retested_and_its_best_pair_decides():
     loc = simulate(4, 1, two_partners, 0.2, 4, 12)[0]  # the two pairs share node 0: retested in turn
     found, links, _suspects = loc.verdict(str)
     assert found == {} and sorted(links) == [(0, 1), (0, 3)], loc.judge()
+
+
+# ---- NCCL across simulated hosts (a GPU host as 4 hosts of one GPU) ----------------------------
+def nccl_host_env(i: int) -> dict:
+    """Node i as a host of its own to NCCL: its GPU, its host id, sockets over its eth0."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": str(i), "NCCL_HOSTID": f"simnode{i}", "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
+@pytest.mark.gpu
+@sim
+@pytest.mark.parametrize("fault", ["healthy", "nic", "link"])
+def test_gpu_fleet_across_simulated_hosts(fault, tmp_path):
+    """4 one-GPU hosts, NCCL over sockets between them: healthy passes; node 2's NIC at
+    2 Gbit/s is drained alone; the link node1-node3 at 2 Gbit/s is named and nothing is
+    drained. Every pair test says the bytes its probe chose."""
+    import torch
+
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs 4 GPUs")
+    with netsim.SimFleet(4) as fleet:
+        if fault == "nic":
+            fleet.slow_nic(2, "2gbit")
+        elif fault == "link":
+            fleet.slow_link(1, 3, "2gbit")
+        code, stdout, report, _ = _run(fleet, tmp_path, base=["fleet", "--backend", "nccl", "-T", "60"],
+                                       extra=["-b", "64M"], env=nccl_host_env)
+    print(stdout)
+    drained, links = [d["host"] for d in report["drain"]], [link["hosts"] for link in report["links"]]
+    expect = {"healthy": ([], []), "nic": (["simnode2"], []), "link": ([], [["simnode1", "simnode3"]])}[fault]
+    assert (drained, links) == expect, stdout
+    assert code == (0 if fault == "healthy" else 1)
+    assert all(t["bytes"] and t["bytes"] <= 64 << 20 for t in report["tests"])
+    assert report["cost_s"]["pairs"] <= 2 * report["plan"]["budget_s"], report["cost_s"]
