@@ -30,6 +30,10 @@ from datetime import timedelta
 from ncclbench.errors import TimeoutExpired, first_line
 
 KEY_PREFIX = "ncclbench-fleet"
+# --band auto: how far below the fleet's reference a node's or pair's best may fall. gloo's
+# healthy pairs on shared CPU cores spread widely, but only downwards: judged at their best
+# (best iteration, best partner, best repeat) they stay within this (docs/fleet.md).
+FLEET_BAND = {"nccl": 0.2, "gloo": 0.5}
 SLACK_S = 10.0        # a round's deadline: twice the exchange bound (group set-up, exchange) plus this
 NODE_ITERS = 10
 
@@ -48,6 +52,7 @@ class FleetPlan:
     all_pairs_rounds: int = 15
     screen_rounds: int = 4
     max_localise: int = 6
+    budget_s: float = 30.0
     seed: int = 0
     sim_node_size: int | None = None
     json_path: str | None = None
@@ -177,8 +182,8 @@ class Worker:
             if "node" in task:
                 return {"node": fx.measure_node(dist, p.backend, task["node"], p.node_bytes, NODE_ITERS, p.timeout_s)}
             if "peer" in task:
-                return {"s": fx.measure_pair(dist, p.backend, task["peer"], p.nbytes, p.iters, p.warmup,
-                                             p.timeout_s, self.buffers)}
+                return {"pair": fx.measure_pair(dist, p.backend, task["peer"], p.nbytes, p.iters, p.warmup,
+                                                p.timeout_s, self.buffers, task.get("target_s"))}
         except Exception as exc:  # noqa: BLE001 - the failure is the result: rank 0 judges it
             return {"error": f"{type(exc).__name__}: {first_line(exc, 160)}"}
         return {}

@@ -70,8 +70,9 @@ class FleetReport:
     # ---- output ----
     def lines(self) -> list[str]:
         s = self.schedule
-        out = [f"# ncclbench fleet: {len(self.nodes)} nodes, backend {self.plan['backend']}, "
-               f"{self.plan['nbytes']} B per exchange per rail",
+        out = [f"# ncclbench fleet: {len(self.nodes)} nodes, backend {self.plan['backend']}, at most "
+               f"{self.plan['nbytes']} B per exchange per rail (each pair's size set by a probe to fit "
+               f"{self.plan['budget_s']:g} s of pairs; the JSON and CSV give each test's bytes)",
                f"# pairs: {s.get('screening')} screening in {s.get('screening_rounds')} rounds, then "
                f"{s.get('localisation_rounds')} localisation rounds ({s.get('nodes_in_pairs')} nodes in pairs)",
                "#", f"# {'host':<24s} {'gpus':>4s} {'verdict':<8s} reason"]
@@ -118,15 +119,17 @@ class FleetReport:
                 f.write("".join(line + "\n" for line in self.scontrol_lines()))
 
 
-CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "busbw_gbps", "reference_gbps", "below_reference_pct",
-              "slow", "error"]
+CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "bytes", "busbw_gbps", "reference_gbps",
+              "below_reference_pct", "slow", "error"]
 
 
 def test_row(t, loc, name) -> dict:
-    """A pair test as a flat row (its worst rail)."""
+    """A pair test as a flat row (its worst rail: busbw at its best timed exchange, and the
+    bytes that rail's probe chose)."""
     frac, rail = loc.ref.below(t)
     value = t.rails[rail] if rail is not None and t.rails else None
     return {"round": t.round + 1, "kind": t.kind, "host_a": name(t.a), "host_b": name(t.b), "rail": rail,
+            "bytes": t.nbytes[rail] if rail is not None and rail < len(t.nbytes) else None,
             "busbw_gbps": None if value is None else round(value, 6),
             "reference_gbps": None if rail is None or loc.ref.ref(rail) is None else round(loc.ref.ref(rail), 6),
             "below_reference_pct": round(100 * frac, 1), "slow": loc.ref.slow(t), "error": t.error}

@@ -121,10 +121,15 @@ class Coordinator:
         p = self.plan
         loc = Localiser(active, p.band, p.floor)
         name, rounds = screening_rounds(len(active), p.all_pairs_rounds, p.screen_rounds, p.seed)
+        clock = PairClock(p.budget_s, len(rounds) + p.max_localise)
+        if rounds:
+            say(f"pairs: about {p.budget_s:g} s stated ({len(rounds)} screening rounds, at most {p.max_localise} "
+                f"localisation rounds; each measurement sized by a probe to its share of the time, at most "
+                f"{p.nbytes} B per exchange)")
         for k, pairs in enumerate(rounds):
             node_pairs = [(active[a], active[b], "screen") for a, b in pairs]
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
-            self.pair_round(loc, node_pairs)
+            self.pair_round(loc, node_pairs, clock)
         loc.dead |= set(self.dead)
         loc.set_reference()
         for k in range(p.max_localise):
@@ -135,29 +140,58 @@ class Coordinator:
             asked = sum(1 for _a, _b, kind in node_pairs if kind != "spare")
             say(f"localisation round {k + 1} (at most {p.max_localise}): {asked} node pairs to settle, "
                 f"{len(node_pairs) - asked} spare")
-            self.pair_round(loc, node_pairs)
+            self.pair_round(loc, node_pairs, clock)
         loc.dead |= set(self.dead)
         return loc, name
 
-    def pair_round(self, loc: Localiser, node_pairs: list) -> None:
-        """One round of node pairs, rail by rail; the tests recorded in `loc`."""
+    def pair_round(self, loc: Localiser, node_pairs: list, clock: "PairClock") -> None:
+        """One round of node pairs, rail by rail, each measurement aimed at the round's share
+        of the time; the tests recorded in `loc`."""
         lay, k = self.layout, len(self.rounds)
+        target = clock.target()
         tasks = {}
         for a, b, _kind in node_pairs:
             for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
-                tasks[ra], tasks[rb] = {"peer": rb}, {"peer": ra}
+                tasks[ra], tasks[rb] = {"peer": rb, "target_s": target}, {"peer": ra, "target_s": target}
         results = self.step(tasks, f"pair round {k + 1}")
+        clock.done(target)
         self.rounds.append(node_pairs)
         tests = []
         for a, b, kind in node_pairs:
-            rails, error = [], None
+            rails, sizes, error = [], [], None
             for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
-                sa, sb = (results.get(r, {}).get("s") for r in (ra, rb))
-                if sa and sb:
-                    rails.append(self.plan.nbytes / max(sa, sb) / 1e9)
+                pa, pb = (results.get(r, {}).get("pair") for r in (ra, rb))
+                sizes.append(pa["bytes"] if pa else None)
+                if pa and pb and pa["s"] and pb["s"]:
+                    rails.append(pa["bytes"] / max(pa["s"], pb["s"]) / 1e9)
                 else:
                     rails.append(None)
                     error = error or next((results[r]["error"] for r in (ra, rb) if "error" in results.get(r, {})),
                                           "no result")
-            tests.append(PairTest(k, a, b, tuple(rails), kind, error))
+            tests.append(PairTest(k, a, b, tuple(rails), kind, error, tuple(sizes)))
         loc.record(tests)
+
+
+class PairClock:
+    """The pair phase against its stated time: each round's measurements aim at an equal
+    share of the time left over the rounds that may still come, less what a round costs
+    beyond its measurements (group set-up, the store), read from the rounds so far."""
+
+    FIRST_OVERHEAD = 0.25   # of a share, before any round was timed
+    LEAST = 0.05            # of a share: the shortest a measurement is aimed at
+
+    def __init__(self, budget_s: float, rounds: int):
+        self.budget_s, self.rounds_left = budget_s, max(1, rounds)
+        self.begun = time.monotonic()
+        self.overhead: float | None = None
+        self.round_begun = self.begun
+
+    def target(self) -> float:
+        self.round_begun = time.monotonic()
+        share = max(0.0, self.budget_s - (self.round_begun - self.begun)) / self.rounds_left
+        overhead = self.FIRST_OVERHEAD * share if self.overhead is None else self.overhead
+        return max(self.LEAST * share, share - overhead)
+
+    def done(self, target: float) -> None:
+        self.overhead = max(0.0, time.monotonic() - self.round_begun - target)
+        self.rounds_left = max(1, self.rounds_left - 1)

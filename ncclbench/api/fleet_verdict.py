@@ -4,45 +4,58 @@ thousands of nodes and rank 0 runs exactly what the tests run.
 
 Nodes are indices 0..n-1 here; hosts only appear in the evidence text.
 
-Rules (the robust reference of ncclbench.api.verdict: median of the better half, band = the
-larger of `band` and 3 robust standard deviations):
+Noise on a shared fabric is one-sided: another job's traffic, or a busy CPU, only ever
+slows a measurement, never speeds it up. A NIC caps every pair of its node. So the number
+judged is what a node or a pair reaches at best, never an average:
 
 - **Each node alone**: too few GPUs (against --gpus-per-node or the most common count), a
   GPU model other than the most common, or its node-local all_reduce / all_gather busbw slow
-  against the other nodes'.
-- **Pairs**: each rail of a node pair is judged against the screening reference of that rail
-  (and an absolute floor where one is given); a pair is slow when any rail is. A pair
-  tested more than once is slow when it was slow at least twice and more often than not,
-  fine when it was fine at least as often as slow, and a suspect after a single slow test.
-- **Bad node**: slow with at least two different partners, one of those pairs slow again
-  when measured a second time (a node whose slow pairs were each measured once gets one
-  of them retested first), and in at least two thirds of its pairs, counting only partners
-  not already found bad (a bad node's partners look slow
-  with it and nothing else); the worst node is named first, then the counts are redone.
-- **Bad link**: a pair slow twice (screening and a retest) whose two nodes are each fine with
-  at least two other partners.
-- Everything else slow after the localisation rounds stays a suspect (named, not drained)."""
+  against the other nodes' (the robust reference of ncclbench.api.verdict).
+- **The cut** of each rail: the reference is the median of the better half of the screening
+  tests; the healthy spread is read from the values above it only (the top quarter of the
+  tests, which contention does not reach); the cut lies max(band, 5 healthy standard
+  deviations) below the reference (at most MAX_WIDTH).
+- **A node's best**: per rail, the most it reached in any test with any partner. A node is
+  *low* when its best on some rail stays below the cut (a healthy NIC shows its speed with
+  one healthy partner); else it is *high*.
+- **A pair's best**: per rail, the most it reached over its repeats; a pair is low when its
+  best stays below the cut on some rail.
+- **How many tests settle a verdict**: contention strikes a share c of the tests (measured:
+  the screening and spare tests between high nodes that fell below the cut). A healthy pair
+  stays low through k tests with chance about c^k; k is the least (at least 2) for which the
+  pairs (or nodes) at stake times c^k stays below FALSE_ALARM_TARGET.
+- **Bad node**: low, with k_node tests against high partners (two or more of them), all
+  below the cut on that rail. **Bad link**: a low pair of two high nodes, low in all of its
+  k_pair tests. What looks slow and is not settled yet is re-tested: a low node with a fresh
+  high partner, a low pair as itself (contention rarely strikes the same pair twice).
+- Whatever is still low and unsettled after the localisation rounds is a suspect (named,
+  not drained, fails nothing)."""
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ncclbench.api.verdict import MAD_SIGMA, reference, slow_outliers
+from ncclbench.api.verdict import reference, slow_outliers
 
-CONFIRM = 2   # distinct partners / repeats that settle a verdict
-# Pairs are many and each is judged on every rail: a cut 3 robust standard deviations below
-# the better half's median (preflight's rule, for a handful of groups) flagged 5% of healthy
-# pair tests with 8 rails and 8% noise in simulation. Past FULL_SPREAD_FROM values the spread
-# is the MAD of all of them (the better half's understates it) and the cut FLEET_WIDTH of it
-# below the reference: about 1 healthy pair test in 15,000 with 8 rails.
-FULL_SPREAD_FROM = 20
+CONFIRM = 2   # the fewest tests (and distinct partners of a bad node) that settle a verdict
+# Pairs are many and each is judged on every rail: the cut lies FLEET_WIDTH healthy standard
+# deviations below the reference (about 1 healthy pair test in 15,000 with 8 rails falls
+# below it by Gaussian noise alone). From UPPER_SPREAD_FROM values on, the spread is read
+# from the values above the reference (the top quarter): for a normal distribution the
+# median of their distances to the reference (the 75th percentile) is UPPER_Z standard
+# deviations, and contention, which only slows tests, does not reach them.
+UPPER_SPREAD_FROM = 8
+UPPER_Z = 0.4758      # 87.5th minus 75th percentile of a standard normal
 FLEET_WIDTH = 5.0
 # Noise widens the band, up to this: on a fleet so noisy that healthy pairs spread over more
-# than this, a pair 20x below the reference is still slow (gloo on two shared cores: healthy
-# pairs 0.2-1.0 GB/s, a 20 Mbit/s NIC 0.0024 GB/s).
+# than this, a pair 20x below the reference is still slow.
 MAX_WIDTH = 0.95
+# The expected number of false drains plus false links per run the repeat counts aim at.
+FALSE_ALARM_TARGET = 0.01
 
 
 # ---- each node alone ------------------------------------------------------------------------------
@@ -88,7 +101,8 @@ def judge_alone(busbw: dict, band: float) -> dict:
 @dataclass(frozen=True)
 class PairTest:
     """One measurement of a node pair: busbw per rail (GB/s per direction; None where the
-    exchange failed), the round and why it ran (screen | clean | retest | spare)."""
+    exchange failed), the round and why it ran (screen | clean | retest | spare), and the
+    bytes each rail exchanged (empty when not recorded)."""
 
     round: int
     a: int
@@ -96,6 +110,12 @@ class PairTest:
     rails: tuple
     kind: str = "screen"
     error: str | None = None
+    nbytes: tuple = ()
+
+
+def rail_values(test: PairTest) -> list[float]:
+    """Busbw per rail, a failed rail as 0."""
+    return [0.0 if v is None else v for v in test.rails]
 
 
 @dataclass
@@ -104,6 +124,7 @@ class RailReference:
 
     per_rail: dict = field(default_factory=dict)
     floor: float | None = None
+    _cuts: list = field(default_factory=list, repr=False, compare=False)
 
     def cut(self, rail: int) -> float:
         ref_cut = self.per_rail.get(rail, (None, 0.0))[1]
@@ -122,25 +143,80 @@ class RailReference:
                 worst, where = frac, r
         return worst, where
 
+    def low_rail(self, values) -> int | None:
+        """The first rail whose value is below its cut (None: none is)."""
+        if len(self._cuts) < len(values):
+            self._cuts = [self.cut(r) for r in range(len(values))]
+        cuts = self._cuts
+        for r, v in enumerate(values):
+            if v < cuts[r]:
+                return r
+        return None
+
     def slow(self, test: PairTest) -> bool:
-        return any(v is None or v < self.cut(r) for r, v in enumerate(test.rails))
+        return self.low_rail(rail_values(test)) is not None
+
+
+def healthy_spread(values: list[float]) -> tuple[float, float]:
+    """(reference, healthy standard deviation) of higher-is-better values whose noise only
+    ever lowers them: from UPPER_SPREAD_FROM values on, read from the values above the
+    reference; below that, the better half's robust spread (ncclbench.api.verdict)."""
+    ref, spread = reference(values)
+    if len(values) >= UPPER_SPREAD_FROM:
+        above = [v - ref for v in values if v > ref]
+        if len(above) >= 2:
+            spread = statistics.median(above) / UPPER_Z
+    return ref, spread
 
 
 def rail_reference(tests: list[PairTest], band: float, floor: float | None = None) -> RailReference:
-    """The reference of each rail from the screening tests that completed."""
-    out = RailReference(floor=floor)
+    """The reference and cut of each rail from the screening tests that completed."""
     rails = max((len(t.rails) for t in tests), default=0)
-    for r in range(rails):
-        values = [t.rails[r] for t in tests if r < len(t.rails) and t.rails[r] is not None]
+    return reference_of([[t.rails[r] for t in tests if r < len(t.rails) and t.rails[r] is not None]
+                         for r in range(rails)], band, floor)
+
+
+def reference_of(per_rail: list[list[float]], band: float, floor: float | None = None) -> RailReference:
+    """The reference and cut of each rail from its values: the cut lies max(band, FLEET_WIDTH
+    healthy standard deviations) below the reference, at most max(band, MAX_WIDTH)."""
+    out = RailReference(floor=floor)
+    for r, values in enumerate(per_rail):
         if len(values) < 2:
             continue
-        ref, spread = reference(values)
-        if len(values) >= FULL_SPREAD_FROM:
-            median = statistics.median(values)
-            spread = MAD_SIGMA * statistics.median(abs(v - median) for v in values)
+        ref, spread = healthy_spread(values)
         width = min(max(band, FLEET_WIDTH * spread / ref), max(band, MAX_WIDTH)) if ref > 0 else 1.0
         out.per_rail[r] = (ref, ref * (1.0 - width))
     return out
+
+
+def repeats_needed(low: int, total: int, at_stake: int, target: float = FALSE_ALARM_TARGET) -> int:
+    """The fewest tests, all low, that make a healthy pair (or node) unlikely: with a share c
+    of healthy tests low (estimated (low + 1) / (total + 2)), at_stake x c^k below target."""
+    c = (low + 1) / (total + 2)
+    k = math.log(target / max(1, at_stake)) / math.log(c)
+    return max(CONFIRM, math.ceil(k - 1e-9))
+
+
+@dataclass
+class Judgement:
+    """One reading of every test so far (Localiser.judge)."""
+
+    best: dict                 # node -> best busbw per rail
+    node_ref: RailReference    # the nodes' bests: reference and cut per rail
+    low_nodes: dict            # node -> the rail its best stays below the cut
+    pair_tests: dict           # frozenset((a, b)) -> [PairTest]
+    low_pairs: dict            # frozenset((a, b)) -> rail
+    evidence: dict             # low node -> [PairTest] with high partners
+    k_node: int
+    k_pair: int
+    contended: tuple           # (tests below the node cut, below the pair cut, all) between high
+    #                            nodes in screening and spare rounds
+    bad: set = field(default_factory=set)
+    links: set = field(default_factory=set)
+
+    @property
+    def high(self) -> set:
+        return set(self.best) - set(self.low_nodes)
 
 
 class Localiser:
@@ -155,6 +231,7 @@ class Localiser:
         self.tests: list[PairTest] = []
         self.dead: set = set()
         self.ref = RailReference(floor=floor)
+        self._judged: tuple | None = None
 
     def record(self, tests: list[PairTest]) -> None:
         self.tests.extend(tests)
@@ -162,102 +239,100 @@ class Localiser:
     def set_reference(self) -> None:
         screening = [t for t in self.tests if t.kind == "screen" and not {t.a, t.b} & self.dead]
         self.ref = rail_reference(screening, self.band, self.floor)
+        self._judged = None
 
-    # ---- per pair, per node ----
-    def pair_states(self) -> dict:
-        """{frozenset((a, b)): "slow" | "suspect" | "fine"} over the live pairs tested."""
-        counts: dict = {}
-        for t in self.tests:
-            if t.kind == "spare" or {t.a, t.b} & self.dead:
-                continue
-            s, f = counts.get(frozenset((t.a, t.b)), (0, 0))
-            counts[frozenset((t.a, t.b))] = (s + 1, f) if self.ref.slow(t) else (s, f + 1)
-        out = {}
-        for pair, (s, f) in counts.items():
-            out[pair] = "fine" if f >= s else ("slow" if s >= CONFIRM else "suspect")
-        return out
-
-    def adjacency(self, states: dict) -> dict:
-        """{node: [(partner, state)]} of the live pairs tested."""
-        adj: dict = {}
-        for pair, state in states.items():
-            a, b = sorted(pair)
-            adj.setdefault(a, []).append((b, state))
-            adj.setdefault(b, []).append((a, state))
-        return adj
-
-    def bad_nodes(self, states: dict | None = None) -> set:
-        """The bad-node rule, worst node first, counts redone after each (see the module)."""
-        adj = self.adjacency(self.pair_states() if states is None else states)
-        bad: set = set()
-        while True:
-            worst, best_ratio = None, 0.0
-            for node, mine in adj.items():
-                if node in bad or node in self.dead:
-                    continue
-                live = [s for o, s in mine if o not in bad]
-                slow = sum(1 for s in live if s != "fine")
-                confirmed = "slow" in live  # one of its slow pairs measured slow again
-                if slow >= CONFIRM and confirmed and 3 * slow >= 2 * len(live) and slow / len(live) > best_ratio:
-                    worst, best_ratio = node, slow / len(live)
-            if worst is None:
-                return bad
-            bad.add(worst)
-
-    @staticmethod
-    def _fine_partners(node: int, adj: dict, bad: set) -> int:
-        return sum(1 for o, s in adj.get(node, []) if s == "fine" and o not in bad)
+    # ---- reading the tests ----
+    def judge(self) -> Judgement:
+        """The best of every node and pair, what is low, and what is settled (cached until
+        tests are added or nodes die)."""
+        key = (len(self.tests), frozenset(self.dead), id(self.ref))
+        if self._judged and self._judged[0] == key:
+            return self._judged[1]
+        live = [t for t in self.tests if not {t.a, t.b} & self.dead]
+        best: dict = {}
+        pair_tests: dict = {}
+        for t in live:
+            values = rail_values(t)
+            for x in (t.a, t.b):
+                best[x] = [max(u, v) for u, v in zip(best[x], values)] if x in best else list(values)
+            pair_tests.setdefault(frozenset((t.a, t.b)), []).append(t)
+        # a node's best against the others' best: its own reference, from the nodes' bests
+        node_ref = reference_of([list(v) for v in zip(*best.values())], self.band, self.floor) if best else self.ref
+        low_nodes = {n: r for n, values in best.items() if (r := node_ref.low_rail(values)) is not None}
+        high = set(best) - set(low_nodes)
+        low_pairs = {}
+        for pair, tests in pair_tests.items():
+            if all(t.kind == "spare" for t in tests):
+                continue  # spare pairs are load and references, never opened as candidates
+            r = self.ref.low_rail([max(v) for v in zip(*(rail_values(t) for t in tests))])
+            if r is not None:
+                low_pairs[pair] = r
+        unbiased = [t for t in live if t.kind in ("screen", "spare") and t.a in high and t.b in high]
+        low_p = sum(1 for t in unbiased if self.ref.slow(t))
+        low_n = sum(1 for t in unbiased if node_ref.low_rail(rail_values(t)) is not None)
+        stake = len({frozenset((t.a, t.b)) for t in unbiased})
+        j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {},
+                      k_node=repeats_needed(low_n, len(unbiased), len(best)),
+                      k_pair=repeats_needed(low_p, len(unbiased), stake), contended=(low_n, low_p, len(unbiased)))
+        for n in low_nodes:
+            j.evidence[n] = [t for t in live if n in (t.a, t.b) and (t.b if t.a == n else t.a) in high]
+            partners = {t.b if t.a == n else t.a for t in j.evidence[n]}
+            if len(j.evidence[n]) >= j.k_node and len(partners) >= CONFIRM:
+                j.bad.add(n)
+        for pair in low_pairs:
+            if pair <= high and len(pair_tests[pair]) >= j.k_pair:
+                j.links.add(pair)
+        self._judged = (key, j)
+        return j
 
     def wanted(self) -> list[tuple[int, str]]:
-        """(node, "clean" | "retest:<other>") for what the verdict still needs, most urgent first."""
-        states = self.pair_states()
-        bad, adj = self.bad_nodes(states), self.adjacency(states)
-        want: list = []
-        asked: set = set()
-        retested: set = set()
-        for pair, state in sorted(states.items(), key=lambda item: sorted(item[0])):
-            a, b = sorted(pair)
-            if state == "fine" or {a, b} & bad:
-                continue
-            confirmed = {x for x in (a, b) if any(s == "slow" for _o, s in adj.get(x, []))}
-            if state == "suspect" and not {a, b} & (confirmed | retested):
-                want.append((a, f"retest:{b}"))  # no slow pair of theirs measured twice yet
-                retested.update((a, b))
-                continue
-            short = [x for x in (a, b) if self._fine_partners(x, adj, bad) < CONFIRM]
-            want += [(x, "clean") for x in short if x not in asked]
-            asked.update(short)
+        """(node, "clean" | "retest:<other>") for what the verdict still needs: a low node
+        short of tests against high partners, then a low pair of two high nodes short of
+        repeats."""
+        j = self.judge()
+        want = [(n, "clean") for n in sorted(j.low_nodes) if n not in j.bad]
+        # the pairs low in the most tests first: they are the likeliest links and need most rounds
+        for pair in sorted(j.low_pairs, key=lambda p: (-len(j.pair_tests[p]), sorted(p))):
+            if pair <= j.high and pair not in j.links:
+                a, b = sorted(pair)
+                want.append((a, f"retest:{b}"))
         return want
 
     def clean_nodes(self) -> list[int]:
-        states = self.pair_states()
-        bad, adj = self.bad_nodes(states), self.adjacency(states)
-        return [n for n in self.active if n not in self.dead and n not in bad
-                and all(s == "fine" for o, s in adj.get(n, []) if o not in bad)]
+        """The high nodes: partners that show a low node's speed."""
+        high = self.judge().high
+        return [n for n in self.active if n not in self.dead and n in high]
 
     def met(self) -> set:
-        return {frozenset((t.a, t.b)) for t in self.tests if t.kind != "spare"}
+        return {frozenset((t.a, t.b)) for t in self.tests}
 
     # ---- the verdict ----
     def verdict(self, name) -> tuple[dict, dict, dict]:
         """({bad node: evidence}, {(a, b): evidence}, {suspect node: evidence}); `name(node)`
         gives a node's host for the text."""
-        states = self.pair_states()
-        bad, adj = self.bad_nodes(states), self.adjacency(states)
-        bad_lines = {n: self._bad_line(n, adj, bad, name) for n in sorted(bad)}
+        j = self.judge()
+        bad_lines = {n: self._bad_line(n, j, name) for n in sorted(j.bad)}
         links, suspects = {}, {}
-        for pair, state in sorted(states.items(), key=lambda item: sorted(item[0])):
+        for n in sorted(set(j.low_nodes) - j.bad):
+            r = j.low_nodes[n]
+            suspects[n] = (f"not localised: rail {r} reaches at best {j.best[n][r]:.3g} GB/s (the nodes' cut "
+                           f"{j.node_ref.cut(r):.3g}), {len(j.evidence[n])} of the {j.k_node} tests needed against "
+                           f"partners that reach it")
+        for pair in sorted(j.low_pairs, key=sorted):
             a, b = sorted(pair)
-            if state == "fine" or {a, b} & bad:
+            if pair & j.bad or not pair <= j.high:
                 continue
-            fine_a, fine_b = (self._fine_partners(x, adj, bad) for x in (a, b))
             line = self._pair_line(a, b, name)
-            if state == "slow" and min(fine_a, fine_b) >= CONFIRM:
-                links[(a, b)] = (f"{line}; {name(a)} is fine with {fine_a} other partners, {name(b)} with {fine_b}")
+            if pair in j.links:
+                links[(a, b)] = (f"{line}; {name(a)} reaches {self._best_text(a, j)} with others, "
+                                 f"{name(b)} {self._best_text(b, j)}")
             else:
                 for x in (a, b):
-                    suspects.setdefault(x, f"not localised: {line}")
+                    suspects.setdefault(x, f"not localised: {line} ({j.k_pair} needed)")
         return bad_lines, links, suspects
+
+    def _best_text(self, node: int, j: Judgement) -> str:
+        return "/".join(f"{v:.3g}" for v in j.best[node]) + " GB/s"
 
     def _tests_of(self, a: int, b: int) -> list[PairTest]:
         return [t for t in self.tests if {t.a, t.b} == {a, b}]
@@ -265,32 +340,35 @@ class Localiser:
     def _pair_line(self, a: int, b: int, name) -> str:
         tests = self._tests_of(a, b)
         slow = [t for t in tests if self.ref.slow(t)]
-        worst = max(slow or tests, key=lambda t: self.ref.below(t)[0])
-        frac, rail = self.ref.below(worst)
-        value = worst.rails[rail] if rail is not None else None
-        ref = self.ref.ref(rail) if rail is not None else None
-        what = "failed" if value is None else f"{value:.3g} GB/s"
-        against = f", {100 * frac:.0f}% below the reference {ref:.3g} GB/s" if value is not None and ref else ""
-        err = f" ({worst.error})" if worst.error and value is None else ""
-        return (f"{name(a)} <-> {name(b)} rail {rail}: {what}{err}{against}, slow in {len(slow)} of "
+        values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
+        rail = self.ref.low_rail(values)
+        rail = 0 if rail is None else rail
+        ref = self.ref.ref(rail)
+        failed = all(t.rails[rail] is None for t in tests)
+        err = next((t.error for t in tests if t.error), None)
+        what = f"failed ({err})" if failed else f"at best {values[rail]:.3g} GB/s"
+        against = f", {100 * (1 - values[rail] / ref):.0f}% below the reference {ref:.3g} GB/s" if ref and not failed else ""
+        return (f"{name(a)} <-> {name(b)} rail {rail}: {what}{against}, slow in {len(slow)} of "
                 f"{len(tests)} test{'s' if len(tests) != 1 else ''}")
 
-    def _bad_line(self, node: int, adj: dict, bad: set, name) -> str:
-        mine = [(o, s) for o, s in adj.get(node, []) if o not in bad]
-        slow = sorted(o for o, s in mine if s != "fine")
-        worst = min(slow, key=lambda o: min((self._min_rail(t) for t in self._tests_of(node, o)), default=0))
-        return (f"slow with {len(slow)} of its {len(mine)} partners, each of them fine with others "
-                f"(worst: {self._pair_line(node, worst, name)})")
-
-    def _min_rail(self, t: PairTest) -> float:
-        return min((v if v is not None else -1.0) for v in t.rails) if t.rails else -1.0
+    def _bad_line(self, node: int, j: Judgement, name) -> str:
+        r = j.low_nodes[node]
+        tests = j.evidence[node]
+        partners = sorted({t.b if t.a == node else t.a for t in tests})
+        ref = j.node_ref.ref(r)
+        below = (f", {100 * (1 - j.best[node][r] / ref):.0f}% below what the nodes reach at best ({ref:.3g} GB/s)"
+                 if ref else "")
+        return (f"rail {r} reaches at best {j.best[node][r]:.3g} GB/s{below}, in {len(tests)} tests with "
+                f"{len(partners)} partners ({', '.join(name(p) for p in partners[:4])}"
+                f"{', ...' if len(partners) > 4 else ''}), each of which reaches the cut "
+                f"{j.node_ref.cut(r):.3g} GB/s with others")
 
 
 def localisation_round(loc: Localiser, seed: int = 0) -> list[tuple[int, int, str]]:
-    """The next localisation round: (a, b, kind) with kind "clean" (a suspect with a partner
-    that tested clean), "retest" (a suspected link again) or "spare" (clean nodes left over,
-    paired so that every node stays busy: load, not evidence); empty when nothing needs
-    measuring."""
+    """The next localisation round: (a, b, kind) with kind "clean" (a low node with a high
+    partner it has not met), "retest" (a low pair again) or "spare" (high nodes left over,
+    paired so that every node stays busy: more tests of the fleet's healthy speed); empty
+    when nothing needs measuring."""
     from ncclbench.engine.fleet_schedule import repair_round
 
     want = loc.wanted()
@@ -322,9 +400,26 @@ def simulate(n: int, rails: int, measure, band: float, screen_rounds: int, max_l
     done = 0
     while done < max_localise:
         pairs = localisation_round(loc, seed + done)
-        if not pairs:
+        if not any(kind != "spare" for _a, _b, kind in pairs):
             break
         k = len(rounds) + done
         loc.record([PairTest(k, a, b, tuple(measure(k, a, b)), kind) for a, b, kind in pairs])
         done += 1
     return loc, name, rounds, done
+
+
+def planted_fabric(n: int, rails: int, bad_nodes=(), bad_links=(), noise: float = 0.05, contended: float = 0.0,
+                   slow: float = 0.4, seed: int = 0):
+    """A made-up fabric for simulate(): every rail reaches 100 GB/s with Gaussian noise
+    (`noise`, relative), a planted bad node or link `slow` x that on every rail, and a share
+    `contended` of the pair tests slowed 1.3-3x on every rail by other traffic (one-sided:
+    never faster)."""
+    rng = random.Random(seed)
+    bad = set(bad_nodes)
+    links = {frozenset(p) for p in bad_links}
+
+    def measure(_k, a, b):
+        cap = slow if a in bad or b in bad or frozenset((a, b)) in links else 1.0
+        factor = rng.uniform(1.3, 3.0) if rng.random() < contended else 1.0
+        return [100.0 * cap * rng.gauss(1.0, noise) / factor for _ in range(rails)]
+    return measure

@@ -105,13 +105,17 @@ def pair_group(dist, me: int, peer: int, backend: str, timeout_s: float):
 
 
 def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, warmup: int,
-                 timeout_s: float, buffers: dict) -> float:
-    """Seconds per exchange with `peer` (the median timed iteration); raises on a failed
-    exchange, on wrong data, and past `timeout_s` (group set-up included)."""
+                 timeout_s: float, buffers: dict, target_s: float | None = None) -> dict:
+    """One pair measurement with `peer`: {"s": seconds of the best timed exchange, "median_s":
+    of the median one, "bytes": exchanged each way per exchange, "probe_s": the probe's}.
+    With `target_s`, a short probe first sets the size so that the whole measurement takes
+    about target_s (at most `nbytes`): a slow link gets fewer bytes, not more time. Raises on
+    a failed exchange, on wrong data, and past `timeout_s` (group set-up included)."""
     from ncclbench.backends.torch_dist import TorchBackend
     from ncclbench.engine.timing import TimingSettings, measure
 
-    deadline = time.monotonic() + timeout_s
+    begun = time.monotonic()
+    deadline = begun + timeout_s
     me = dist.get_rank()
     group = pair_group(dist, me, peer, backend_name, timeout_s)
     backend = TorchBackend.adopt(group)
@@ -119,17 +123,53 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
         buffers["send"] = backend.alloc_bytes(nbytes)[:nbytes]
         buffers["recv"] = backend.alloc_bytes(nbytes)[:nbytes]
         buffers["send"].fill_(pattern_byte(me))
-    send, recv = buffers["send"], buffers["recv"]
+    link = PairLink(dist, group, peer, buffers["send"], buffers["recv"], deadline, on_gpu=backend.name == "nccl")
+    paired = FleetPairBackend(backend, link)
+    paired.barrier()  # connects the pair: the probe times the exchange, not the connection
+    size, probe_s = nbytes, None
+    if target_s is not None:
+        size, probe_s = probe_size(backend, link, paired, nbytes, warmup + iters, target_s - (time.monotonic() - begun))
+    send, recv = buffers["send"][:size], buffers["recv"][:size]
     recv.zero_()
-    link = PairLink(dist, group, peer, send, recv, deadline, on_gpu=backend.name == "nccl")
+    link.send, link.recv = send, recv
     for _ in range(warmup):
         link()
-    timing = measure(FleetPairBackend(backend, link), link, TimingSettings(iters=iters, per_iter=True))
+    timing = measure(paired, link, TimingSettings(iters=iters, per_iter=True))
     backend.synchronize()
     if not bool((recv == pattern_byte(peer)).all()):
         raise RuntimeError(f"wrong data from rank {peer}")
     samples = timing.per_iter_s or [timing.device_s]
-    return statistics.median(samples)
+    return {"s": min(samples), "median_s": statistics.median(samples), "bytes": size, "probe_s": probe_s}
+
+
+PROBE_MIN = 64 << 10   # bytes: the probe's size is nbytes / 64, at least this (at most nbytes)
+SIZE_STEP = 4096       # sizes chosen by time are multiples of this
+
+
+def probe_size(backend, link: PairLink, paired, nbytes: int, exchanges: int, left_s: float) -> tuple[int, float]:
+    """(bytes per exchange so that `exchanges` of them take about `left_s`, the probe's
+    seconds): two timed exchanges of a probe size, the faster one judged (noise only slows).
+    The two sides trade their probe times and time left and both use the slower probe and
+    the shorter time left, so both pick the same size."""
+    q = min(nbytes, max(PROBE_MIN, nbytes // 64))
+    send, recv = link.send[:q], link.recv[:q]
+    best = float("inf")
+    for _ in range(2):
+        paired.barrier()
+        t0 = time.perf_counter()
+        link.exchange(send, recv)
+        backend.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    torch = backend.torch
+    mine = torch.tensor([best, left_s], dtype=torch.float64, device=backend.device)
+    theirs = torch.zeros_like(mine)
+    link.exchange(mine, theirs)
+    backend.synchronize()
+    other = theirs.tolist()
+    probe_s, left = max(best, other[0]), min(left_s, other[1])
+    want = q / probe_s * max(left, 0.0) / max(1, exchanges)
+    size = int(min(nbytes, want)) // SIZE_STEP * SIZE_STEP
+    return max(size, min(nbytes, SIZE_STEP)), probe_s
 
 
 def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: int, timeout_s: float) -> dict:

@@ -13,7 +13,7 @@ of two schedules, chosen by the fleet's size:
   neighbours.
 
 Localisation rounds (`repair_round`) then put each suspect with a partner that tested
-clean, and pair the clean nodes left over among themselves, so that every node stays busy
+clean, put each suspected pair together again, and pair the clean nodes left over among themselves, so that every node stays busy
 and the round carries its own reference pairs."""
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def repair_round(wanted: list[tuple[int, str]], clean: list[int], met: set, busy
                  seed: int = 0) -> tuple[list[tuple[int, int]], list[int]]:
     """One localisation round: (pairs, the suspects that got no partner this round).
 
-    `wanted`: (node, kind) in order of need; kind "clean" asks for a partner from `clean`
-    that it has not met yet ({frozenset((a, b))} in `met`), kind "retest:<b>" asks for node
-    b itself (a suspected link measured again). `busy_ok`: nodes that may be paired among
+    `wanted`: (node, kind) in order of need; kind "clean" asks for a partner from `clean`,
+    one it has not met yet where there is one ({frozenset((a, b))} in `met`), kind
+    "retest:<b>" asks for node b itself (a suspected link measured again). `busy_ok`: nodes that may be paired among
     themselves with whatever is left (the clean ones; dead and drained nodes are left out)."""
     rng = random.Random(seed)
     free = list(clean)
@@ -90,7 +90,10 @@ def repair_round(wanted: list[tuple[int, str]], clean: list[int], met: set, busy
                 continue
             partner = other
         else:
-            partner = next((c for c in free if c not in used and c != node and frozenset((node, c)) not in met), None)
+            open_ = [c for c in free if c not in used and c != node]
+            # a partner not met yet is a new witness; in a small fleet where every clean node
+            # was met, one met before is a repeat, still a fresh test against a node known fast
+            partner = next((c for c in open_ if frozenset((node, c)) not in met), open_[0] if open_ else None)
             if partner is None:
                 waiting.append(node)
                 continue
