@@ -138,7 +138,7 @@ class Run:
                     pass
 
 
-def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S+"):
+def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S+", own_launcher=True):
     """SIGSTOP `pid` (rank `victim`) and check the run's verdict; (seconds to name, seconds to gone)."""
     os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -156,7 +156,8 @@ def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S
     assert re.search(rf"; ranks {others} waited for rank {victim} at ", line), line
     for t, other in lines:  # any other line (a launcher's kill) names the frozen rank alone
         assert not re.search(rf"rank (?!{victim}\b)\d+ \(pid", other.replace(line, "")), other
-    assert "failed" not in " ".join(x for _, x in lines) and "Traceback" not in "".join(x for _, x in run.err)
+    assert "failed" not in " ".join(x for _, x in lines)
+    assert not own_launcher or "Traceback" not in "".join(x for _, x in run.err)  # torchrun prints its own
     return named[0][0] - stopped, gone - stopped
 
 
@@ -204,7 +205,7 @@ def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path):
     try:
         run.wait_rows(4)
         time.sleep(0.3)
-        to_name, to_gone = _freeze_and_judge(run, 2, run.pids[2], 3)
+        to_name, to_gone = _freeze_and_judge(run, 2, run.pids[2], 3, own_launcher=False)
     finally:
         run.kill(run.pids.values())
     assert run.proc.returncode == 1
@@ -225,7 +226,7 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
     with its state, which rank 2, its host mate, read and posted in the store; the ranks on
     simnode1 end it. (With one rank per host the frozen rank is named as silent instead.)"""
     with netsim.SimFleet(2) as fleet:
-        cmd = cli_command() + [a for a in ARGS if a != "--no-save"] + ["--no-save", "--csv", str(tmp_path / "r.csv")]
+        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
         nodes = [fleet.start(i, cmd, nproc=2, port=29571) for i in range(2)]
         run = Run.__new__(Run)
         run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
@@ -242,6 +243,44 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
     print(f"across hosts: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
 
+
+
+def _link_down(fleet, i: int) -> None:
+    """Node i's network gone (its one interface down); netsim's own link_down where it has one."""
+    if hasattr(fleet, "link_down"):
+        fleet.link_down(i)
+        return
+    subprocess.run(["ip", "-n", fleet.spaces[i], "link", "set", "eth0", "down"], check=True, capture_output=True)
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_host_whose_network_is_gone_is_named_as_not_answering(tmp_path):
+    """Two simulated hosts x 2 ranks, simnode1's interface taken down mid-sweep: ranks 2,3
+    (simnode1) did not answer, ranks 0,1 waited for them; every process of both hosts ends."""
+    with netsim.SimFleet(2) as fleet:
+        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
+        nodes = [fleet.start(i, cmd, nproc=2, port=29572) for i in range(2)]
+        run = Run.__new__(Run)
+        run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
+        threading.Thread(target=run._err, daemon=True).start()
+        threading.Thread(target=nodes[1].communicate, daemon=True).start()
+        try:
+            run.wait_rows(4)
+            time.sleep(0.3)
+            _link_down(fleet, 1)
+            down = time.monotonic()
+            gone = run.finish()
+            nodes[1].wait(timeout=60)
+            gone = max(gone, time.monotonic()) - down
+        finally:
+            run.kill(run.pids.values())
+    lines = [line for _, line in run.lines()]
+    named = [line for line in lines if "timeout:" in line]
+    assert nodes[0].returncode == 4 and len(named) == 1, lines
+    assert re.search(r"\(-T\): rank 2 \(pid \d+\) on simnode1 did not answer .*; rank 3 \(pid \d+\) on simnode1 did "
+                     r"not answer .*; ranks 0,1 waited for ranks 2,3 at ", named[0]), named[0]
+    assert gone < GONE_BOUND, gone
+    print(f"network gone: all gone after {gone:.1f} s")
 
 # ---- on GPUs (NCCL) -----------------------------------------------------------------------------
 GPU_ARGS = ["allreduce", "-g", "4", "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",

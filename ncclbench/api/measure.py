@@ -183,20 +183,18 @@ class GroupCall:
         rank that hung and the ranks that waited for it (engine.hang), and leaves that message
         for every rank; the others post what they see and take its message; then the waiting
         ranks are unblocked."""
-        from ncclbench.engine.hang import VERDICT_WAIT_S
+        from ncclbench.engine.hang import STORE_WAIT_S, VERDICT_WAIT_S, within
 
         message = None
         if rank != 0:
-            census.post()
-            deadline = time.monotonic() + VERDICT_WAIT_S
-            while message is None and time.monotonic() < deadline:
-                message = self.timeout_message()
-                time.sleep(0.1) if message is None else None
+            message = within(VERDICT_WAIT_S + 2 * STORE_WAIT_S, lambda: self._verdict_of_rank0(census))
         if message is None:  # group rank 0, or it never spoke (itself hung): this rank decides
-            verdict = census.gather()
+            verdict = census.gather_within()
             text = verdict.text(name=lambda r: self.global_ranks[r] if r < len(self.global_ranks) else r)
-            message = self.mark(f"timeout: {verdict.what} on {self.label} did not finish within {timeout_s:g} s: "
-                                f"{text}")
+            message = f"timeout: {verdict.what} on {self.label} did not finish within {timeout_s:g} s: {text}"
+            message = within(2 * STORE_WAIT_S, lambda: self.mark(message), message)
+            if self.exit_on_timeout:
+                within(3.0, lambda: census.wait_heard(len([r for r in verdict.answered if r != rank])))
         if self.exit_on_timeout:  # a batch job's own process: end it, as the command line's -T does
             if self.dist.get_rank() == 0:
                 call = self
@@ -210,6 +208,20 @@ class GroupCall:
                 time.sleep(0.5)  # rank 0 may still be reading the store it hosts
             hard_exit(ExitCode.TIMEOUT)
         self.abort()
+
+    def _verdict_of_rank0(self, census) -> str | None:
+        """Post this rank's witness, then wait for group rank 0's message (None after a while)."""
+        from ncclbench.engine.hang import VERDICT_WAIT_S
+
+        census.post()
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        while time.monotonic() < deadline:
+            message = self.timeout_message()
+            if message is not None:
+                census.heard()  # group rank 0 may host the store, and leave once all have it
+                return message
+            time.sleep(0.1)
+        return None
 
     def mark(self, message: str) -> str:
         """Leave the timeout message for every rank (the first one written stays); returns it."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
 from ncclbench import procs
 
 GATHER_S = 3.0      # the reporting rank waits this long at most for the witnesses
-VERDICT_WAIT_S = GATHER_S + 3.0  # the other ranks wait this long at most for its verdict
+VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
 STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store host answers none)
 NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
 
@@ -141,6 +142,23 @@ def culprits_in(message: str) -> list[int]:
     return sorted({int(m) for m in _CULPRIT.findall(message)})
 
 
+def within(seconds: float, fn, default=None):
+    """`fn()`, or `default` if it has not returned within `seconds`: a store whose host is
+    frozen answers nothing, and a connection to it can wait far longer than -T."""
+    out = [default]
+
+    def run():
+        try:
+            out[0] = fn()
+        except Exception:  # noqa: BLE001 - no census: the caller goes on without it
+            pass
+
+    worker = threading.Thread(target=run, name="ncclbench-census", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return out[0]
+
+
 def gpu_reached(marker) -> bool | None:
     """Whether the device has passed `marker` (a torch or CuPy CUDA event; None on the CPU)."""
     if marker is None or isinstance(marker, float):
@@ -179,8 +197,9 @@ class Census:
         self.board, self.step, self.what, self.prefix = board, step, what, prefix
         self.marker, self.where = marker, where
         self.rank, self.nranks = board.rank, board.nranks
-        self.store = bounded(getattr(board, "store", None))
+        self.store = None  # connected on first use (connecting may itself hang: see within())
         self.entries: dict = {}
+        self.seen: tuple = ({}, {})  # (witnesses, states) gathered so far
 
     def _key(self, name) -> str:
         return f"{self.prefix}{name}"
@@ -192,13 +211,36 @@ class Census:
                 if r != self.rank and e.host == host and e.pid}
 
     def post(self) -> Witness:
+        me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {})
+        self.seen = ({self.rank: me}, {})
+        self.store = bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
-        me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), self.local_states())
+        me.states = self.local_states()
+        self.seen = ({self.rank: me}, dict(me.states))
         try:
             self.store.set(self._key(self.rank), me.line())
         except Exception:  # noqa: BLE001 - no store: this rank decides on what it sees itself
             pass
         return me
+
+    def decide(self) -> Verdict:
+        """The rule on what was gathered so far."""
+        witnesses, states = self.seen
+        steps = [w.step for w in witnesses.values()] + [e.step for e in self.entries.values()]
+        step = max(steps or [self.step])
+        what = next((w.what for w in witnesses.values() if w.step == step),
+                    next((e.what for e in self.entries.values() if e.step == step and e.what), self.what))
+        return decide(self.nranks, step, what, self.entries, witnesses, states)
+
+    def gather_within(self, seconds: float = GATHER_S + 2 * STORE_WAIT_S) -> Verdict:
+        """gather(), or the rule on what came in if the store stops answering meanwhile."""
+        self.seen = ({}, {})
+        verdict = within(seconds, self.gather)
+        if verdict is not None:
+            return verdict
+        if not self.seen[0]:
+            self.seen = ({self.rank: Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker))}, {})
+        return self.decide()
 
     def gather(self, wait_s: float = GATHER_S) -> Verdict:
         """Post this rank's witness, read the others' until each rank has answered or been
@@ -206,16 +248,13 @@ class Census:
         me = self.post()
         deadline = time.monotonic() + wait_s
         while True:
-            witnesses, states = self._read(me)
+            self.seen = witnesses, states = self._read(me)
             silent = [r for r in range(self.nranks) if r not in witnesses and not _stopped(states, r)]
             if not silent or time.monotonic() >= deadline or self.store is None:
                 break
             time.sleep(0.1)
             self.entries = self.board.entries(self.store) or self.entries
-        step = max([w.step for w in witnesses.values()] + [e.step for e in self.entries.values()])
-        what = next((w.what for w in witnesses.values() if w.step == step),
-                    next((e.what for e in self.entries.values() if e.step == step and e.what), self.what))
-        return decide(self.nranks, step, what, self.entries, witnesses, states)
+        return self.decide()
 
     def _read(self, me: Witness) -> tuple[dict, dict]:
         witnesses, states = {me.rank: me}, dict(me.states)
@@ -242,11 +281,29 @@ class Census:
         posted a witness have read it: the store may live in this process."""
         try:
             self.store.set(self._key("verdict"), text)
+        except Exception:  # noqa: BLE001
+            return
+        self.wait_heard(answered, wait_s)
+
+    def wait_heard(self, answered: int, wait_s: float = 2.0) -> None:
+        """Wait (at most `wait_s`) until `answered` other ranks said they have the verdict."""
+        try:
             deadline = time.monotonic() + wait_s
             while self.store.add(self._key("heard"), 0) < answered and time.monotonic() < deadline:
                 time.sleep(0.05)
         except Exception:  # noqa: BLE001
             pass
+
+    def heard(self) -> None:
+        try:
+            self.store.add(self._key("heard"), 1)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def post_and_wait(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
+        """post(), then the reporting rank's verdict; None if none came within `wait_s` (or
+        the store stopped answering)."""
+        return within(wait_s + STORE_WAIT_S, lambda: (self.post(), self.wait_verdict(wait_s))[1])
 
     def wait_verdict(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
         """The reporting rank's verdict, once posted (None after `wait_s`)."""
@@ -255,7 +312,7 @@ class Census:
             try:
                 if self.store.check([self._key("verdict")]):
                     text = self.store.get(self._key("verdict")).decode(errors="replace")
-                    self.store.add(self._key("heard"), 1)
+                    self.heard()
                     return text
             except Exception:  # noqa: BLE001
                 return None

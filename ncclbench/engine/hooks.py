@@ -92,11 +92,11 @@ class RankHooks:
         if rank_stop.stopping():
             return
         if rank != 0:
-            census.post()
-            verdict = census.wait_verdict()
-            _end_stopped(census, hang.culprits_in(verdict or ""))
+            verdict = census.post_and_wait()
+            if verdict is not None:
+                _end_stopped(census, hang.culprits_in(verdict))
             hard_exit(ExitCode.TIMEOUT)
-        verdict = census.gather()
+        verdict = census.gather_within()
         first = cause() if finish is not None else None
         message = f"timeout: {verdict.what} did not finish within {timeout_s:g} s (-T): {verdict.text()}"
         ended = _end_stopped(census, verdict.ranks())
@@ -108,7 +108,7 @@ class RankHooks:
                 finish(message)
         finally:
             self.say(message)
-            census.post_verdict(message, answered=len([r for r in verdict.answered if r != rank]))
+            hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
         hard_exit(ExitCode.TIMEOUT)
 
     def open_outcome(self, finish) -> None:
