@@ -167,6 +167,20 @@ def sleep(plant: Plant, value, _context):
     return value
 
 
+GPU_SLEEP_HZ = 2.0e9  # cycles a second for gpu_sleep: at or above these GPUs' clocks, so it lasts at least S
+
+
+def gpu_sleep(plant: Plant, value, _context):
+    """A kernel that spins for at least `seconds` queued on the current CUDA stream, which the
+    collectives follow: the host goes on, the GPU reaches the next op only when it ends (a
+    GPU that never reaches the operation while its process runs). Nothing on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda._sleep(int(plant.seconds * GPU_SLEEP_HZ))
+    return value
+
+
 def kill(_plant, _value, _context):
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -286,6 +300,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "kill": (("engine.before_size", kill, "rank"),),
     "kill_held": (("engine.before_size", kill_held, "rank"),),
     "stall": (("engine.before_size", sleep, "rank"),),
+    "gpu_sleep": (("engine.before_size", gpu_sleep, "rank"),),
     "terms": (("engine.before_size", signal_burst("TERM"), "rank"),),
     "ints": (("engine.before_size", signal_burst("INT"), "rank"),),
     "error": (("engine.before_size", raising(

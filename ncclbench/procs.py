@@ -21,3 +21,31 @@ def alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def state(pid: int) -> str | None:
+    """Process `pid`'s state letter in this host's process table (R running, S sleeping,
+    D in the kernel, T stopped, Z dead; None: no such process here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+STATE_TEXT = {
+    "T": "stopped (state T: SIGSTOP or SIGTSTP)",
+    "t": "stopped by a debugger (state t)",
+    "D": "stuck in the kernel (state D)",
+    "Z": "dead (state Z)",
+    "X": "dead (state X)",
+    "R": "running (state R)",
+    "S": "running, waiting (state S)",
+}
+FROZEN = ("T", "t", "D")  # a process in these states does not run its own code
+
+
+def state_text(letter: str | None) -> str:
+    if letter is None:
+        return "gone"
+    return STATE_TEXT.get(letter, f"in state {letter}")

@@ -3,6 +3,7 @@ a healthy job, a planted slow rank it must name, floors it cannot read, and the 
 timeout on a stalled rank."""
 
 import json
+import re
 
 import pytest
 
@@ -192,7 +193,7 @@ def test_command_times_out_on_a_stalled_rank(tmp_path):
                 env={"NCCLBENCH_FAULT": "stall:rank=1,size=4096,seconds=60"}, timeout=120)
     assert r.returncode == 4, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")]
-    assert len(errors) == 1 and "rank(s) 1 never reached it" in errors[0], r.stderr
+    assert len(errors) == 1 and re.search(r": rank 1 \(pid \d+\) on \S+ never reached it", errors[0]) and "; rank 0 waited for rank 1" in errors[0], r.stderr
     doc = json.loads(report.read_text())
     assert doc["timed_out"] and doc["drain"] and doc["hosts"][0]["ranks"] == [1]
 

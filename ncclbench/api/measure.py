@@ -172,15 +172,29 @@ class GroupCall:
             self._boards[name] = _Board(self, store, self.rank, self.size)
         return self._boards[name]
 
-    def timed_out(self, what: str, behind: list[int], timeout_s: float, rank: int) -> None:
-        """The watchdog fired on group rank `rank` (watchdog thread): name the late ranks,
-        leave the message for every rank, unblock the waiting ones."""
-        late = [self.global_ranks[r] for r in behind if r < len(self.global_ranks)]
-        who = (f"rank(s) {ranks_text(late)} never reached it" if late
-               else "every rank reached it (stuck inside the collective)")
-        message = (f"timeout: {what} on {self.label} did not finish within {timeout_s:g} s "
-                   f"on rank {self.global_ranks[rank]}; {who}")
-        message = self.mark(message)
+    def census(self, board, step: int, what: str, marker=None, where=None):
+        """A hang's census (engine.hang) on one of this call's progress boards."""
+        from ncclbench.engine.hang import Census
+
+        return Census(board, step, what, "hang/", marker, where)
+
+    def timed_out(self, what: str, census, timeout_s: float, rank: int) -> None:
+        """The watchdog fired on group rank `rank` (watchdog thread): group rank 0 names the
+        rank that hung and the ranks that waited for it (engine.hang), and leaves that message
+        for every rank; the others post what they see and take its message; then the waiting
+        ranks are unblocked."""
+        from ncclbench.engine.hang import STORE_WAIT_S, VERDICT_WAIT_S, within
+
+        message = None
+        if rank != 0:
+            message = within(VERDICT_WAIT_S + 2 * STORE_WAIT_S, lambda: self._verdict_of_rank0(census))
+        if message is None:  # group rank 0, or it never spoke (itself hung): this rank decides
+            verdict = census.gather_within()
+            text = verdict.text(name=lambda r: self.global_ranks[r] if r < len(self.global_ranks) else r)
+            message = f"timeout: {verdict.what} on {self.label} did not finish within {timeout_s:g} s: {text}"
+            message = within(2 * STORE_WAIT_S, lambda: self.mark(message), message)
+            if self.exit_on_timeout:
+                within(3.0, lambda: census.wait_heard(len([r for r in verdict.answered if r != rank])))
         if self.exit_on_timeout:  # a batch job's own process: end it, as the command line's -T does
             if self.dist.get_rank() == 0:
                 call = self
@@ -191,9 +205,23 @@ class GroupCall:
                     call = call.parent
                 print(error_line(None, message), file=sys.stderr, flush=True)
             else:
-                time.sleep(0.5)  # rank 0's watchdog fires at the same moment: it speaks first
+                time.sleep(0.5)  # rank 0 may still be reading the store it hosts
             hard_exit(ExitCode.TIMEOUT)
         self.abort()
+
+    def _verdict_of_rank0(self, census) -> str | None:
+        """Post this rank's witness, then wait for group rank 0's message (None after a while)."""
+        from ncclbench.engine.hang import VERDICT_WAIT_S
+
+        census.post()
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        while time.monotonic() < deadline:
+            message = self.timeout_message()
+            if message is not None:
+                census.heard()  # group rank 0 may host the store, and leave once all have it
+                return message
+            time.sleep(0.1)
+        return None
 
     def mark(self, message: str) -> str:
         """Leave the timeout message for every rank (the first one written stays); returns it."""
@@ -260,8 +288,9 @@ class GroupCall:
         board = self.board("s")
         board.step += 1
         step = board.step
-        board.reach(step)
-        dog = SizeWatchdog(timeout_s, lambda _what: self.timed_out(what, board.behind(step), timeout_s, self.rank))
+        board.reach(step, what)
+        dog = SizeWatchdog(timeout_s, lambda _what: self.timed_out(what, self.census(board, step, what), timeout_s,
+                                                                   self.rank))
         dog.arm(what)
         try:
             out = [None] * self.size
@@ -321,9 +350,9 @@ class _Board(ProgressBoard):
         super().__init__(store, rank, nranks)
         self.call, self.step = call, 0
 
-    def reach(self, step: int) -> None:
+    def reach(self, step: int, what: str | None = None) -> None:
         self.call.raise_if_timed_out()
-        super().reach(step)
+        super().reach(step, what)
 
     def forget(self) -> None:
         if self.store is not None:
@@ -367,8 +396,11 @@ class _ApiHooks(RankHooks):
     def sweep_error(self, message: str) -> BaseException:
         return CollectiveError(message)
 
-    def timed_out(self, what, behind, timeout_s, rank, finish, cause=lambda: None) -> None:
-        self.call.timed_out(what, behind(), timeout_s, rank)
+    def census_prefix(self, run_number: int) -> str:
+        return "hang/"  # the call's own store already (a prefix per group and call)
+
+    def timed_out(self, what, census, timeout_s, rank, finish, cause=lambda: None) -> None:
+        self.call.timed_out(what, census, timeout_s, rank)
 
 
 class _Collector:

@@ -4,7 +4,6 @@ timeout. Written from the verdicts of ncclbench.api.preflight_verdict, by every 
 
 from __future__ import annotations
 
-import re
 
 from ncclbench.api.measure import ranks_text
 from ncclbench.api.preflight_verdict import group_name
@@ -97,14 +96,15 @@ def timed_out_report(message: str, host_of: dict, notes: list):
     message the first rank to give up left in the store."""
     from ncclbench.api.verdict import PreflightReport
 
-    m = re.search(r"rank\(s\) ([\d,]+) never reached it", message)
-    late = [int(x) for x in m.group(1).split(",")] if m else []
+    from ncclbench.engine.hang import culprits_in
+
+    late = culprits_in(message)
     where = [f"rank {r} ({host_of.get(r, 'host unknown')})" for r in late]
     hosts = []
     for host in sorted({host_of.get(r) for r in late if host_of.get(r)}):
         ranks = [r for r in late if host_of.get(r) == host]
         hosts.append({"host": host, "verdict": "drain", "ranks": ranks,
-                      "evidence": [f"rank(s) {ranks_text(ranks)} never arrived: {message}"]})
+                      "evidence": [f"rank(s) {ranks_text(ranks)} hung: {message}"]})
     line = message + (f" ({', '.join(where)})" if where else "")
     return PreflightReport(passed=False, failures=[line], hosts=hosts, timed_out=True, notes=notes)
 

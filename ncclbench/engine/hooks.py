@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 
-from ncclbench.engine import peers
+from ncclbench.engine import hang, peers
 from ncclbench.engine.guard import CAUSE_GRACE_S, CAUSE_KEY, lost_peer, post_cause, read_cause
 from ncclbench.engine.signals import _held_signals, hold_termination_signals, stop_on_termination_signals
 from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
@@ -76,30 +76,40 @@ class RankHooks:
         nothing printed again (sweep_failed decided who speaks)."""
         return RankFailures([message], ExitCode.NCCL_ERROR)
 
-    def timed_out(self, what: str, behind, timeout_s: float, rank: int, finish, cause=lambda: None) -> None:
-        """The -T watchdog fired on `rank` during `what`; `behind()`: the ranks that never
-        reached it; `cause()`: the failure another rank posted, if one did (a rank whose
-        collective failed leaves, and its peers wait inside NCCL until -T). `finish(message)`
-        (rank 0 once its report began, else None) writes the report's trailer. Runs on the
-        watchdog's thread. A rank stopping because a peer died leaves the outcome to its
-        stop thread: that is no timeout."""
+    def census_prefix(self, run_number: int) -> str:
+        """Where a hang's census (engine.hang) keeps its keys: one prefix per run_plan."""
+        return f"ncclbench/hang/{run_number}/"
+
+    def timed_out(self, what: str, census, timeout_s: float, rank: int, finish, cause=lambda: None) -> None:
+        """The -T watchdog fired on `rank` during `what` (runs on the watchdog's thread).
+        `census` (engine.hang.Census) names the rank that hung and the ranks that waited for
+        it: rank 0 gathers every rank's witness and decides, the others post theirs and wait
+        for its verdict, so a rank that timed out only because a peer hung is never named.
+        `cause()`: the failure another rank posted, if one did (a rank whose collective failed
+        leaves, and its peers wait inside NCCL until -T). `finish(message)` (rank 0 once its
+        report began, else None) writes the report's trailer. A rank stopping because a peer
+        died leaves the outcome to its stop thread: that is no timeout."""
         if rank_stop.stopping():
             return
-        # only the reporting rank reads the board: rank 0's store may be gone elsewhere
-        late = [r for r in behind() if r != rank] if finish is not None else []
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        if rank != 0:
+            verdict = census.post_and_wait()
+            if verdict is not None:
+                _end_stopped(census, hang.culprits_in(verdict))
+            hard_exit(ExitCode.TIMEOUT)
+        verdict = census.gather_within()
         first = cause() if finish is not None else None
-        who += f"; it failed first on {first}" if first else ""
-        message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"
-        if finish is not None:
-            try:
+        message = f"timeout: {verdict.what} did not finish within {timeout_s:g} s (-T): {verdict.text()}"
+        ended = _end_stopped(census, verdict.ranks())
+        if ended:
+            message += f"; {hang.ranks_text(ended)} ended by ncclbench (SIGKILL: a stopped process takes no SIGTERM)"
+        message += f"; it failed first on {first}" if first else ""
+        try:
+            if finish is not None:
                 finish(message)
-            finally:
-                self.say(message)
-        elif rank == 0:  # still setting up: no report to finish
+        finally:
             self.say(message)
+            hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
         hard_exit(ExitCode.TIMEOUT)
-
 
     def open_outcome(self, finish) -> None:
         """The report is open (rank 0: `finish(message, status)` ends it early; elsewhere
@@ -121,6 +131,25 @@ class RankHooks:
 
             while True:
                 time.sleep(1)
+
+
+def _end_stopped(census, named: list[int]) -> list[int]:
+    """The named ranks on this host that are stopped (state T), ended with SIGKILL. Their
+    launcher would wait for them: torchrun's agent sends SIGTERM, which a stopped process
+    keeps pending, and kills them only 30 s later. The -g launcher of one node ends them
+    itself, and says so."""
+    if one_node_spawn():
+        return []
+    import signal
+
+    ended = []
+    for r, pid in census.frozen_here(named):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            ended.append(r)
+        except OSError:
+            pass
+    return ended
 
 
 def one_node_spawn() -> bool:

@@ -21,9 +21,10 @@ def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream) ->
     backend = TorchBackend.adopt(None)
     plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None)
     board = call.board("e")
-    board.reach(1)
-    dog = SizeWatchdog(limit, lambda what: call.timed_out(what, board.behind(1), limit, call.rank))
-    dog.arm(f"{len(rounds)} round(s) of pair exchanges")
+    what = f"{len(rounds)} round(s) of pair exchanges"
+    board.reach(1, what)
+    dog = SizeWatchdog(limit, lambda _what: call.timed_out(what, call.census(board, 1, what), limit, call.rank))
+    dog.arm(what)
     try:
         with call.op_timeout(limit), own_stream(backend, False):
             times, wrong = measure_rounds(backend, plan, rounds)

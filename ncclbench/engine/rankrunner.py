@@ -11,6 +11,7 @@ from ncclbench.engine import onerank
 from ncclbench.engine.buffers import Slots, count_wrong, fill_input, memory_text
 from ncclbench.engine.checkdata import InputPattern, poison
 from ncclbench.engine.collectives import CheckContext
+from ncclbench.engine.position import HERE
 from ncclbench.engine.runfacts import now
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
 from ncclbench.errors import PlanError
@@ -103,6 +104,7 @@ class RankRunner:
         settings = self.plan.timing_settings()
         out = []
         for in_place in (False, True):
+            HERE.placement = "in-place" if in_place else "out-of-place"
             slots = self._slots(layout, send_t, recv_t, in_place, settings.iters * settings.agg)
 
             if settings.mode is TimingMode.GRAPH:
@@ -147,6 +149,7 @@ class RankRunner:
         """Fresh inputs, one op through `issue()`, count wrong elements in this rank's
         output (untimed)."""
         self.seed_counter += 1
+        HERE.at("checking the results")
         pattern = InputPattern(dtype, op if self.coll.has_op else None, self.nranks, seed=self.seed_counter)
         send, recv = slots[0]
         device = self.backend.device

@@ -8,8 +8,10 @@ import itertools
 from ncclbench.engine import peers
 from ncclbench.engine.buffers import Buffers
 from ncclbench.engine.guard import attempt, read_cause, verdict
+from ncclbench.engine.hang import Census
 from ncclbench.engine.hooks import RankHooks
 from ncclbench.engine.outcome import judge
+from ncclbench.engine.position import HERE
 from ncclbench.engine.rankrunner import RankRunner
 from ncclbench.engine.runfacts import build_run_info, environ_note, nccl_environ
 from ncclbench.engine.signals import _interrupt_for
@@ -23,9 +25,11 @@ from ncclbench.results.records import ResultRow, RunSummary
 _RUN_NUMBERS = itertools.count()  # run_plan calls in this process, for per-run store keys
 
 
-def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, doing: list) -> None:
+def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, doing: list, marker=None) -> None:
     """Every (dtype, op, root) and size of the plan, `run_cycles` times (0: until stopped);
-    rank 0 adds each row to `rows` and to its report as it comes. `doing[0]`: what runs now."""
+    rank 0 adds each row to `rows` and to its report as it comes. `doing[0]`: what runs now.
+    `marker`: a GPU event recorded before each step's first op (None on the CPU), which a
+    hang's census queries to tell whether this rank's GPU reached the step (engine.hang)."""
     step = 0
     sizes = plan.sizes()
     cycle = 0
@@ -33,25 +37,38 @@ def _sweep(plan, backend, runner, buffers, board, watchdog, report, rows: list, 
         cycle += 1
         for dtype, op, root in runner.combinations():
             step += 1
-            board.reach(step)
             doing[0] = f"{plan.coll.name} warm-up ({dtype.name}, {op}, root {root})"
+            board.reach(step, doing[0])
             rank_stop.doing(doing[0])
             watchdog.arm(f"{step}|{doing[0]}")
+            _reached(backend, marker, "warm-up")
             runner.warm_up(buffers, dtype, op, root, sizes)
             for size in sizes:
                 step += 1
                 doing[0] = f"{plan.coll.name} at {size} B ({dtype.name}, {op}, root {root})"
                 rank_stop.doing(doing[0])
                 watchdog.arm(f"{step}|{doing[0]}")
+                HERE.at("before its collectives", placement="")
                 failpoint("engine.before_size", rank=backend.rank, size=size)
-                board.reach(step)  # "arrived": about to enter this size's collectives
+                board.reach(step, doing[0])  # "arrived": about to enter this size's collectives
+                _reached(backend, marker, None)
                 layout, mine = runner.measure_size(buffers, dtype, op, root, size)
+                HERE.at("exchanging the size's timings", placement="")
                 everyone = backend.all_gather_object(mine)
                 watchdog.disarm()
                 if report is not None:
                     row = runner.to_row(everyone, layout, dtype, op, root)
                     rows.append(row)
                     report.add_row(row)
+
+
+def _reached(backend, marker, phase: str | None) -> None:
+    """Mark the point this step's ops start from: the position, and on a GPU an event on
+    the collectives' stream (outside any timed region)."""
+    if phase is not None:
+        HERE.at(phase, placement="")
+    if marker is not None:
+        backend.mark(marker)
 
 
 def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> RunSummary:
@@ -70,12 +87,15 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     def finish_early(message: str, status: str = "timeout") -> None:
         report.finish(RunSummary(list(rows), complete=False, status=status, errors=[message]))
 
+    marker = [None]  # the GPU event each step's first op follows (engine.hang)
+
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
-        hooks.timed_out(label, lambda: board.behind(int(step)), plan.timeout_s, backend.rank,
-                        finish_early if report is not None else None,
+        census = Census(board, int(step), label, hooks.census_prefix(run_number), marker[0], HERE.text())
+        hooks.timed_out(label, census, plan.timeout_s, backend.rank, finish_early if report is not None else None,
                         cause=lambda: read_cause(getattr(board, "store", None), key=hooks.cause_key(run_number)))
 
+    HERE.clear()
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
         devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
@@ -83,7 +103,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
         watchdog.stop()
         raise
     peers.watch(devices, backend.rank)
-    memory = backend.memory_usage() if plan.memory_report else None
+    marker[0], memory = backend.markers(1)[0], backend.memory_usage() if plan.memory_report else None
     # From the report's first line to the sweep's start a signal is noted, not raised: the
     # sweep then stops before it begins and the report still gets its trailer.
     hooks.hold_signals()
@@ -99,7 +119,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
             hooks.stop_on_signals()
             if hooks.held_signals():  # noted while the report began
                 raise _interrupt_for(hooks.held_signals()[0])
-            _sweep(plan, backend, runner, buffers, board, watchdog, report, rows, doing)
+            _sweep(plan, backend, runner, buffers, board, watchdog, report, rows, doing, marker[0])
         finally:
             # The outcome is decided: from here a signal is noted, not raised, until it is
             # written. Installed before any exception is looked at, so that a signal landing
@@ -139,7 +159,7 @@ def set_up(plan, backend, runner, board, watchdog, hooks: RankHooks | None = Non
     and their outcomes are exchanged, so that all ranks leave together (RankFailures, the
     reasons said once by rank 0) instead of the failing rank alone."""
     hooks = hooks or RankHooks()
-    board.reach(-1)
+    board.reach(-1, "joining the run")
     watchdog.arm("0|setting up the run (memory check, buffers)")
 
     def local():
@@ -150,7 +170,7 @@ def set_up(plan, backend, runner, board, watchdog, hooks: RankHooks | None = Non
 
     mine, failure = attempt(local, backend.rank, "setting up the run")
     record, note, buffers = mine or (None, None, None)
-    board.reach(0)
+    board.reach(0, "setting up the run (memory check, buffers)")
     hooks.hold_signals()  # from here the outcome is decided: a launcher's SIGTERM must not replace it
     try:
         everyone = backend.all_gather_object((record, failure, nccl_environ()))

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
+from ncclbench.engine.position import HERE, TIMED
 from ncclbench.failpoints import failpoint
 
 
@@ -94,6 +95,7 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning ops and the start mark
     # let the ranks drift apart again, and one rank's first timed op waited for the others.
     pool = backend.markers(2 * steps if paired else steps + 1 if settings.per_iter else 2)
+    HERE.at("its first (untimed) op")
     run_op(0)
     backend.synchronize()
     _line_up(backend, run_op)
@@ -137,6 +139,7 @@ def _line_up(backend, run_op) -> None:
     """Host barrier, then ALIGN_OPS untimed ops: the start mark then follows ops that both
     lined the GPUs up (the slowest rank's lag is not timed) and got past the stall seen
     in the first ops after the barrier."""
+    HERE.at("lining up before the timed loop (barrier, untimed ops)")
     backend.barrier()
     for _ in range(ALIGN_OPS):
         run_op(0)
@@ -146,15 +149,20 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
                  per_iter: bool) -> Timing:
     """`step(k)` for k < steps between two device marks from `pool` (and one after every
     step with -I); times per op, per-iteration samples per op of each step."""
+    here = HERE
+    here.at(TIMED)
+    here.iterations = steps
     host0 = time.perf_counter()
     marks = [backend.mark(pool[0])]
     for k in range(steps):
+        here.iteration = k  # a slot store: read only by the -T watchdog's thread
         step(k)
         if per_iter:
             marks.append(backend.mark(pool[k + 1]))
     if not per_iter:
         marks.append(backend.mark(pool[1]))
     host1 = time.perf_counter()
+    here.at(f"waiting for its device after issuing the {steps} timed iterations")
     backend.synchronize()
     total_ops = steps * ops_per_step
     samples = [backend.elapsed(a, b) / ops_per_step for a, b in zip(marks, marks[1:])] if per_iter else []
@@ -167,7 +175,10 @@ def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     the step), then a barrier outside the marks. The time is the sum of the marked spans;
     the host time, nccl-tests' collOnlySec: issue and wait of each step, barriers left out."""
     spans, host_s = [], 0.0
+    HERE.at(TIMED)
+    HERE.iterations = steps
     for k in range(steps):
+        HERE.iteration = k
         t0 = time.perf_counter()
         start = backend.mark(pool[2 * k])
         step(k)

@@ -10,39 +10,64 @@ set later than that, so ours speaks first."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+from dataclasses import dataclass
 
 PROGRESS_KEY = "ncclbench/progress/{rank}"
 
 
 class ProgressBoard:
-    """Each rank writes the step it has reached; anyone can read who is behind."""
+    """Each rank writes the step it has reached (with its pid, host and what the step runs);
+    anyone can read who is behind, and where each rank is (engine.hang)."""
 
     def __init__(self, store, rank: int, nranks: int):
         self.store, self.rank, self.nranks = store, rank, nranks
+        self._me = f"{os.getpid()}|{socket.gethostname()}"
 
-    def reach(self, step: int) -> None:
+    def reach(self, step: int, what: str | None = None) -> None:
         if self.store is not None:
             try:
-                self.store.set(PROGRESS_KEY.format(rank=self.rank), str(step))
+                self.store.set(PROGRESS_KEY.format(rank=self.rank), f"{step}|{self._me}|{what or ''}")
             except Exception:  # noqa: BLE001 - progress is a diagnostic, never a failure
                 self.store = None
 
     def behind(self, step: int) -> list[int]:
         """Ranks whose last reported step is before `step` (never reported counts as behind)."""
-        if self.store is None:
+        entries = self.entries()
+        if entries is None:
             return []
-        late = []
+        return [r for r in range(self.nranks) if r not in entries or entries[r].step < step]
+
+    def entries(self, store=None) -> "dict[int, BoardEntry] | None":
+        """Every rank's last entry (ranks that wrote none left out), through `store` (a
+        connection of the watchdog's own) or the board's; None where the store cannot be read."""
+        store = store if store is not None else self.store
+        if store is None:
+            return None
+        out = {}
         for r in range(self.nranks):
             key = PROGRESS_KEY.format(rank=r)
             try:
-                reached = int(self.store.get(key)) if self.store.check([key]) else -1
+                if store.check([key]):
+                    out[r] = BoardEntry.parse(store.get(key).decode(errors="replace"))
             except Exception:  # noqa: BLE001
-                return []
-            if reached < step:
-                late.append(r)
-        return late
+                return None
+        return out
+
+
+@dataclass(frozen=True)
+class BoardEntry:
+    step: int
+    pid: int | None = None
+    host: str | None = None
+    what: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "BoardEntry":
+        step, pid, host, what = (text.split("|", 3) + ["", "", ""])[:4]
+        return cls(int(step), int(pid) if pid.isdigit() else None, host or None, what or None)
 
 
 class SizeWatchdog:

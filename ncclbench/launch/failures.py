@@ -35,13 +35,20 @@ def exit_code_of_failure(failures: dict) -> int:
 
 def describe_failures(failures: dict) -> list[str]:
     """One line per rank that died from a signal (the ranks explain their own exit codes);
-    SIGTERM is the launcher tearing down the survivors, not news."""
+    SIGTERM is the launcher tearing down the survivors, not news. After a -T timeout (a rank
+    exited with 4) a SIGKILLed rank is the stopped rank the others named and ended
+    (engine.hang), said as such."""
     lines = []
+    timed_out = any(f.exitcode == ExitCode.TIMEOUT for f in failures.values())
     for rank, f in sorted(failures.items()):
         if f.exitcode < 0:
             name = f.signal_name()
             if name != "SIGTERM":
                 host = getattr(f, "hostname", None) or socket.gethostname()  # the agent's records name it
+                if timed_out and name == "SIGKILL":
+                    lines.append(f"rank {rank} (pid {f.pid}) on {host}, hung and stopped, was ended by SIGKILL "
+                                 "after the timeout")
+                    continue
                 lines.append(f"rank {rank} (pid {f.pid}) on {host} was killed by {name}; "
                              "rows finished before it are kept, the run is incomplete")
     return lines

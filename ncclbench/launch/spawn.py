@@ -36,6 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ncclbench import procs as proctable
 from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode
 from ncclbench.launch.failures import exit_code_of_failure, say
 from ncclbench.launch.stop import DOING_BYTES, DOING_FD_ENV, STOP_FD_ENV, PeerDeath
@@ -43,6 +44,7 @@ from ncclbench.launch.stop import DOING_BYTES, DOING_FD_ENV, STOP_FD_ENV, PeerDe
 SHUTDOWN_S = 30.0       # torchrun's agent waits this long for terminated ranks before SIGKILL
 FAILURE_GRACE_S = 0.5   # a rank that failed with a code of its own: its peers get this long to end by themselves
 STOP_GRACE_S = 10.0     # after the stop: how long a rank gets to end before it is killed
+TIMEOUT_GRACE_S = 3.0   # after a rank's -T exit: the others name the hung rank and end within this (engine.hang)
 POLL_S = 0.05
 MASTER_ADDR = "127.0.0.1"
 
@@ -57,6 +59,7 @@ class RankExit:
     doing: str | None = None   # what it ran last, from its page
     after_cause: bool = False  # ended after the first failure was seen: a consequence of it
     killed_here: bool = False  # SIGKILLed by this launcher, having not stopped within STOP_GRACE_S
+    state: str | None = None   # its /proc state letter when this launcher killed it
 
     def signal_name(self) -> str:
         try:
@@ -237,7 +240,7 @@ class _Watch:
             self._act()
         return self.exits
 
-    def _collect(self, killed_here: bool = False) -> None:
+    def _collect(self, killed_here: bool = False, states: dict | None = None) -> None:
         seen = []
         for rank, proc in list(self.running.items()):
             code = proc.poll()
@@ -246,28 +249,35 @@ class _Watch:
             del self.running[rank]
             if code != 0:
                 seen.append(RankExit(rank, proc.pid, code, self.channels[rank].doing(),
-                                     after_cause=self.cause is not None, killed_here=killed_here))
+                                     after_cause=self.cause is not None, killed_here=killed_here,
+                                     state=(states or {}).get(rank)))
         seen.sort(key=lambda e: e.exitcode >= 0)  # in one look, a death by a signal first: no exit code caused it
         self.exits += seen
         if seen and self.cause is None:
             self.cause = seen[0]
             self.stop_at = time.monotonic() + (0.0 if self.cause.exitcode < 0 else FAILURE_GRACE_S)
+            if self.cause.exitcode == ExitCode.TIMEOUT:  # the ranks name the hung one themselves
+                self.stop_at = time.monotonic() + TIMEOUT_GRACE_S
 
     def _act(self) -> None:
         now = time.monotonic()
         if self.stop_at is not None and now >= self.stop_at:
             self.stop_at, self.stopped_at = None, now
-            death = self.cause.death()
-            for rank in self.running:
-                self.channels[rank].tell(death)
+            if self.cause.exitcode == ExitCode.TIMEOUT:
+                self.stopped_at -= STOP_GRACE_S  # no stop to tell: a rank still here did not end after the timeout
+            else:
+                death = self.cause.death()
+                for rank in self.running:
+                    self.channels[rank].tell(death)
         if self.stopped_at is not None and self.running and now - self.stopped_at >= STOP_GRACE_S:
+            states = {rank: proctable.state(proc.pid) for rank, proc in self.running.items()}
             signal_ranks(self.running, signal.SIGKILL)
             for proc in self.running.values():
                 try:
                     proc.wait(timeout=SHUTDOWN_S)
                 except subprocess.TimeoutExpired:
                     pass  # stuck in the kernel (a wedged GPU driver call): nothing more to do from here
-            self._collect(killed_here=True)
+            self._collect(killed_here=True, states=states)
             self.running.clear()
 
 
@@ -278,6 +288,8 @@ def describe_exits(exits: list[RankExit]) -> list[str]:
     (killed here for not stopping in time, or by a signal while they stopped)."""
     causes = [e for e in exits if not e.after_cause]
     later = [e for e in exits if e.after_cause]
+    if causes and causes[0].exitcode == ExitCode.TIMEOUT:
+        return _after_timeout(later)
     killed = [e for e in causes if e.exitcode < 0]
     odd = [e for e in later if e.exitcode < 0]
     if not causes or not killed and not odd:
@@ -296,6 +308,14 @@ def describe_exits(exits: list[RankExit]) -> list[str]:
             parts.append(f"rank {e.rank} (pid {e.pid}) ended by {e.signal_name()} while it stopped")
     parts.append("rows finished before it are kept, the run is incomplete")
     return ["; ".join(parts)]
+
+
+def _after_timeout(later: list[RankExit]) -> list[str]:
+    """After a -T timeout the ranks named the hung rank (engine.hang); this launcher adds
+    only the ranks it had to kill, with the state they were in."""
+    host = socket.gethostname()
+    return [f"rank {e.rank} (pid {e.pid}) on {host}, {proctable.state_text(e.state)}, did not end after the timeout "
+            "and was killed by ncclbench (SIGKILL)" for e in later if e.killed_here]
 
 
 def _ranks_text(ranks: list[int]) -> str:

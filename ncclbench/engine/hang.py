@@ -1,0 +1,326 @@
+"""Who hung: when a step overruns its deadline (-T), which rank caused it and which ranks only
+waited for it.
+
+Every rank whose watchdog fires (its process runs) posts a witness in the rendezvous store:
+the step it was given, where its main thread is (engine.position: placement, timed
+iteration), whether its GPU reached the step's first op (an event recorded just before it;
+None on the CPU), and the process state, read in /proc, of the ranks on its own host (from
+the progress board's pids). A rank stopped by a signal (state T) or stuck in the kernel (D)
+cannot post; a rank whose host or network is gone cannot reach the store. The reporting rank
+gathers the witnesses for up to GATHER_S (less once every rank has answered or been seen
+stopped) and applies one rule (decide):
+
+1. a rank whose last step on the progress board is before the step that overran never
+   reached it (stalled on its host, or frozen before it);
+2. a rank seen stopped (T, t), stuck in the kernel (D) or gone by a rank on its host;
+3. with neither, a rank whose GPU had not reached the op (earlier work on its stream);
+4. with none of these, a rank that posted nothing (stopped, or its host or network gone).
+
+The other ranks waited for it and are said to have. A rank that timed out only because a peer
+hung is never the cause. No rule fits (every rank answered, reached the step, its GPU too):
+no rank is blamed, and the line says so."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from ncclbench import procs
+
+GATHER_S = 3.0      # the reporting rank waits this long at most for the witnesses
+VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
+STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store host answers none)
+NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
+
+
+@dataclass
+class Witness:
+    """What one rank says when its deadline passes."""
+
+    rank: int
+    step: int                 # the step its deadline was for
+    what: str                 # what that step runs
+    where: str | None = None  # where its main thread is (position)
+    gpu: bool | None = None   # its GPU reached the step's first op (None: no GPU, or unknown)
+    states: dict = field(default_factory=dict)  # rank -> /proc state letter (None: gone) of ranks on its host
+
+    def line(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, text: str) -> "Witness | None":
+        try:
+            d = json.loads(text)
+            return cls(int(d["rank"]), int(d["step"]), str(d["what"]), d.get("where"), d.get("gpu"),
+                       {int(k): v for k, v in (d.get("states") or {}).items()})
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class Verdict:
+    what: str                                   # the step that overran
+    culprits: list = field(default_factory=list)  # (rank, kind, clause)
+    waiting: dict = field(default_factory=dict)   # rank -> where it waited (None: unknown)
+    answered: tuple = ()                          # the ranks that posted a witness
+
+    def ranks(self) -> list[int]:
+        return [r for r, _, _ in self.culprits]
+
+    def text(self, name=str) -> str:
+        """The clauses after the line's head: the culprits, then who waited for them.
+        `name(rank)`: how a rank is numbered in the text (the API's global ranks)."""
+        parts = [clause for _, _, clause in self.culprits]
+        by_where: dict = {}
+        for r, where in sorted(self.waiting.items()):
+            by_where.setdefault(where, []).append(name(r))
+        them = ranks_text([name(r) for r in self.ranks()]) if self.culprits else None
+        for k, (where, ranks) in enumerate(by_where.items()):
+            who = ranks_text(ranks)
+            verb = f"waited for {them}" if them else "waited inside it"
+            at = f" at {where}" if where else ""
+            parts.append(f"{who} {verb}{at}" if k == 0 else f"{who}{at}")
+        if not self.culprits:
+            parts.insert(0, "no rank was found behind, stopped, without its GPU or silent")
+        return "; ".join(parts)
+
+
+def ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+
+
+def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, states: dict,
+           name=str) -> Verdict:
+    """The pure rule. `board`: rank -> BoardEntry (its last step, pid, host); `witnesses`:
+    rank -> Witness of the ranks that answered; `states`: rank -> /proc state letter (None:
+    gone) of the ranks some witness could see on its host."""
+    def who(r):
+        e = board.get(r)
+        return f"rank {name(r)} (pid {e.pid}) on {e.host}" if e and e.pid and e.host else f"rank {name(r)} (host unknown)"
+
+    culprits = []
+    for r in range(nranks):
+        e, w, seen = board.get(r), witnesses.get(r), r in states
+        letter = states.get(r)
+        if e is not None and e.step < step:
+            clause = f"{who(r)} never reached it: its last step was {e.what or e.step}"
+            if w is not None and w.where:
+                clause += f", where it is {w.where}"
+            if seen:
+                clause += f"; its process is {procs.state_text(letter)}"
+            culprits.append((r, NEVER, clause))
+        elif _stopped(states, r):
+            culprits.append((r, FROZEN, f"{who(r)} is {procs.state_text(letter)} inside it"))
+    if not culprits:
+        culprits = [(r, GPU, f"{who(r)}: its GPU never reached it (earlier work on its stream still runs)")
+                    for r in range(nranks) if r in witnesses and witnesses[r].gpu is False]
+    if not culprits:
+        culprits = [(r, SILENT, f"{who(r)} did not answer (its process is stopped, or its host or network is gone)"
+                     + (f"; its process is {procs.state_text(states[r])}" if r in states else ""))
+                    for r in range(nranks) if r not in witnesses]
+    named = {r for r, _, _ in culprits}
+    waiting = {r: w.where for r, w in witnesses.items() if r not in named}
+    return Verdict(what, culprits, waiting, tuple(sorted(witnesses)))
+
+
+def _stopped(states: dict, r: int) -> bool:
+    """Rank `r` was seen unable to answer: stopped, stuck in the kernel, or gone."""
+    return r in states and (states[r] is None or states[r] in procs.FROZEN or states[r] in ("Z", "X"))
+
+
+_CULPRIT = re.compile(r"(?:^|[:;] )rank (\d+) \((?:pid \d+\) on \S+|host unknown\))")
+
+
+def culprits_in(message: str) -> list[int]:
+    """The ranks a verdict's text names as the cause (preflight reads them from the message
+    every rank raises)."""
+    return sorted({int(m) for m in _CULPRIT.findall(message)})
+
+
+def within(seconds: float, fn, default=None):
+    """`fn()`, or `default` if it has not returned within `seconds`: a store whose host is
+    frozen answers nothing, and a connection to it can wait far longer than -T."""
+    out = [default]
+
+    def run():
+        try:
+            out[0] = fn()
+        except Exception:  # noqa: BLE001 - no census: the caller goes on without it
+            pass
+
+    worker = threading.Thread(target=run, name="ncclbench-census", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return out[0]
+
+
+def gpu_reached(marker) -> bool | None:
+    """Whether the device has passed `marker` (a torch or CuPy CUDA event; None on the CPU)."""
+    if marker is None or isinstance(marker, float):
+        return None
+    try:
+        query = getattr(marker, "query", None)
+        if query is not None:
+            return bool(query())
+        done = getattr(marker, "done", None)
+        return None if done is None else bool(done)
+    except Exception:  # noqa: BLE001 - a broken context: no witness
+        return None
+
+
+def bounded(store, seconds: float = STORE_WAIT_S):
+    """A connection of the census's own to `store` whose operations give up after `seconds`
+    (the main thread may be inside the board's own, and a frozen store host answers none)."""
+    if store is None:
+        return None
+    try:
+        from datetime import timedelta
+
+        own = store.clone()
+        own.set_timeout(timedelta(seconds=seconds))
+        return own
+    except Exception:  # noqa: BLE001 - a store without clone(): the board's own
+        return store
+
+
+class Census:
+    """One rank's part in naming the cause of a step that overran. `board`: the run's
+    ProgressBoard; `prefix`: the store keys of this run's census; `marker`: the GPU event
+    recorded before the step's first op, or None."""
+
+    def __init__(self, board, step: int, what: str, prefix: str, marker=None, where: str | None = None):
+        self.board, self.step, self.what, self.prefix = board, step, what, prefix
+        self.marker, self.where = marker, where
+        self.rank, self.nranks = board.rank, board.nranks
+        self.store = None  # connected on first use (connecting may itself hang: see within())
+        self.entries: dict = {}
+        self.seen: tuple = ({}, {})  # (witnesses, states) gathered so far
+
+    def _key(self, name) -> str:
+        return f"{self.prefix}{name}"
+
+    def local_states(self) -> dict:
+        """/proc states of the other ranks on this host (from their board entries)."""
+        host = socket.gethostname()
+        return {r: procs.state(e.pid) for r, e in self.entries.items()
+                if r != self.rank and e.host == host and e.pid}
+
+    def post(self) -> Witness:
+        me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {})
+        self.seen = ({self.rank: me}, {})
+        self.store = bounded(getattr(self.board, "store", None))
+        self.entries = self.board.entries(self.store) or {}
+        me.states = self.local_states()
+        self.seen = ({self.rank: me}, dict(me.states))
+        try:
+            self.store.set(self._key(self.rank), me.line())
+        except Exception:  # noqa: BLE001 - no store: this rank decides on what it sees itself
+            pass
+        return me
+
+    def decide(self) -> Verdict:
+        """The rule on what was gathered so far."""
+        witnesses, states = self.seen
+        steps = [w.step for w in witnesses.values()] + [e.step for e in self.entries.values()]
+        step = max(steps or [self.step])
+        what = next((w.what for w in witnesses.values() if w.step == step),
+                    next((e.what for e in self.entries.values() if e.step == step and e.what), self.what))
+        return decide(self.nranks, step, what, self.entries, witnesses, states)
+
+    def gather_within(self, seconds: float = GATHER_S + 2 * STORE_WAIT_S) -> Verdict:
+        """gather(), or the rule on what came in if the store stops answering meanwhile."""
+        self.seen = ({}, {})
+        verdict = within(seconds, self.gather)
+        if verdict is not None:
+            return verdict
+        if not self.seen[0]:
+            self.seen = ({self.rank: Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker))}, {})
+        return self.decide()
+
+    def gather(self, wait_s: float = GATHER_S) -> Verdict:
+        """Post this rank's witness, read the others' until each rank has answered or been
+        seen stopped (at most `wait_s`), and decide."""
+        me = self.post()
+        deadline = time.monotonic() + wait_s
+        while True:
+            self.seen = witnesses, states = self._read(me)
+            silent = [r for r in range(self.nranks) if r not in witnesses and not _stopped(states, r)]
+            if not silent or time.monotonic() >= deadline or self.store is None:
+                break
+            time.sleep(0.1)
+            self.entries = self.board.entries(self.store) or self.entries
+        return self.decide()
+
+    def _read(self, me: Witness) -> tuple[dict, dict]:
+        witnesses, states = {me.rank: me}, dict(me.states)
+        if self.store is not None:
+            for r in range(self.nranks):
+                if r == self.rank:
+                    continue
+                try:
+                    if self.store.check([self._key(r)]):
+                        w = Witness.parse(self.store.get(self._key(r)).decode(errors="replace"))
+                        if w is not None:
+                            witnesses[r] = w
+                except Exception:  # noqa: BLE001 - the store went away meanwhile
+                    break
+        for w in witnesses.values():
+            for r, letter in w.states.items():
+                if r not in witnesses and (r not in states or letter != states[r] and letter in procs.FROZEN):
+                    states[r] = letter
+        # a rank that answered runs, whatever an earlier look at its process said
+        return witnesses, {r: s for r, s in states.items() if r not in witnesses}
+
+    def post_verdict(self, text: str, answered: int = 0, wait_s: float = 2.0) -> None:
+        """Post the verdict, and wait (at most `wait_s`) until the `answered` other ranks that
+        posted a witness have read it: the store may live in this process."""
+        try:
+            self.store.set(self._key("verdict"), text)
+        except Exception:  # noqa: BLE001
+            return
+        self.wait_heard(answered, wait_s)
+
+    def wait_heard(self, answered: int, wait_s: float = 2.0) -> None:
+        """Wait (at most `wait_s`) until `answered` other ranks said they have the verdict."""
+        try:
+            deadline = time.monotonic() + wait_s
+            while self.store.add(self._key("heard"), 0) < answered and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def heard(self) -> None:
+        try:
+            self.store.add(self._key("heard"), 1)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def post_and_wait(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
+        """post(), then the reporting rank's verdict; None if none came within `wait_s` (or
+        the store stopped answering)."""
+        return within(wait_s + STORE_WAIT_S, lambda: (self.post(), self.wait_verdict(wait_s))[1])
+
+    def wait_verdict(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
+        """The reporting rank's verdict, once posted (None after `wait_s`)."""
+        deadline = time.monotonic() + wait_s
+        while self.store is not None and time.monotonic() < deadline:
+            try:
+                if self.store.check([self._key("verdict")]):
+                    text = self.store.get(self._key("verdict")).decode(errors="replace")
+                    self.heard()
+                    return text
+            except Exception:  # noqa: BLE001
+                return None
+            time.sleep(0.1)
+        return None
+
+    def frozen_here(self, verdict_ranks: list[int]) -> list[tuple[int, int]]:
+        """(rank, pid) of the named ranks on this host that are stopped (T, t) now."""
+        host = socket.gethostname()
+        return [(r, e.pid) for r, e in self.entries.items()
+                if r in verdict_ranks and e.host == host and e.pid and procs.state(e.pid) in ("T", "t")]

@@ -1,0 +1,343 @@
+"""A hung rank is named, never a healthy one (engine.hang). The pure rule first (board
+states and witnesses -> the culprit), then real processes on gloo: a rank frozen by SIGSTOP
+(state T) with -g 4, under torchrun, and on another simulated host than rank 0; a rank that
+stalls before a collective (failpoint). Before: the first healthy rank to reach -T was blamed
+("ranks 0,2 stopped after rank 3 failed") and the frozen one only said to be killed."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, ROW_RE, cli_command, wait_gone
+from ncclbench.engine import hang
+from ncclbench.engine.watchdog import BoardEntry
+
+sys.path.insert(0, str(ROOT / "tests"))
+import netsim  # noqa: E402
+
+T = 5          # -T of the real runs
+NAME_BOUND = T + 5 + 10   # stop -> the line naming it: -T + 5 s, plus slack for a loaded 2-core box
+GONE_BOUND = T + 15 + 15  # stop -> every process gone: -T + 15 s, plus the same slack
+ARGS = ["allreduce", "--backend", "gloo", "-b", "1K", "-e", "1M", "-f", "2", "-n", "5", "-N", "0", "-T", str(T),
+        "--no-save"]
+PID_RE = re.compile(r"Rank\s+(\d+) Group\s+\d+ Pid\s+(\d+)")
+
+
+# ---- the rule -----------------------------------------------------------------------------------
+def board(steps: dict, host="h0") -> dict:
+    return {r: BoardEntry(s, 100 + r, host, f"all_reduce at {1 << s} B") for r, s in steps.items()}
+
+
+def witness(r, step=7, gpu=None, states=None, where="out-of-place, timed iteration 3 of 20"):
+    return hang.Witness(r, step, "all_reduce at 128 B", where, gpu, states or {})
+
+
+def test_a_frozen_rank_is_named_and_the_ranks_that_timed_out_first_only_waited():
+    v = hang.decide(4, 7, "all_reduce at 128 B", board({0: 7, 1: 7, 2: 7, 3: 7}),
+                    {r: witness(r, states={1: "T"}) for r in (3, 0, 2)}, {1: "T"})
+    assert v.ranks() == [1] and v.culprits[0][1] == hang.FROZEN
+    text = v.text()
+    assert text == ("rank 1 (pid 101) on h0 is stopped (state T: SIGSTOP or SIGTSTP) inside it; ranks 0,2,3 "
+                    "waited for rank 1 at out-of-place, timed iteration 3 of 20")
+    assert hang.culprits_in("timeout: x did not finish within 5 s (-T): " + text) == [1]
+
+
+def test_a_rank_behind_on_the_board_never_reached_it():
+    v = hang.decide(3, 7, "w", board({0: 7, 1: 7, 2: 6}),
+                    {0: witness(0), 1: witness(1), 2: witness(2, where="before its collectives")}, {2: "S"})
+    assert v.ranks() == [2] and v.culprits[0][1] == hang.NEVER
+    assert "rank 2 (pid 102) on h0 never reached it: its last step was all_reduce at 64 B, where it is before " \
+           "its collectives; its process is running, waiting (state S)" in v.text()
+    assert sorted(v.waiting) == [0, 1]
+
+
+def test_a_gpu_that_never_reached_the_op_is_named_only_when_nothing_else_is():
+    wits = {r: witness(r, gpu=(r != 2)) for r in range(4)}
+    v = hang.decide(4, 7, "w", board({r: 7 for r in range(4)}), wits, {})
+    assert v.ranks() == [2] and "its GPU never reached it" in v.text() and "ranks 0,1,3 waited for rank 2" in v.text()
+    # a frozen rank outranks a GPU witness (the frozen rank's peers' GPUs are fine)
+    wits[1] = None
+    del wits[1]
+    v = hang.decide(4, 7, "w", board({r: 7 for r in range(4)}), wits, {1: "D"})
+    assert v.ranks() == [1] and "stuck in the kernel (state D)" in v.text()
+
+
+def test_a_silent_rank_on_another_host_and_no_culprit_at_all():
+    b = board({0: 7, 1: 7})
+    b[2] = BoardEntry(7, 555, "h1", "x")
+    v = hang.decide(3, 7, "w", b, {0: witness(0), 1: witness(1)}, {})
+    assert v.ranks() == [2] and "rank 2 (pid 555) on h1 did not answer" in v.text()
+    v = hang.decide(3, 7, "w", b, {r: witness(r) for r in range(3)}, {})
+    assert v.ranks() == [] and v.text().startswith("no rank was found behind")
+    assert "ranks 0,1,2 waited inside it" in v.text() and hang.culprits_in(v.text()) == []
+
+
+def test_a_rank_seen_stopped_that_answered_is_not_stopped():
+    """A state read before the rank's own witness came in does not outlive the witness."""
+    census = hang.Census.__new__(hang.Census)
+    census.store, census.rank, census.nranks, census.prefix = None, 0, 2, "p/"
+    wits, states = census._read(witness(0, states={1: "T"}))
+    assert states == {1: "T"}
+    assert hang.Witness.parse(witness(1, gpu=False, states={0: "S"}).line()) == witness(1, gpu=False, states={0: "S"})
+
+
+# ---- real processes -----------------------------------------------------------------------------
+class Run:
+    """A run in its own session: its header's pids, rows as they come, stderr with times."""
+
+    def __init__(self, cmd, env=None):
+        full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                  "TORCHELASTIC_RUN_ID")}
+        full.update(NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS="1", **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                                     start_new_session=True)
+        self.pids, self.rows, self.err = {}, 0, []
+        self.rows_seen = threading.Event()
+        threading.Thread(target=self._err, daemon=True).start()
+
+    def _err(self):
+        for line in self.proc.stderr:
+            self.err.append((time.monotonic(), line))
+
+    def wait_rows(self, rows: int, limit_s: float = 240) -> None:
+        deadline = time.monotonic() + limit_s
+        for line in self.proc.stdout:
+            m = PID_RE.search(line)
+            if m:
+                self.pids[int(m.group(1))] = int(m.group(2))
+            if ROW_RE.match(line):
+                self.rows += 1
+                if self.rows >= rows:
+                    return
+            assert time.monotonic() < deadline, "no rows in time"
+        raise AssertionError("the run ended before its rows: " + "".join(line for _, line in self.err)[-3000:])
+
+    def finish(self, limit_s: float = 120):
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        self.proc.wait(timeout=limit_s)
+        gone = time.monotonic()
+        time.sleep(0.2)
+        return gone
+
+    def lines(self):
+        return [(t, line.rstrip("\n")) for t, line in self.err if line.startswith("ncclbench:")]
+
+    def kill(self, pids=()):
+        for pid in [*pids, self.proc.pid]:
+            for sig in (signal.SIGKILL,):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+
+
+def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S+", own_launcher=True):
+    """SIGSTOP `pid` (rank `victim`) and check the run's verdict; (seconds to name, seconds to gone)."""
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        gone = run.finish()
+    finally:
+        run.kill([pid])
+    lines = run.lines()
+    named = [(t, line) for t, line in lines if "timeout:" in line]
+    assert len(named) == 1, "\n".join(line for _, line in lines)
+    line = named[0][1]
+    others = ",".join(str(r) for r in range(nranks) if r != victim)
+    assert re.search(rf"\(-T\): rank {victim} \(pid {pid}\) on {host_re} (is stopped \(state T: SIGSTOP or SIGTSTP\) "
+                     rf"inside it|never reached it: .*its process is stopped \(state T)", line), line
+    assert re.search(rf"; ranks {others} waited for rank {victim} at ", line), line
+    for t, other in lines:  # any other line (a launcher's kill) names the frozen rank alone
+        assert not re.search(rf"rank (?!{victim}\b)\d+ \(pid", other.replace(line, "")), other
+    assert "failed" not in " ".join(x for _, x in lines)
+    assert not own_launcher or "Traceback" not in "".join(x for _, x in run.err)  # torchrun prints its own
+    return named[0][0] - stopped, gone - stopped
+
+
+def test_a_frozen_rank_of_four_is_named_alone(tmp_path):
+    """-g 4 -T 5, rank 1 frozen by SIGSTOP mid-sweep: one timeout line naming rank 1 (pid, host,
+    state T) and ranks 0,2,3 as waiting for it, exit 4, named within -T + 5 s and everything
+    gone within -T + 15 s (with slack for a loaded machine), nothing left running."""
+    run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")])
+    try:
+        run.wait_rows(4)
+        time.sleep(0.3)
+        to_name, to_gone = _freeze_and_judge(run, 1, run.pids[1], 4)
+    finally:
+        run.kill(run.pids.values())
+    assert run.proc.returncode == 4
+    assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
+    print(f"frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
+    assert not wait_gone(str(tmp_path), seconds=5)
+
+
+def test_a_rank_that_stalls_before_a_collective_is_named_as_never_reaching_it(tmp_path):
+    run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")],
+              env={"NCCLBENCH_FAULT": "stall:rank=2,size=4096,seconds=300"})
+    try:
+        run.wait_rows(1)
+        run.finish(limit_s=120)
+    finally:
+        run.kill(run.pids.values())
+    lines = [line for _, line in run.lines()]
+    assert run.proc.returncode == 4 and len(lines) == 1, lines
+    assert re.search(r"timeout: all_reduce at 4096 B \(float, sum, root -1\) did not finish within 5 s \(-T\): "
+                     r"rank 2 \(pid \d+\) on \S+ never reached it: its last step was all_reduce at 2048 B "
+                     r"\(float, sum, root -1\), where it is before its collectives; ranks 0,1,3 waited for rank 2 "
+                     r"at out-of-place, its first \(untimed\) op$", lines[0]), lines[0]
+    assert not wait_gone(str(tmp_path), seconds=10)
+
+
+def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path):
+    """The user's own torchrun: rank 0 names the frozen rank (same host: state T), ends it
+    with SIGKILL (torchrun's SIGTERM stays pending on a stopped process for 30 s), and
+    torchrun's summary shows 4 for the ranks that waited."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    run = Run([torchrun, "--nproc-per-node", "3", "--standalone", "-m", "ncclbench", *ARGS,
+               "--csv", str(tmp_path / "r.csv")])
+    try:
+        run.wait_rows(4)
+        time.sleep(0.3)
+        to_name, to_gone = _freeze_and_judge(run, 2, run.pids[2], 3, own_launcher=False)
+    finally:
+        run.kill(run.pids.values())
+    assert run.proc.returncode == 1
+    err = "".join(line for _, line in run.err)
+    assert "rank 2 ended by ncclbench (SIGKILL" in err
+    assert sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", err, re.M)) == ["-9", "4", "4"], err[-3000:]
+    assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
+    print(f"torchrun: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
+    assert not wait_gone(str(tmp_path), seconds=5)
+
+
+REASON = netsim.why_not()
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
+    """Two simulated hosts x 2 ranks: rank 3 (on simnode1) frozen; rank 0 (on simnode0) names it
+    with its state, which rank 2, its host mate, read and posted in the store; the ranks on
+    simnode1 end it. (With one rank per host the frozen rank is named as silent instead.)"""
+    with netsim.SimFleet(2) as fleet:
+        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
+        nodes = [fleet.start(i, cmd, nproc=2, port=29571) for i in range(2)]
+        run = Run.__new__(Run)
+        run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
+        threading.Thread(target=run._err, daemon=True).start()
+        threading.Thread(target=nodes[1].communicate, daemon=True).start()
+        try:
+            run.wait_rows(4)
+            time.sleep(0.3)
+            to_name, to_gone = _freeze_and_judge(run, 3, run.pids[3], 4, host_re="simnode1")
+            nodes[1].wait(timeout=60)
+        finally:
+            run.kill(run.pids.values())
+    assert nodes[0].returncode == 4
+    assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
+    print(f"across hosts: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
+
+
+
+def _link_down(fleet, i: int) -> None:
+    """Node i's network gone (its one interface down); netsim's own link_down where it has one."""
+    if hasattr(fleet, "link_down"):
+        fleet.link_down(i)
+        return
+    subprocess.run(["ip", "-n", fleet.spaces[i], "link", "set", "eth0", "down"], check=True, capture_output=True)
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_host_whose_network_is_gone_is_named_as_not_answering(tmp_path):
+    """Two simulated hosts x 2 ranks, simnode1's interface taken down mid-sweep: ranks 2,3
+    (simnode1) did not answer, ranks 0,1 waited for them; every process of both hosts ends."""
+    with netsim.SimFleet(2) as fleet:
+        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
+        nodes = [fleet.start(i, cmd, nproc=2, port=29572) for i in range(2)]
+        run = Run.__new__(Run)
+        run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
+        threading.Thread(target=run._err, daemon=True).start()
+        threading.Thread(target=nodes[1].communicate, daemon=True).start()
+        try:
+            run.wait_rows(4)
+            time.sleep(0.3)
+            _link_down(fleet, 1)
+            down = time.monotonic()
+            gone = run.finish()
+            nodes[1].wait(timeout=60)
+            gone = max(gone, time.monotonic()) - down
+        finally:
+            run.kill(run.pids.values())
+    lines = [line for _, line in run.lines()]
+    named = [line for line in lines if "timeout:" in line]
+    assert nodes[0].returncode == 4 and len(named) == 1, lines
+    assert re.search(r"\(-T\): rank 2 \(pid \d+\) on simnode1 did not answer .*; rank 3 \(pid \d+\) on simnode1 did "
+                     r"not answer .*; ranks 0,1 waited for ranks 2,3 at ", named[0]), named[0]
+    assert gone < GONE_BOUND, gone
+    print(f"network gone: all gone after {gone:.1f} s")
+
+# ---- on GPUs (NCCL) -----------------------------------------------------------------------------
+GPU_ARGS = ["allreduce", "-g", "4", "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",
+            "--no-save"]
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+@pytest.mark.gpu
+def test_gpu_a_frozen_rank_of_four_is_named_alone(tmp_path):
+    """-g 4 on NCCL, rank 1 frozen by SIGSTOP mid-sweep: its peers wait inside NCCL's kernels;
+    rank 0 names rank 1 (state T) alone within -T + 5 s, everything gone within -T + 15 s."""
+    if _gpu_count() < 4:
+        pytest.skip("needs 4 GPUs")
+    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")])
+    try:
+        run.wait_rows(6)
+        time.sleep(0.2)
+        to_name, to_gone = _freeze_and_judge(run, 1, run.pids[1], 4)
+    finally:
+        run.kill(run.pids.values())
+    print(f"GPU: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
+    assert run.proc.returncode == 4
+    assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
+    assert not wait_gone(str(tmp_path), seconds=10)
+
+
+@pytest.mark.gpu
+def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
+    """-g 4 on NCCL, a 600 s kernel queued on rank 2's stream before 16 MiB (gpu_sleep): its
+    host goes on and waits like the others; its GPU never reaches the all_reduce. Rank 2 is
+    named as such, ranks 0,1,3 as waiting for it, within -T + 5 s of the size's start."""
+    if _gpu_count() < 4:
+        pytest.skip("needs 4 GPUs")
+    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")],
+              env={"NCCLBENCH_FAULT": f"gpu_sleep:rank=2,size={16 << 20},seconds=600"})
+    try:
+        run.wait_rows(4)  # 1, 2, 4, 8 MiB: the 16 MiB size starts now
+        started = time.monotonic()
+        gone = run.finish(limit_s=120)
+    finally:
+        run.kill(run.pids.values())
+    lines = run.lines()
+    named = [(t, line) for t, line in lines if "timeout:" in line]
+    assert run.proc.returncode == 4 and len(named) == 1, lines
+    line = named[0][1]
+    assert re.search(r"timeout: all_reduce at 16777216 B \(float, sum, root -1\) did not finish within 10 s \(-T\): "
+                     r"rank 2 \(pid \d+\) on \S+: its GPU never reached it \(earlier work on its stream still runs\); "
+                     r"ranks 0,1,3 waited for rank 2 at ", line), line
+    to_name, to_gone = named[0][0] - started, gone - started
+    print(f"GPU: rank with a busy GPU named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
+    assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
+    assert not wait_gone(str(tmp_path), seconds=10)
