@@ -44,6 +44,7 @@ class Coordinator:
         self.dead: dict = {}          # node -> what it stopped answering in
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
+        self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
 
     # ---- one step: everyone's tasks, this rank's own, everyone's results ----
     def step(self, tasks: dict, what: str) -> dict:
@@ -84,6 +85,7 @@ class Coordinator:
         self._phase("pairs", clock)
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
                                    self.rounds, self.costs)
+        report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
         report.emit()
         code = report.exit_code
         label = f"s{self.step_no}"
@@ -153,6 +155,7 @@ class Coordinator:
             rails, error = [], None
             for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
                 sa, sb = (results.get(r, {}).get("s") for r in (ra, rb))
+                self.paths.setdefault((a, b), results.get(ra, {}).get("path") or results.get(rb, {}).get("path"))
                 if sa and sb:
                     rails.append(self.plan.nbytes / max(sa, sb) / 1e9)
                 else:
