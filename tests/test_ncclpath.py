@@ -258,3 +258,36 @@ def test_compare_names_a_changed_path_as_the_likely_cause(tmp_path):
     assert not any("NCCL path" in n for n in same.notes)
     r = run_cli(["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")], timeout=60)
     assert r.returncode == 1 and "NCCL path changed: baseline NET/IB/GDRDMA" in r.stdout
+
+
+# ---- a run: each rank reads its own log, rank 0 merges ----
+class _Ranks:
+    """Stands in for a backend's small-object exchange: what the other ranks sent."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others = rank, others
+
+    def all_gather_object(self, obj):
+        return [obj] + self.others
+
+
+def test_rank_0_merges_every_ranks_path_and_names_those_it_could_not_read(fresh_switch, tmp_path):
+    from ncclbench.engine import pathread
+
+    pattern = str(tmp_path / "nccl.%h.%p.log")
+    src = (LOGS / "two-hosts-socket" / "nccl.h100-a.40100.log").read_text()
+    (tmp_path / os.path.basename(nccldebug.expand(pattern))).write_text(src.replace(":40100:", f":{os.getpid()}:"))
+    other = to_summary(read_logs([LOGS / "two-hosts-socket" / "nccl.h100-b.40102.log"])[0], 2)
+    os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_FILE=pattern)
+    try:
+        path = pathread.gather(_Ranks(0, [(other, None), (None, "NCCL wrote no log file x")]))
+        assert pathread.gather(_Ranks(1, [(other, None)])) is None  # only rank 0 keeps the merge
+    finally:
+        del os.environ["NCCL_DEBUG"], os.environ["NCCL_DEBUG_FILE"]
+    assert path.transports() == {"NET/Socket": {(0, 2), (2, 0)}, "P2P/CUMEM": {(0, 1), (2, 3)}}
+    assert path.unread == {"2": "NCCL wrote no log file x"}
+    lines = pathread.header_lines(path, "nccl")
+    assert lines[0].startswith("NCCL path: NET/Socket") and "rank(s) 2: NCCL wrote no log file x" in lines[1]
+    assert pathread.header_lines(Path([], {"0": "NCCL's log is off"}), "nccl") == \
+        ["NCCL path: unknown: rank(s) 0: NCCL's log is off"]
+    assert pathread.header_lines(None, "gloo")[0].startswith("NCCL path: none (gloo")

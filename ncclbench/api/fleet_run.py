@@ -20,6 +20,10 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     from ncclbench.launch import launcher as launch
 
     launch.prepare_environ(info)
+    if plan.backend != "gloo":
+        from ncclbench.topology import nccldebug
+
+        nccldebug.arm()  # NCCL's log on (unless the user set it): each pair's path is read from it
     facts = my_facts(plan, info)
     dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=plan.timeout_s + 30))
