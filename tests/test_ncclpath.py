@@ -291,3 +291,46 @@ def test_rank_0_merges_every_ranks_path_and_names_those_it_could_not_read(fresh_
     assert pathread.header_lines(Path([], {"0": "NCCL's log is off"}), "nccl") == \
         ["NCCL path: unknown: rank(s) 0: NCCL's log is off"]
     assert pathread.header_lines(None, "gloo")[0].startswith("NCCL path: none (gloo")
+
+
+def test_log_folders_of_ended_processes_are_removed(fresh_switch, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"ncclbench-nccl-log-{int(ended.stdout)}-abc"
+    live = tmp_path / f"ncclbench-nccl-log-{os.getpid()}-def"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "nccl.h.1.log").write_text("x")
+    monkeypatch.setattr(nccldebug.tempfile, "tempdir", str(tmp_path))
+    env = {}
+    nccldebug.arm(env)
+    assert not dead.exists() and live.exists() and env["NCCL_DEBUG_FILE"].startswith(str(tmp_path))
+
+
+def test_fleet_links_and_pair_tests_carry_the_path(tmp_path):
+    import csv
+
+    from ncclbench.api.fleet_report import FleetReport
+
+    report = FleetReport(plan={"backend": "nccl", "nbytes": 1 << 26, "csv_path": str(tmp_path / "t.csv")})
+    report.links = [{"hosts": ["n1", "n2"], "reason": "slow twice"}]
+    report.tests = [{"round": 1, "kind": "screen", "host_a": "n2", "host_b": "n1", "rail": 0},
+                    {"round": 1, "kind": "screen", "host_a": "n3", "host_b": "n4", "rail": 0}]
+    report.add_paths({("n1", "n2"): "NET/Socket"})
+    assert report.links[0]["path"] == "NET/Socket" and [t["path"] for t in report.tests] == ["NET/Socket", None]
+    assert "# LINK n1 <-> n2: slow twice (NCCL path NET/Socket)" in report.lines()
+    report.emit()
+    rows = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert rows[0]["path"] == "NET/Socket"
+
+
+def test_preflight_groups_take_the_path_their_log_named():
+    from ncclbench.engine.pathread import path_notes
+
+    shm = path_of("one-host-shm").to_dict()
+    lines, peak = path_notes(shm, 478.1, 28.3)
+    assert lines[0].startswith("NCCL path: SHM") and peak is None
+    assert "% of NVLink" not in " ".join(lines) and any("NCCL_P2P_DISABLE=1" in l for l in lines)
+    assert path_notes(None, 478.1, 28.3) is None  # not read: the inferred lines stay

@@ -279,7 +279,8 @@ class Preflight:
                                  notes=self.notes)
         report.hosts = host_verdicts(host_evidence, bad, self.host)
         report.groups = group_records(runs, peaks, slow, wrong, set(bad) | {r for p in links for r in p}, self.host,
-                                      self.instances, self.setup["collectives"], self.backends, self.transport)
+                                      self.instances, self.setup["collectives"], self.backends, self.transport,
+                                      self.paths)
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),

@@ -30,8 +30,10 @@ def header_lines(path: Path | None, backend_name: str) -> list[str]:
         return [GLOO_LINE]
     if path is None:
         return ["NCCL path: not read"]
+    if path.empty and not path.processes and not path.unread:
+        return ["NCCL path: none (one rank per communicator: no connection to another GPU)"]
     if path.empty and not path.unread:
-        return ["NCCL path: NCCL's log named no connection (one rank, or no collective connected yet)"]
+        return ["NCCL path: NCCL's log named no connection"]
     if path.empty:
         return ["NCCL path: unknown: " + path.unread_text()]
     return path.lines()
@@ -42,6 +44,8 @@ def read_for_run(plan, backend, runner, buffers) -> Path | None:
     NCCL backends; None on gloo."""
     if plan.backend == "gloo":
         return None
+    if backend.group_size < 2:  # NCCL connects a rank to no peer: nothing to read
+        return Path([], {}) if backend.rank == 0 else None
     runner.connect(buffers)
     return gather(backend)
 

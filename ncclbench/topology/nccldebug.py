@@ -10,6 +10,7 @@ and asked for INFO; otherwise the path is said to be unreadable, and why."""
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -44,11 +45,39 @@ def arm(environ=os.environ) -> dict:
     returns what was set ({} when nothing). Call before NCCL's first communicator."""
     if _State.armed_by_us or any(environ.get(v) for v in ("NCCL_DEBUG", "NCCL_DEBUG_FILE")):
         return {}
-    _State.folder = tempfile.mkdtemp(prefix="ncclbench-nccl-log-")
+    _remove_stale(tempfile.gettempdir())
+    _State.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, _State.folder, True)
     values = debug_env(_State.folder)
     environ.update(values)
     _State.armed_by_us = dict(values)
     return values
+
+
+_PREFIX = "ncclbench-nccl-log-"
+
+
+def _remove_stale(folder: str) -> None:
+    """Log folders of ended processes: a rank that ends by os._exit (a lost peer, a held
+    signal) before its log was read leaves its folder behind; the next run removes it."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def ours(name: str, value: str) -> bool:

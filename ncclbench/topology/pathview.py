@@ -45,7 +45,7 @@ class Path:
         return cls(list(d.get("processes", [])), dict(d.get("unread") or {}))
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "facts": self.facts(), "processes": self.processes, "unread": self.unread or {},
+        return {"label": None if self.empty else self.label, "facts": self.facts(), "processes": self.processes, "unread": self.unread or {},
                 "network": self.network, "gdr": self.gdr, "pxn": self.pxn, "channels": self.channels,
                 "nvls": self.nvls, "version": self.version, "env": self.env,
                 "transports": {k: [list(p) for p in sorted(v)] for k, v in self.transports().items()},
