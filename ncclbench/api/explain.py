@@ -18,6 +18,7 @@ from ncclbench.topology.pathview import Path
 
 # the sweep run here: large enough sizes to show the path's bandwidth, few enough to take seconds
 SWEEP = ["-b", "1M", "-e", "256M", "-f", "4", "-n", "5", "-w", "2"]
+CPU_SWEEP = ["-b", "64K", "-e", "1M", "-f", "4", "-n", "2", "-w", "1"]  # gloo: no NCCL path to show, only the run
 
 
 def read_path(paths) -> tuple[Path, list[str]]:
@@ -75,11 +76,15 @@ def explain_logs(paths) -> list[str]:
 def explain_here(ngpus: str = "all", backend: str | None = None, timeout_s: int = 300) -> tuple[list[str], int]:
     """Run a short all_reduce sweep here (a child ncclbench, NCCL's log on) and explain it:
     (lines, the child's exit code)."""
+    from ncclbench.engine.collectives import ALL_REDUCE
     from ncclbench.topology.pathhost import host_facts
 
+    from ncclbench.topology.visible import visible_gpu_count
+
+    sweep = CPU_SWEEP if backend == "gloo" or (backend is None and not visible_gpu_count()) else SWEEP
     with tempfile.TemporaryDirectory(prefix="ncclbench-explain-") as folder:
         out = os.path.join(folder, "run.json")
-        argv = [sys.executable, "-m", "ncclbench", "all_reduce", "-g", str(ngpus), *SWEEP, "-J", out, "--no-save",
+        argv = [sys.executable, "-m", "ncclbench", ALL_REDUCE.name, "-g", str(ngpus), *sweep, "-J", out, "--no-save",
                 "--quiet"] + (["--backend", backend] if backend else [])
         try:
             done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout_s)
@@ -91,7 +96,7 @@ def explain_here(ngpus: str = "all", backend: str | None = None, timeout_s: int 
         with open(out) as f:
             doc = json.load(f)
     nb = doc.get("ncclbench", {})
-    lines = [f"# Measured here: all_reduce {' '.join(SWEEP)} on {nb.get('ranks')} rank(s), {nb.get('backend')} backend"]
+    lines = [f"# Measured here: {ALL_REDUCE.name} {' '.join(sweep)} on {nb.get('ranks')} rank(s), {nb.get('backend')} backend"]
     path = Path.from_dict(nb.get("nccl_path"))
     if path is None:
         return lines + [f"# {line}" for line in nb.get("path_lines") or ["NCCL path: not read"]], done.returncode

@@ -79,7 +79,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
         devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
-        path = _read_path(plan, backend, runner, buffers, watchdog)
+        path = _read_path(plan, backend, runner, buffers, watchdog) if hooks.read_path else None
     except BaseException:
         watchdog.stop()
         raise
