@@ -334,3 +334,22 @@ def test_preflight_groups_take_the_path_their_log_named():
     assert lines[0].startswith("NCCL path: SHM") and peak is None
     assert "% of NVLink" not in " ".join(lines) and any("NCCL_P2P_DISABLE=1" in l for l in lines)
     assert path_notes(None, 478.1, 28.3) is None  # not read: the inferred lines stay
+
+
+def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
+    from ncclbench.topology.ncclpath import pci_address
+
+    assert pci_address("18000") == "0000:18:00.0" and pci_address("1000b1") == "0001:00:0b.1"
+    dev = tmp_path / "bus/pci/devices/0000:18:00.0"
+    dev.mkdir(parents=True)
+    (dev / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    (dev / "current_link_width").write_text("16\n")
+    link = pathhost.pcie_link("0000:18:00.0", str(tmp_path))
+    assert link["width"] == 16 and round(link["gbps"], 2) == 31.51
+    assert pathhost.pcie_link("0000:19:00.0", str(tmp_path)) is None
+    p2p = path_of("one-host-p2p")
+    assert [c["bus_id"] for c in p2p.comms()] == ["0000:18:00.0", "0000:28:00.0", "0000:38:00.0", "0000:48:00.0"]
+    assert "peak is unknown" in pathexplain.peak_line(20.0, p2p, None)
+    p2p.processes[0]["pcie"] = {"0000:18:00.0": link}
+    assert pathexplain.peak_line(20.0, p2p, None) == \
+        "# Best busbw 20.00 GB/s = 63.5 % of the PCIe link 16 GT/s x16 31.5 GB/s per direction"

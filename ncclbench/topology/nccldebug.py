@@ -154,7 +154,16 @@ def own_summary(rank: int | None = None, environ=os.environ) -> tuple[dict | Non
         return None, "NCCL's log holds no path lines yet"
     summary = to_summary(processes[-1], rank)
     summary["nic_rates"] = _nic_rates(summary)
+    summary["pcie"] = _pcie(summary)
     return summary, None
+
+
+def _pcie(summary: dict) -> dict:
+    """{PCI address: its current link} of this process's GPUs (the busId of its communicators)."""
+    from ncclbench.topology.pathhost import pcie_link
+
+    links = {c["bus_id"]: pcie_link(c["bus_id"]) for c in summary.get("comms", []) if c.get("bus_id")}
+    return {bus: link for bus, link in links.items() if link}
 
 
 def _nic_rates(summary: dict) -> dict:

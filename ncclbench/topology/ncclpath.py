@@ -45,12 +45,19 @@ _COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<
                    r"localRanks (?P<local>\d+)")
 _COMPLETE = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<n>\d+) .*?"
                        r"(?:commId (?P<id>0x[0-9a-fA-F]+) )?- Init COMPLETE")
+_BUS = re.compile(r" busId (?P<bus>[0-9a-fA-F]+) ")
 _CHANNELS = re.compile(r"(?P<coll>\d+) coll channels, (?P<collnet>\d+) collnet channels, (?P<nvls>\d+) nvls channels, "
                        r"(?P<p2p>\d+) p2p channels")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
 _COLLNET_OFF = re.compile(r"disabling CollNet|Cannot initialize CollNet")
 _ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>.*?)\.?\s*$")
 _PLUGIN = re.compile(r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) (?P<name>\S+)")
+
+
+def pci_address(bus_id: str) -> str:
+    """NCCL's busId (`%lx` of domain << 20 | bus << 12 | device << 4 | function) as a PCI address."""
+    n = int(bus_id, 16)
+    return f"{n >> 20:04x}:{(n >> 12) & 0xff:02x}:{(n >> 4) & 0xff:02x}.{n & 0xf:x}"
 
 
 def kind_of(via: str) -> str:
@@ -104,6 +111,7 @@ class Comm:
     nvls: bool | None = None             # multicast available on this GPU
     collnet: str | None = None           # the CollNet plugin it connected through
     complete: bool = False
+    bus_id: str | None = None            # this rank's GPU, as NCCL numbers it (`busId 18000`: 0000:18:00.0)
     links: dict = field(default_factory=dict)   # (src, dst, kind) -> {'cc/i'}: channel/connection index
     net_devices: set = field(default_factory=set)  # NET device indexes its connections used
 
@@ -209,6 +217,8 @@ def _complete(p: ProcessLog, m) -> None:
     c = p._comm_for(m["ptr"])
     c.rank, c.nranks, c.complete = int(m["rank"]), int(m["n"]), True
     c.comm_id = m["id"] or c.comm_id
+    bus = _BUS.search(m.string)
+    c.bus_id = pci_address(bus["bus"]) if bus else c.bus_id
 
 
 def _channels(p: ProcessLog, m) -> None:

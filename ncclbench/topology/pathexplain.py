@@ -24,10 +24,19 @@ def _net_peak(path: Path) -> tuple[float | None, str]:
                 per_host.setdefault(p.get("host") or "?", {})[name] = rate
     if not per_host:
         names = ", ".join(sorted(used)) or "the NIC"
-        return None, f"the rate of {names} is unknown (not readable from sysfs where the log was read)"
+        return None, f"the rate of {names} is unknown: sysfs gave none where the log was read"
     host, rates = min(per_host.items(), key=lambda kv: sum(kv[1].values()))
     total = sum(rates.values())
     return total, f"the NIC rate {total:.4g} GB/s ({' + '.join(sorted(rates))} on {host})"
+
+
+def _pcie_peak(path: Path, kind: str) -> tuple[float | None, str]:
+    """P2P without a known NVLink peak: the slowest GPU's PCIe link, where sysfs gave it."""
+    links = [link for p in path.processes for link in (p.get("pcie") or {}).values()]
+    if not links:
+        return None, f"the path is {kind} over PCIe or an unknown link: its peak is unknown"
+    slow = min(links, key=lambda link: link["gbps"])
+    return slow["gbps"], f"the PCIe link {slow['gen_gts']:g} GT/s x{slow['width']} {slow['gbps']:.1f} GB/s per direction"
 
 
 def path_peak(path: Path | None, nvlink_peak: float | None) -> tuple[float | None, str]:
@@ -44,7 +53,7 @@ def path_peak(path: Path | None, nvlink_peak: float | None) -> tuple[float | Non
     if kind.startswith("P2P") and nvlink_peak:
         return nvlink_peak, f"NVLink peak {nvlink_peak:.1f} GB/s per GPU per direction"
     if kind.startswith("P2P"):
-        return None, f"the path is {kind} over PCIe or an unknown link: its peak is unknown"
+        return _pcie_peak(path, kind)
     return None, f"no link peak is known for {kind or 'this path'}"
 
 

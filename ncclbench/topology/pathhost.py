@@ -48,6 +48,22 @@ def nic_rate_gbps(name: str, detail: str = "", sysfs: str = "/sys") -> float | N
     return net_rate_gbps(name, sysfs)
 
 
+def pcie_link(address: str, sysfs: str = "/sys") -> dict | None:
+    """A PCI device's current link: {"gen_gts", "width", "gbps" (per direction, after the
+    line code: 8b/10b up to 5 GT/s, 128b/130b above)}; None when sysfs does not say."""
+    root = Path(sysfs) / "bus/pci/devices" / address.lower()
+    speed = re.match(r"\s*([0-9.]+)\s*GT/s", _text(root / "current_link_speed") or "")
+    try:
+        width = int(_text(root / "current_link_width") or "")
+    except ValueError:
+        return None
+    if not speed or width <= 0:
+        return None
+    gts = float(speed.group(1))
+    code = 0.8 if gts <= 5 else 128 / 130
+    return {"gen_gts": gts, "width": width, "gbps": gts * width * code / 8}
+
+
 def peermem_loaded(sysfs: str = "/sys") -> bool | None:
     """Whether the GPUDirect RDMA kernel module (nvidia_peermem, or the older nv_peer_mem) is
     loaded; None when /sys/module cannot be listed."""
