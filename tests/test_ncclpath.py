@@ -353,3 +353,23 @@ def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
     p2p.processes[0]["pcie"] = {"0000:18:00.0": link}
     assert pathexplain.peak_line(20.0, p2p, None) == \
         "# Best busbw 20.00 GB/s = 63.5 % of the PCIe link 16 GT/s x16 31.5 GB/s per direction"
+
+
+def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
+    from ncclbench.engine.pairs import PairsPlan, PairsResult, tournament_rounds
+
+    plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="nccl", timeout_s=60, fail_below=20.0,
+                     json_path=str(tmp_path / "p.json"), csv_path=None)
+    devices = [{"rank": r, "pid": 100 + r, "host": f"h100-{'ab'[r // 2]}", "device": r % 2, "device_hex": "0x2330",
+                "device_info": "NVIDIA H100"} for r in range(4)]
+    times = [{1: 1e-4, 2: 1e-2, 3: 1e-4}, {0: 1e-4, 2: 1e-4, 3: 1e-4}, {0: 1e-2, 1: 1e-4, 3: 1e-4},
+             {0: 1e-4, 1: 1e-4, 2: 1e-4}]
+    result = PairsResult(plan, devices, tournament_rounds(4), times, [])
+    result.path = path_of("two-hosts-socket")
+    lines = result.report_lines("CUDA events")
+    assert any(l.startswith("# NCCL path: NET/Socket") for l in lines)
+    assert any("0 <-> 2" in l and "via NET/Socket" in l for l in lines), lines
+    result.write_files()
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["nccl_path"]["label"] == "NET/Socket + P2P/CUMEM"
+    assert {(p["rank_a"], p["rank_b"]): p["path"] for p in doc["pairs"]}[(0, 1)] == "P2P/CUMEM"
