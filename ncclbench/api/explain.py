@@ -24,7 +24,7 @@ CPU_SWEEP = ["-b", "64K", "-e", "1M", "-f", "4", "-n", "2", "-w", "1"]  # gloo: 
 def read_path(paths) -> tuple[Path, list[str]]:
     """(the merged path, the files it came from) of the logs `paths` name; BadInput (one
     line, exit 2) for a missing or unreadable file or when no NCCL line is in them."""
-    from ncclbench.topology.ncclpath import log_files, parse_text, to_summary
+    from ncclbench.topology.ncclpath import log_files, read_logs, to_summary
 
     for raw in paths:
         if not os.path.exists(raw):
@@ -32,13 +32,10 @@ def read_path(paths) -> tuple[Path, list[str]]:
     files = log_files(paths)
     if not files:
         raise BadInput(f"no files in {', '.join(map(str, paths))}")
-    processes = []
-    for path in files:
-        try:
-            with open(path, errors="replace") as f:
-                processes += parse_text(f.read(), str(path))
-        except OSError as exc:
-            raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        processes = read_logs(files)
+    except OSError as exc:
+        raise BadInput(f"cannot read {exc.filename}: {exc.strerror}") from None
     if not processes:
         raise BadInput(f"no NCCL INFO line about the path in {len(files)} file(s) "
                        "(the log needs NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,P2P,SHM,NET,GRAPH)")

@@ -49,7 +49,6 @@ _BUS = re.compile(r" busId (?P<bus>[0-9a-fA-F]+) ")
 _CHANNELS = re.compile(r"(?P<coll>\d+) coll channels, (?P<collnet>\d+) collnet channels, (?P<nvls>\d+) nvls channels, "
                        r"(?P<p2p>\d+) p2p channels")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
-_COLLNET_OFF = re.compile(r"disabling CollNet|Cannot initialize CollNet")
 _ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>.*?)\.?\s*$")
 _PLUGIN = re.compile(r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) (?P<name>\S+)")
 
@@ -230,11 +229,6 @@ def _nvls(p: ProcessLog, m) -> None:
     p._comm().nvls = m["not"] is None
 
 
-def _collnet_off(p: ProcessLog, m) -> None:
-    c = p._comm()
-    c.collnet = c.collnet or None
-
-
 def _env(p: ProcessLog, m) -> None:
     p.env[m["name"]] = m["value"].strip()
 
@@ -247,7 +241,7 @@ _HANDLERS = [  # most frequent first
     (_CONN, _conn), (_COLLNET, _collnet), (_COMPLETE, _complete), (_COMM, _comm_line), (_RINGS, _rings),
     (re.compile(r"Connected all trees"), _trees), (_CHANNELS, _channels), (_NVLS, _nvls),
     (_GDR_HCA, _gdr), (_NET_DEVICES, _net_devices), (_NETWORK, _network), (_VERSION, _version),
-    (_ENV, _env), (_PLUGIN, _plugin), (_COLLNET_OFF, _collnet_off),
+    (_ENV, _env), (_PLUGIN, _plugin),
 ]
 
 
