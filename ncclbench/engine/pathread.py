@@ -9,13 +9,13 @@ from ncclbench.topology.pathview import Path
 GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack, no NCCL)"
 
 
-def gather(backend, group_rank: int | None = None) -> Path | None:
+def gather(backend) -> Path | None:
     """Every rank: its log's summary, gathered through the backend's small-object exchange;
     rank 0 gets the merged Path, the others None."""
     from ncclbench.topology import nccldebug
 
     try:
-        mine = nccldebug.own_summary(backend.rank if group_rank is None else group_rank)
+        mine = nccldebug.own_summary(backend.rank)
     except Exception as exc:  # noqa: BLE001 - a log that cannot be parsed costs the path, never the run
         mine = (None, f"NCCL's log could not be read: {type(exc).__name__}: {exc}")
     everyone = backend.all_gather_object(mine)

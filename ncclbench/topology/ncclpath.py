@@ -84,11 +84,6 @@ class Nic:
     name: str
     detail: str = ""      # address (sockets) or port/link layer (IB: `1/IB`, `1/RoCE`)
 
-    @property
-    def link_layer(self) -> str | None:
-        tail = self.detail.rsplit("/", 1)
-        return tail[1] if len(tail) == 2 and tail[1] in ("IB", "RoCE", "ETH") else None
-
 
 @dataclass
 class Comm:

@@ -120,12 +120,6 @@ def _shm_cause(env: dict) -> str:
             "without a shared IPC namespace (--ipc=host), or GPUs in different processes without peer access)")
 
 
-def gap_line(best: float | None, path: Path, nvlink_peak: float | None) -> str | None:
-    if best is None:
-        return None
-    return peak_line(best, path, nvlink_peak).lstrip("# ")
-
-
 def table(path: Path) -> list[str]:
     """The path as a table: one row per transport."""
     rows = [("transport", "rank pairs (src->dst)", "channels", "NICs")]

@@ -21,13 +21,10 @@ def _pairs_text(pairs, limit: int = 4) -> str:
     return shown + (f", +{len(pairs) - limit} more" if len(pairs) > limit else "")
 
 
-def _one(values: set, fmt=str, many=None) -> str | None:
-    values = {v for v in values if v is not None}
-    if not values:
-        return None
-    if len(values) == 1:
-        return fmt(next(iter(values)))
-    return many(values) if many else "/".join(sorted(fmt(v) for v in values))
+def _one(values: set) -> str | None:
+    """The one value the processes agree on, or `a/b` where they differ; None when none said."""
+    values = {str(v) for v in values if v is not None}
+    return "/".join(sorted(values)) if values else None
 
 
 @dataclass
