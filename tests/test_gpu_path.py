@@ -3,6 +3,7 @@ P2P named on one host, SHM named and flagged when P2P is disabled, the user's ow
 settings kept, and saved logs explained again without a GPU."""
 
 import json
+import os
 
 import pytest
 
@@ -79,3 +80,30 @@ def test_info_without_a_file_says_plainly_the_path_cannot_be_read(tmp_path):
     (line,) = _path_lines(r.stdout)
     assert "unknown" in line and "NCCL_DEBUG_FILE" in line, line
     assert nb["nccl_path"]["unread"]
+
+
+def test_two_simulated_hosts_name_sockets_and_gdr_0(tmp_path):
+    """2 hosts x 2 GPUs in network namespaces, NCCL over TCP between them (tests/netsim.py)."""
+    import netsim
+
+    from conftest import cli_command
+
+    if min(_gpus(), 4) < 4:
+        pytest.skip("needs 4 GPUs")
+    if netsim.why_not():
+        pytest.skip(netsim.why_not())
+    out = tmp_path / "r.json"
+    argv = cli_command() + ["all_reduce", "-b", "64M", "-e", "64M", "-n", "5", "--no-save", "-J", str(out)]
+    with netsim.SimFleet(2) as fleet:
+        procs = [fleet.start(i, argv, 2, port=29561,
+                             env=dict(os.environ, CUDA_VISIBLE_DEVICES=f"{2 * i},{2 * i + 1}", NCCL_HOSTID=f"sim{i}",
+                                      NCCL_SOCKET_IFNAME="eth0", NCCL_IB_DISABLE="1", NCCL_NVLS_ENABLE="0"))
+                 for i in range(2)]
+        stdout, stderr = procs[0].communicate(timeout=240)
+        procs[1].wait(timeout=60)
+    assert procs[0].returncode == 0, stderr[-3000:]
+    (line,) = _path_lines(stdout)
+    assert line.startswith("# NCCL path: NET/Socket") and "over eth0" in line, stdout[:3000]
+    assert "network Socket, GDR 0" in stdout
+    nb = json.loads(out.read_text())["ncclbench"]
+    assert nb["nccl_path"]["label"].startswith("NET/Socket") and nb["nccl_path"]["gdr"] == 0

@@ -183,6 +183,7 @@ def test_the_best_busbw_is_put_against_the_peak_of_the_path_used():
     for p in net.processes:
         p["nic_rates"] = {"eth0": 3.125}  # 25 Gb/s
     assert pathexplain.peak_line(2.5, net, 478.1).startswith("# Best busbw 2.50 GB/s = 80.0 % of the NIC rate 3.125")
+    assert "not this path's real bound" in pathexplain.peak_line(3.6, net, None)  # veth: a nominal 25 Gb/s
 
 
 def test_sysfs_facts(tmp_path):
