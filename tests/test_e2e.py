@@ -357,5 +357,7 @@ def test_ncclbench_sets_no_nccl_variable_and_names_those_the_ranks_ran_with(tmp_
                      "-J", str(out)], env={**unset, **extra})
         assert r.returncode == 0, r.stderr[-2000:]
         assert expected in r.stdout.splitlines()
+        # gloo: the header says plainly that there is no NCCL path, and NCCL's log was not turned on
+        assert "# NCCL path: none (gloo backend: TCP through the hosts' network stack, no NCCL)" in r.stdout.splitlines()
         nccl = [e for e in json.loads(out.read_text())["env"] if e.startswith("NCCL_")]
         assert nccl == [f"{k}={v}" for k, v in sorted(extra.items())]

@@ -82,6 +82,7 @@ def test_store_and_show_replay_the_table(tmp_path, capsys):
     replayed = [row[:5] + row[6:8] for row in table_rows(shown)]
     assert replayed == original and len(original) == 2
     assert "# Collective test starting: broadcast_perf" in shown
+    assert "# NCCL path: none (gloo backend: TCP through the hosts' network stack, no NCCL)" in shown  # the store keeps it
 
 
 def test_show_reads_nccl_tests_text(capsys):

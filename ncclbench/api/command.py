@@ -86,6 +86,7 @@ def run_as_rank(plans, info, spec, epilogue=None) -> int:
 
     def make_report(plan, run_info):
         run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
+        peak_line_for = path_trailer(run_info, peak_line_for)
         rep = Reporter(run_info, replace(spec, timestamps=plan.report_timestamps, per_iter=plan.per_iter,
                                          per_iter_skip=plan.per_iter_skip,
                                          expected_rows=plan.expected_rows(run_info.nranks)),
@@ -104,3 +105,10 @@ def topology_context(plan):
     except ImportError:
         return None, None, None
     return header_context(plan.backend)
+
+
+def path_trailer(run_info, fallback):
+    """The best-busbw line against the peak of the path NCCL used, where its log was read."""
+    from ncclbench.topology.header import path_trailer as make
+
+    return make(run_info.nccl_path, run_info.link_peak_gbps) or fallback

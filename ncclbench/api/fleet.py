@@ -182,8 +182,18 @@ class Worker:
             if "node" in task:
                 return {"node": fx.measure_node(dist, p.backend, task["node"], p.node_bytes, NODE_ITERS, p.timeout_s)}
             if "peer" in task:
-                return {"pair": fx.measure_pair(dist, p.backend, task["peer"], p.nbytes, p.iters, p.warmup,
-                                                p.timeout_s, self.buffers, task.get("target_s"))}
+                pair = fx.measure_pair(dist, p.backend, task["peer"], p.nbytes, p.iters, p.warmup,
+                                       p.timeout_s, self.buffers, task.get("target_s"))
+                return {"pair": dict(pair, path=pair_path(p.backend))}
         except Exception as exc:  # noqa: BLE001 - the failure is the result: rank 0 judges it
             return {"error": f"{type(exc).__name__}: {first_line(exc, 160)}"}
         return {}
+
+
+def pair_path(backend: str) -> str | None:
+    """The transports of the pair's communicator, as this rank's NCCL log names them."""
+    if backend == "gloo":
+        return None
+    from ncclbench.engine.pathread import latest_label
+
+    return latest_label()

@@ -67,6 +67,15 @@ class FleetReport:
             report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
         return report
 
+    def add_paths(self, paths: dict) -> None:
+        """The path NCCL's log named for each node pair ({(host a, host b): label}) on its links and tests."""
+        def path_of(a, b):
+            return paths.get((a, b)) or paths.get((b, a))
+        for link in self.links:
+            link["path"] = path_of(*link["hosts"])
+        for t in self.tests:
+            t["path"] = path_of(t["host_a"], t["host_b"])
+
     # ---- output ----
     def lines(self) -> list[str]:
         s = self.schedule
@@ -80,7 +89,8 @@ class FleetReport:
             reason = n["reasons"][0] if n["reasons"] else ""
             out.append(f"  {n['host']:<24s} {n['gpus']:>4d} {n['verdict']:<8s} {reason}")
             out.extend(f"  {'':<24s} {'':>4s} {'':<8s} {r}" for r in n["reasons"][1:])
-        out.extend(f"# LINK {' <-> '.join(link['hosts'])}: {link['reason']}" for link in self.links)
+        out.extend(f"# LINK {' <-> '.join(link['hosts'])}: {link['reason']}"
+                   + (f" (NCCL path {link['path']})" if link.get("path") else "") for link in self.links)
         out.extend(f"# Note: {n}" for n in self.notes)
         out += [f"# {line}" for line in self.scontrol_lines()]
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in self.cost_s.items())
@@ -120,7 +130,7 @@ class FleetReport:
 
 
 CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "bytes", "busbw_gbps", "reference_gbps",
-              "below_reference_pct", "slow", "error"]
+              "below_reference_pct", "slow", "error", "path"]
 
 
 def test_row(t, loc, name) -> dict:

@@ -20,6 +20,10 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     from ncclbench.launch import launcher as launch
 
     launch.prepare_environ(info)
+    if plan.backend != "gloo":
+        from ncclbench.topology import nccldebug
+
+        nccldebug.arm()  # NCCL's log on (unless the user set it): each pair's path is read from it
     facts = my_facts(plan, info)
     dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=plan.timeout_s + 30))
@@ -44,6 +48,7 @@ class Coordinator:
         self.dead: dict = {}          # node -> what it stopped answering in
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
+        self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
 
     # ---- one step: everyone's tasks, this rank's own, everyone's results ----
     def step(self, tasks: dict, what: str) -> dict:
@@ -84,6 +89,7 @@ class Coordinator:
         self._phase("pairs", clock)
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
                                    self.rounds, self.costs)
+        report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
         report.emit()
         code = report.exit_code
         label = f"s{self.step_no}"
@@ -161,6 +167,7 @@ class Coordinator:
             rails, sizes, error = [], [], None
             for ra, rb in zip(lay.ranks[a], lay.ranks[b]):
                 pa, pb = (results.get(r, {}).get("pair") for r in (ra, rb))
+                self.paths.setdefault((a, b), (pa or {}).get("path") or (pb or {}).get("path"))
                 sizes.append(pa["bytes"] if pa else None)
                 if pa and pb and pa["s"] and pb["s"]:
                     rails.append(pa["bytes"] / max(pa["s"], pb["s"]) / 1e9)

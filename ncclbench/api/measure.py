@@ -587,14 +587,16 @@ class Rows(Sequence):
         if self.summary is None:
             return ""
         from ncclbench.results import report
-        from ncclbench.topology.header import peak_percent_line
+        from ncclbench.topology.header import path_trailer, peak_percent_line
 
         p, info = self.plan, self.info
         lines = report.header_lines(info, p.per_iter, p.per_iter_skip, p.report_timestamps)
         for row in self.rows:
             lines.append(report.row_line(row, p.per_iter, p.report_timestamps))
             lines.extend(row.notes)
-        peak = peak_percent_line(self.summary.peak_busbw, info.link_peak_gbps) if info.link_peak_gbps else None
+        trailer = path_trailer(info.nccl_path, info.link_peak_gbps)  # the peak of the path NCCL used, where read
+        peak = trailer(self.summary) if trailer else (
+            peak_percent_line(self.summary.peak_busbw, info.link_peak_gbps) if info.link_peak_gbps else None)
         lines += report.trailer_lines(info, self.summary, peak)
         return "\n".join(lines) + "\n"
 

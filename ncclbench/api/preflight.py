@@ -68,6 +68,7 @@ class Preflight:
         self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
         self.solo_group = None        # this rank's one-rank group (ncclbench.api.within)
         self.margins: dict = {}       # {check: worst fraction below its reference}
+        self.paths: dict = {}         # {group: the path NCCL's log named (pathview.Path.to_dict)}
 
     # ---- the phases ----
     def run(self):
@@ -212,7 +213,7 @@ class Preflight:
         """Every collective of the plan on this rank's group of `dim`; every group's cells."""
         from ncclbench.api.verdict import Cell
 
-        mine = []
+        mine, path = [], {}
         for coll in self.setup["collectives"]:
             rows = self._measure(dim, coll, plan["sizes"], iters=plan["iters"], warmup_iters=2, check=1,
                                  per_iter_timing=1)
@@ -221,8 +222,11 @@ class Preflight:
                               tuple(cell.rank_us), cell.nwrong)
                          for row in rows for placement, cell in row.placements()
                          if getattr(cell, "measured", True) and math.isfinite(cell.busbw)]  # N/A cells say nothing
-        everyone = self.world.exchange(mine, f"preflight: gathering the {dim} numbers", self.timeout_s)
-        return [c for part in everyone for c in part]
+            if rows.info is not None and rows.info.nccl_path:  # the group's rank 0: the path NCCL's log named
+                path = {tuple(rows.ranks): rows.info.nccl_path}
+        everyone = self.world.exchange((mine, path), f"preflight: gathering the {dim} numbers", self.timeout_s)
+        self.paths.update({g: p for _, part in everyone for g, p in part.items()})
+        return [c for part, _ in everyone for c in part]
 
     def _label(self, dim: str, group) -> str:
         import torch.distributed as dist
@@ -233,6 +237,7 @@ class Preflight:
     def _link_peaks(self, runs: dict) -> dict:
         """{group: link peak GB/s or None}, and the transport lines of each group."""
         from ncclbench.api.verdict import transport_notes
+        from ncclbench.engine.pathread import path_notes
 
         self.transport, peaks = {}, {}
         for dim, cells in runs.items():
@@ -242,6 +247,9 @@ class Preflight:
                 devices = [self.facts[r]["device"] for r in g]
                 env = self.facts[g[0]]["env"]
                 self.transport[g], peaks[g] = transport_notes(self.backends[dim], hosts, self.topo, devices, env, best)
+                read = path_notes(self.paths.get(g), (self.topo.get(hosts[0]) or {}).get("nvlink_peak"), best)
+                if read is not None:  # what NCCL's log named replaces what was inferred
+                    self.transport[g], peaks[g] = read
         return peaks
 
     # ---- localisation and the report ----
@@ -271,7 +279,8 @@ class Preflight:
                                  notes=self.notes)
         report.hosts = host_verdicts(host_evidence, bad, self.host)
         report.groups = group_records(runs, peaks, slow, wrong, set(bad) | {r for p in links for r in p}, self.host,
-                                      self.instances, self.setup["collectives"], self.backends, self.transport)
+                                      self.instances, self.setup["collectives"], self.backends, self.transport,
+                                      self.paths)
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),

@@ -75,8 +75,9 @@ def host_verdicts(evidence: dict, bad: dict, host_of: dict) -> list[dict]:
 
 
 def group_records(runs, peaks, slow, wrong, found: set, host: dict, instances: dict, collectives: list,
-                  backends: dict, transport: dict) -> list[dict]:
-    """One record per group; `found`: ranks found slow (or at a slow link) inside groups."""
+                  backends: dict, transport: dict, paths: dict | None = None) -> list[dict]:
+    """One record per group; `found`: ranks found slow (or at a slow link) inside groups;
+    `paths`: {group: the path NCCL's log named} where it was read."""
     out = []
     for dim, cells in runs.items():
         for g in instances[dim]:
@@ -87,7 +88,8 @@ def group_records(runs, peaks, slow, wrong, found: set, host: dict, instances: d
             out.append({"name": group_name(instances, dim, g), "dim": dim, "ranks": list(g),
                         "hosts": sorted({host[r] for r in g}), "backend": backends[dim],
                         "best_busbw": best, "link_peak_gbps": peaks.get(g), "verdict": verdict,
-                        "transport": transport.get(g, [])})
+                        "transport": transport.get(g, []),
+                        "nccl_path": ((paths or {}).get(g) or {}).get("label")})
     return out
 
 

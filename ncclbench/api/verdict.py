@@ -445,8 +445,8 @@ class PreflightReport:
 
 
 # ---- what NCCL used, as far as it can be told ----------------------------------------------------------
-INFERRED = ("inferred from the topology, the settings and the speed: a running process cannot read the transport "
-            "NCCL chose (NCCL_DEBUG=INFO prints it when a communicator is created)")
+INFERRED = ("inferred from the topology, the settings and the speed: NCCL's own log of the path was not read "
+            "(it is read where ncclbench could turn it on, or from the user's NCCL_DEBUG=INFO NCCL_DEBUG_FILE)")
 
 
 def nic_rate_gbps(rate: str | None) -> float | None:

@@ -22,6 +22,10 @@ def create_backend(name: str, launch, timeout_s: float, stream_null: bool = Fals
     import torch  # noqa: F401 - every backend's first need; imported here so start-up can tell it apart
 
     from ncclbench import startup
+    from ncclbench.topology import nccldebug
+
+    if name != "gloo":
+        nccldebug.arm()  # NCCL's log on (unless the user set it), so that its path can be read
 
     startup.mark("imported")
     if name in ("nccl", "gloo"):

@@ -53,7 +53,7 @@ def _replay_lines(doc: dict) -> list[str]:
         nccl_text=nb.get("nccl", ""), config=cfg, env=doc.get("env", []), start_time=doc.get("start_time", ""),
         topology=nb.get("topology"), link_peak_gbps=nb.get("link_peak_gbps"), notes=nb.get("notes", []),
         report_cputime=any("cpu_time" in (r.get("out_of_place") or {}) for r in doc.get("results", [])),
-        startup=nb.get("startup"),
+        startup=nb.get("startup"), nccl_path=nb.get("nccl_path"), path_lines=nb.get("path_lines") or [],
     )
 
     def cell(d):

@@ -23,6 +23,8 @@ class RankHooks:
     are said on stderr. The Python API runs inside a user's job and overrides them
     (ncclbench.api.measure)."""
 
+    read_path = True  # one untimed op before the report, so that NCCL's log names the path (engine/pathread.py)
+
     def board(self, backend) -> ProgressBoard:
         return ProgressBoard(default_store(), backend.rank, backend.nranks)
 

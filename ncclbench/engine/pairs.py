@@ -25,6 +25,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from ncclbench.engine import pathread
 from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
 from ncclbench.sizes import format_size
 
@@ -226,6 +227,7 @@ def run_rank(plan: PairsPlan, info) -> int:
         try:
             first_collective(backend)
             mine = measure_rounds(backend, plan, rounds)
+            path = pathread.gather(backend) if plan.backend != "gloo" else None  # each rank's NCCL log, to rank 0
         except BenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed exchange ends the run in one line
@@ -235,6 +237,7 @@ def run_rank(plan: PairsPlan, info) -> int:
         backend.close()
     result = PairsResult(plan, devices, rounds, [t for t, _ in everyone],
                          sorted({(min(r, p), max(r, p)) for r, (_, w) in enumerate(everyone) for p in w}))
+    result.path = path
     if info.rank == 0:
         sys.stdout.write("\n".join(result.report_lines(backend.timing_name())) + "\n")
         sys.stdout.flush()
@@ -267,6 +270,7 @@ class PairsResult:
         self.ranked = below_median(self.matrix)
         self.flagged = slow_pairs(self.matrix, plan.fail_below) if plan.fail_below is not None else []
         self.wrong_pairs = wrong_pairs
+        self.path = None  # the path NCCL's log named (pathread.gather), rank 0's
         values = [v for _, _, v in pair_values(self.matrix)]
         self.median = statistics.median(values) if values else 0.0
 
@@ -294,6 +298,7 @@ class PairsResult:
         for d in self.devices:
             lines.append(f"#  Rank {d['rank']:2d} Pid {d['pid']:6d} on {d['host']:>10s} "
                          f"device {d['device']:2d} [{d['device_hex']}] {d['device_info']}")
+        lines += ["#"] + [f"# {line}" for line in pathread.header_lines(self.path, p.backend)]
         lines += ["#", "# busbw per direction (GB/s); a pair's time is its slower rank's"]
         lines += self.matrix_lines()
         lines += ["#", f"# Median pair busbw: {self.median:.4g} GB/s"]
@@ -324,9 +329,17 @@ class PairsResult:
             lines.append("# Slowest pairs:" if shown else "# No pair below the median")
         for a, b, v, pct in shown:
             side = "below" if pct >= 0 else "above"
+            via = self.pair_path(a, b)
             lines.append(f"#   {a:3d} <-> {b:<3d} {format_gbps(v):>9s} GB/s  {abs(pct):6.1f}% {side} median  "
-                         f"({self.host(a)} - {self.host(b)})")
+                         f"({self.host(a)} - {self.host(b)}{', via ' + via if via else ''})")
         return lines
+
+    def pair_path(self, a: int, b: int) -> str | None:
+        """The transports NCCL's log named between ranks a and b (either way), or None."""
+        if self.path is None:
+            return None
+        kinds = [k for k, pairs in self.path.transports().items() if (a, b) in pairs or (b, a) in pairs]
+        return " + ".join(kinds) or None
 
     # ---- files ----------------------------------------------------------------------
     def pair_records(self) -> list[dict]:
@@ -335,7 +348,7 @@ class PairsResult:
         return [{"rank_a": a, "rank_b": b, "host_a": self.host(a), "host_b": self.host(b),
                  "size_bytes": self.plan.nbytes, "time_us": self.plan.nbytes / v / 1e3 if v else None,
                  "busbw_gbps": v, "below_median_pct": pct, "flagged": (a, b) in flagged,
-                 "wrong_data": (a, b) in wrong}
+                 "wrong_data": (a, b) in wrong, "path": self.pair_path(a, b)}
                 for a, b, v, pct in sorted(self.ranked, key=lambda item: item[:2])]
 
     def write_files(self) -> None:
@@ -345,7 +358,8 @@ class PairsResult:
                    "nranks": len(self.devices), "devices": self.devices,
                    "rounds": [[list(p) for p in r] for r in self.rounds],
                    "median_busbw_gbps": self.median, "fail_below_pct": self.plan.fail_below,
-                   "busbw_gbps": self.matrix, "pairs": self.pair_records()}
+                   "busbw_gbps": self.matrix, "pairs": self.pair_records(),
+                   "nccl_path": self.path.to_dict() if self.path is not None else None}
             with open(self.plan.json_path, "w") as f:
                 json.dump(doc, f, indent=1)
                 f.write("\n")

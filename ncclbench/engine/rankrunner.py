@@ -93,6 +93,21 @@ class RankRunner:
                 self.coll.call(self.backend, send, recv, op, root, layout)
         self.backend.synchronize()
 
+    def connect(self, buffers) -> None:
+        """One untimed op of the first combination at the largest size, so that NCCL connects
+        the ranks (since 2.22 it does so at a communicator's first use of an algorithm) and
+        its log names the path before the report begins."""
+        first = next(iter(self.combinations()), None)
+        sizes = self.plan.sizes()
+        if first is None or not sizes or self.nranks < 2:
+            return
+        dtype, op, root = first
+        send_t, recv_t = buffers.typed(dtype)
+        layout = self.plan.layout(max(sizes), dtype.itemsize, self.nranks)
+        send, recv = self._slots(layout, send_t, recv_t, False, 1)[0]
+        self.coll.call(self.backend, send, recv, op, root, layout)
+        self.backend.synchronize()
+
     def _slots(self, layout, send_t, recv_t, in_place, nslots):
         out_of_place_missing = self.plan.backend in self.coll.in_place_only
         return Slots(layout, send_t, recv_t, in_place, out_of_place_missing and not in_place, self.rank, nslots)

@@ -10,6 +10,7 @@ from ncclbench import __version__
 from ncclbench.engine import onerank
 from ncclbench.engine.guard import ranks_text
 from ncclbench.results.records import RunInfo
+from ncclbench.topology import nccldebug
 
 
 def now() -> str:
@@ -19,7 +20,7 @@ def now() -> str:
 def nccl_environ() -> tuple[str, ...]:
     """This rank's NCCL settings (nccl-tests' NCCL_TESTS_* are not NCCL's)."""
     return tuple(sorted(f"{k}={v}" for k, v in os.environ.items()
-                        if k.startswith("NCCL_") and not k.startswith("NCCL_TESTS_")))
+                        if k.startswith("NCCL_") and not k.startswith("NCCL_TESTS_") and not nccldebug.ours(k, v)))
 
 
 def environ_note(envs: list[tuple[str, ...]]) -> str | None:
@@ -79,8 +80,8 @@ def build_run_info(plan, backend, devices) -> RunInfo:
         "parallel_init": "false", "unalign": plan.unalign, "min_bw": plan.min_bw, "min_peak_bw": plan.min_peak_bw,
     }
     # what shapes the numbers: NCCL's and PyTorch's knobs (TORCH_FR_*: its flight recorder)
-    env = sorted(f"{k}={v}" for k, v in os.environ.items()
-                 if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "NCCLBENCH_")))
+    env = sorted(f"{k}={v}" for k, v in os.environ.items()  # less NCCL's log, which ncclbench turned on itself
+                 if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "NCCLBENCH_")) and not nccldebug.ours(k, v))
     return RunInfo(
         collective=plan.coll.name, args=list(plan.args), backend=plan.backend, mode=plan.mode.value,
         timing=backend.timing_name(), nranks=backend.group_size, devices=devices,

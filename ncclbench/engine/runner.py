@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from ncclbench.engine import peers
+from ncclbench.engine import pathread, peers
 from ncclbench.engine.buffers import Buffers
 from ncclbench.engine.guard import attempt, read_cause, verdict
 from ncclbench.engine.hang import Census
@@ -99,6 +99,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
         devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
+        path = _read_path(plan, backend, runner, buffers, watchdog) if hooks.read_path else None
     except BaseException:
         watchdog.stop()
         raise
@@ -110,6 +111,8 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     if backend.rank == 0:
         info = build_run_info(plan, backend, devices)
         info.notes += notes
+        info.nccl_path = path.to_dict() if path is not None else None
+        info.path_lines = pathread.header_lines(path, plan.backend)
         report = make_report(plan, info)
     hooks.open_outcome(finish_early if report is not None else None)
     failpoint("engine.after_report", rank=backend.rank)
@@ -151,6 +154,18 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     if report is not None:
         judge(summary, plan, report, hooks, said)
     return summary
+
+
+def _read_path(plan, backend, runner, buffers, watchdog):
+    """The path NCCL took (rank 0; None elsewhere and on gloo), read after one op that
+    connects the ranks, under the -T deadline like any collective."""
+    if plan.backend == "gloo":
+        return None
+    watchdog.arm("0|connecting the ranks (one op, so that NCCL's log names its path)")
+    try:
+        return pathread.read_for_run(plan, backend, runner, buffers)
+    finally:
+        watchdog.disarm()
 
 
 def set_up(plan, backend, runner, board, watchdog, hooks: RankHooks | None = None):

@@ -128,6 +128,21 @@ def _setup_differences(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
     return notes
 
 
+def path_change(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
+    """`NCCL path changed: baseline NET/IB/GDRDMA, now NET/Socket`, when both runs' JSON named
+    the path NCCL's log showed and the two differ (in transports, or in network, GDR, PXN,
+    channels, NVLS); None otherwise."""
+    for column in ("nccl_path", "nccl_path_facts"):
+        if column not in base.columns or column not in new.columns:
+            return None
+        before = sorted(set(base[column].dropna().astype(str)) - {""})
+        after = sorted(set(new[column].dropna().astype(str)) - {""})
+        if before and after and before != after:
+            what = "" if column == "nccl_path" else f"{_first(base, 'nccl_path')}: "
+            return f"NCCL path changed: {what}baseline {' | '.join(before)}, now {' | '.join(after)}"
+    return None
+
+
 def _classify(ratio: pd.Series, new_nwrong: pd.Series, metric: Metric, threshold: float) -> np.ndarray:
     if metric.higher_is_better:
         worse = ratio < 1 - threshold - _RATIO_EPSILON
@@ -147,6 +162,7 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     chosen = METRICS[metric]
     notes: list[str] = []
     notes.extend(_setup_differences(base, new))
+    path_note = path_change(base, new)
     base_rows = _comparable_rows(base, "BASE", notes)
     new_rows = _comparable_rows(new, "NEW", notes)
     left = base_rows[MATCH_KEYS + [chosen.column]].rename(columns={chosen.column: "base"})
@@ -167,6 +183,9 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     # Out-of-place block first, then in-place, each in BASE's own row order (nccl-tests' order).
     matched = matched.assign(_placement_order=matched["placement"].map(PLACEMENTS.index))
     matched = matched.sort_values(["_placement_order", "_base_order"], kind="stable").reset_index(drop=True)
+    if path_note:  # first of the notes: the likeliest cause of any change in the numbers
+        regressed = (matched["status"] == REGRESSION).any()
+        notes.insert(0, path_note + (" (the likely cause of the regression)" if regressed else ""))
     return Comparison(
         base_label=_first(base, "label"),
         base_source=_first(base, "source"),

@@ -191,6 +191,7 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "collective": info.collective, "backend": info.backend, "mode": info.mode, "timing": info.timing,
         "ranks": info.nranks, "nodes": len(info.hosts), "hosts": info.hosts, "gpu": info.gpu_name,
         "link_peak_gbps": info.link_peak_gbps, "topology": info.topology,
+        "nccl_path": info.nccl_path, "path_lines": info.path_lines,
         "torch_version": info.torch_version, "nccl": info.nccl_text,
         "ncclbench_version": info.ncclbench_version, "notes": info.notes, "startup": info.startup,
         "complete": summary.complete, "status": summary.status,

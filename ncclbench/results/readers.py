@@ -35,7 +35,7 @@ CORE_COLUMNS = [
 ]
 METADATA_COLUMNS = [
     "tool", "backend", "mode", "ranks", "nodes", "hosts", "gpu", "timestamp",
-    "link_peak_gbps", "nccl_version", "torch_version", "ncclbench_version", "complete",
+    "link_peak_gbps", "nccl_version", "torch_version", "ncclbench_version", "complete", "nccl_path", "nccl_path_facts",
 ]
 PLACEMENTS = ("out_of_place", "in_place")
 
@@ -352,6 +352,8 @@ def _json_document_metadata(doc: dict) -> tuple[str | None, dict]:
                 meta["ncclbench_version"] = value
             elif key == "hosts" and isinstance(value, list):
                 meta["hosts"] = ";".join(str(h) for h in value)
+            elif key == "nccl_path" and isinstance(value, dict):  # the path NCCL's log named (compare sets them side by side)
+                meta["nccl_path"], meta["nccl_path_facts"] = value.get("label"), value.get("facts")
             elif isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
                 meta[key] = value
     return collective, meta

@@ -76,6 +76,8 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
     report_cputime: bool = False   # -C: the time columns hold host time per op
     startup: dict | None = None    # start-up phases (startup.phases), for the first run of a process
+    nccl_path: dict | None = None  # the path NCCL took, as its log said (topology.pathview.Path.to_dict)
+    path_lines: list[str] = field(default_factory=list)  # the header's `# NCCL path` lines
 
     @property
     def hosts(self) -> list[str]:

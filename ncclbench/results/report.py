@@ -89,6 +89,7 @@ def header_lines(info: RunInfo, per_iter: bool = False, skip: int = 0, timestamp
     lines.append(f"# NCCL environment: {nccl_environment(info.env)}")
     if info.topology:
         lines.append(f"# Topology: {info.topology}")
+    lines.extend(f"# {p}" for p in info.path_lines)
     lines.extend(f"# Note: {n}" for n in info.notes)
     lines += ["#", "# Using devices"]
     for d in info.devices:

@@ -38,3 +38,16 @@ def header_context(backend: str) -> tuple[str | None, float | None, Callable | N
     if not peak:
         return summary, None, None
     return summary, peak, lambda s: peak_percent_line(s.peak_busbw, peak)
+
+
+def path_trailer(path: dict | None, nvlink_peak: float | None) -> Callable | None:
+    """The trailer-line maker for a run whose NCCL path was read: the best busbw against the
+    peak of the transport NCCL used (SHM has none; a NET path has its NIC's rate), not the
+    NVLink peak of a path NCCL may not have taken. None when the path is unknown."""
+    from ncclbench.topology.pathexplain import peak_line
+    from ncclbench.topology.pathview import Path
+
+    view = Path.from_dict(path)
+    if view is None or view.empty:
+        return None
+    return lambda s: peak_line(s.peak_busbw, view, nvlink_peak)

@@ -9,10 +9,11 @@ import json
 import os
 
 from ncclbench.errors import ExitCode
+from ncclbench.topology import nccldebug
 from ncclbench.tune.analysis import ItemResult
 
 PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0}
-PROBE_SUBSYS = "INIT,ENV,TUNING"
+PROBE_SUBSYS = nccldebug.with_subsys(nccldebug.SUBSYS, "TUNING")  # the path's lines too
 
 
 def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1) -> list[dict]:
@@ -123,5 +124,4 @@ def spawn(setup, argv: list[str], env: dict) -> int:
 
 
 def probe_env(folder: str) -> dict:
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": PROBE_SUBSYS,
-            "NCCL_DEBUG_FILE": os.path.join(folder, "nccl.%h.%p.log")}
+    return nccldebug.debug_env(folder, PROBE_SUBSYS)

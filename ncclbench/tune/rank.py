@@ -134,11 +134,13 @@ def say_progress(work, item, n, outcome, seconds) -> None:
 
 
 def _quiet_sweep_hooks():
-    """The command line's hooks, except that a failed combination is not said on stderr:
-    tune's progress line says how each item ended."""
+    """The command line's hooks, except that a failed combination is not said on stderr
+    (tune's progress line says how each item ended) and no op runs before the sweep."""
     from ncclbench.engine.hooks import RankHooks
 
     class QuietSweep(RankHooks):
+        read_path = False  # no extra op: NCCL's TUNING lines of each item are counted (tune/analysis.py)
+
         def sweep_failed(self, *args, **kwargs):
             return super().sweep_failed(*args, **kwargs)[0], False
 

@@ -1,0 +1,80 @@
+"""The path NCCL took, read on every rank from its own log and gathered on rank 0 (the
+header, the JSON, the verdicts): topology.nccldebug finds the file, topology.ncclpath reads
+it, topology.pathview merges the ranks' summaries."""
+
+from __future__ import annotations
+
+from ncclbench.topology.pathview import Path
+
+GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack, no NCCL)"
+
+
+def gather(backend) -> Path | None:
+    """Every rank: its log's summary, gathered through the backend's small-object exchange;
+    rank 0 gets the merged Path, the others None."""
+    from ncclbench.topology import nccldebug
+
+    try:
+        mine = nccldebug.own_summary(backend.rank)
+    except Exception as exc:  # noqa: BLE001 - a log that cannot be parsed costs the path, never the run
+        mine = (None, f"NCCL's log could not be read: {type(exc).__name__}: {exc}")
+    everyone = backend.all_gather_object(mine)
+    if backend.rank != 0:
+        return None
+    return Path([s for s, _ in everyone if s], {str(r): why for r, (s, why) in enumerate(everyone) if s is None})
+
+
+def header_lines(path: Path | None, backend_name: str) -> list[str]:
+    """The header's `NCCL path` lines (no `#`)."""
+    if backend_name == "gloo":
+        return [GLOO_LINE]
+    if path is None:
+        return ["NCCL path: not read"]
+    if path.empty and not path.processes and not path.unread:
+        return ["NCCL path: none (one rank per communicator: no connection to another GPU)"]
+    if path.empty and not path.unread:
+        return ["NCCL path: NCCL's log named no connection"]
+    if path.empty:
+        return ["NCCL path: unknown: " + path.unread_text()]
+    return path.lines()
+
+
+def read_for_run(plan, backend, runner, buffers) -> Path | None:
+    """Before the report: one op so NCCL connects, then the gathered path (rank 0), on the
+    NCCL backends; None on gloo."""
+    if plan.backend == "gloo":
+        return None
+    if backend.group_size < 2:  # NCCL connects a rank to no peer: nothing to read
+        return Path([], {}) if backend.rank == 0 else None
+    runner.connect(buffers)
+    return gather(backend)
+
+
+def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:
+    """(a verdict's transport lines, the peak of the path) from the path NCCL's log named, or
+    None when it was not read (then the verdict says what it inferred)."""
+    from ncclbench.topology.pathexplain import causes, path_peak
+
+    view = Path.from_dict(path)
+    if view is None or view.empty:
+        return None
+    peak, what = path_peak(view, nvlink_peak)
+    lines = [line.strip() for line in view.lines()]
+    if best is not None:
+        lines.append(f"best busbw {best:.4g} GB/s" + (f" = {100 * best / peak:.1f} % of {what}" if peak else f" ({what})"))
+    return lines + [f"cause: {c}" for c in causes(view, None, None)], peak
+
+
+def latest_label() -> str | None:
+    """The transports of this process's newest communicator, as its own NCCL log names them
+    (`NET/Socket`, `P2P/CUMEM`); None when the log cannot be read."""
+    from ncclbench.topology import nccldebug
+
+    try:
+        summary, _why = nccldebug.own_summary()
+    except Exception:  # noqa: BLE001 - context only
+        return None
+    if not summary or not summary.get("comms"):
+        return None
+    view = Path([dict(summary, comms=summary["comms"][-1:])])
+    return None if view.empty else view.label

@@ -1,0 +1,300 @@
+"""The path NCCL took, read from its own INFO log (NCCL_DEBUG=INFO with the subsystems
+INIT,ENV,P2P,SHM,NET,GRAPH): which network, which NICs, GPUDirect RDMA, PXN, the transport
+of every connection, the channels, NVLS and CollNet. Pure text parsing: no torch, no CUDA.
+
+Line formats, as NCCL 2.2x prints them (src/ paths of NVIDIA/nccl v2.28.9-1):
+  init.cc             `NCCL version 2.28.9+cuda13.0`, `Using network Socket`,
+                      `comm 0x.. rank 0 nRanks 4 nNodes 2 localRanks 2 localRank 0 MNNVL 0`,
+                      `4 coll channels, 4 collnet channels, 0 nvls channels, 4 p2p channels, ...`,
+                      `<func> comm 0x.. rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 18000 commId 0x.. - Init COMPLETE`
+  transport/p2p.cc    `Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM` (/read, /CE; P2P/IPC, P2P/direct pointer,
+                      P2P/MNNVL, P2P/indirect/2[2])
+  transport/shm.cc    `Channel 00 : 0[0] -> 1[1] via SHM/direct/direct` (CE for a copy engine side)
+  transport/net.cc    `Channel 00/0 : 0[0] -> 2[2] [send] via NET/Socket/0` (/GDRDMA, (PCI), /Shared;
+                      `NET/IB/0(1)/GDRDMA`: through rank 1's NIC, PXN)
+  transport/coll_net.cc `CollNet 00/0 : 0 [send] via COLLNET/SHARP/0/GDRDMA`
+  transport/generic.cc `Connected all rings, use ring PXN 0 GDR 0`, `Connected all trees`
+  transport/nvls.cc   `NVLS multicast support is available on dev 0` / `is not available`
+  net_socket.cc       `NET/Socket : Using [0]eth0:198.18.0.10<0>`
+  net_ib.cc           `NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>`
+  graph/topo.cc       `NET/IB : GPU Direct RDMA Enabled for HCA 0 'mlx5_0'`
+  graph/paths.cc      `NCCL_P2P_DISABLE set by environment to 1`, `NCCL_P2P_LEVEL set by environment to LOC`
+  misc/param.cc       `NCCL_IB_DISABLE set by environment to 1.`
+debug.cc prefixes each line with `host:pid:tid [cudaDev] NCCL INFO `; a combined log (a job's
+stdout) mixes those with any other output, and a pasted fragment may have no prefix at all."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path as _FsPath
+
+_PREFIX = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d*)\] NCCL (?P<level>INFO|WARN|TRACE) ")
+_BARE = re.compile(r"NCCL (?P<level>INFO|WARN) ")
+_VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+)")
+_NETWORK = re.compile(r"Using network (?P<name>.+?)\s*$")
+_NET_DEVICES = re.compile(r"NET/(?P<net>\w+) ?: Using(?P<list>(?: \[\d+\]\S+)+)")
+_NET_DEVICE = re.compile(r"\[(?P<i>\d+)\](?P<name>[^:\s/]+)(?::(?P<rest>\S*))?")
+_GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA (?P<n>\d+) '(?P<hca>[^']*)'|GPU (?P<gpu>\d+))")
+_CONN = re.compile(r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>\d+)\] -> (?P<dst>\d+)\[(?P<ddev>\d+)\]"
+                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>\S+(?: pointer\S*)?)")
+_COLLNET = re.compile(r"CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via COLLNET/(?P<name>[^/\s]+)")
+_RINGS = re.compile(r"Connected all rings(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
+_COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<n>\d+) nNodes (?P<nodes>\d+) "
+                   r"localRanks (?P<local>\d+)")
+_COMPLETE = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<n>\d+) .*?"
+                       r"(?:commId (?P<id>0x[0-9a-fA-F]+) )?- Init COMPLETE")
+_BUS = re.compile(r" busId (?P<bus>[0-9a-fA-F]+) ")
+_CHANNELS = re.compile(r"(?P<coll>\d+) coll channels, (?P<collnet>\d+) collnet channels, (?P<nvls>\d+) nvls channels, "
+                       r"(?P<p2p>\d+) p2p channels")
+_NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
+_ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>.*?)\.?\s*$")
+_PLUGIN = re.compile(r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) (?P<name>\S+)")
+
+
+def pci_address(bus_id: str) -> str:
+    """NCCL's busId (`%lx` of domain << 20 | bus << 12 | device << 4 | function) as a PCI address."""
+    n = int(bus_id, 16)
+    return f"{n >> 20:04x}:{(n >> 12) & 0xff:02x}:{(n >> 4) & 0xff:02x}.{n & 0xf:x}"
+
+
+def kind_of(via: str) -> str:
+    """The transport as people name it, device numbers left out: `P2P/CUMEM/read`,
+    `P2P/IPC`, `P2P/direct`, `P2P/indirect`, `SHM` (`SHM/CE...` when a copy engine is
+    used), `NET/IB/GDRDMA`, `NET/Socket`."""
+    parts = via.split("/")
+    if parts[0] == "P2P":
+        if parts[1:2] == ["direct pointer"] or via.startswith("P2P/direct"):
+            return "P2P/direct" + ("/read" if via.endswith("read") else "")
+        if parts[1:2] == ["indirect"]:
+            return "P2P/indirect"
+        return "/".join(parts[:2] + [p for p in parts[2:] if p in ("read", "CE")])
+    if parts[0] == "SHM":
+        return "SHM" if parts[1:] in (["direct", "direct"], ["direct"], []) else via
+    if parts[0] == "NET" and len(parts) > 1:
+        extras = [p for p in parts[3:] if p]
+        return "/".join(["NET", parts[1]] + extras)
+    return via
+
+
+@dataclass
+class Nic:
+    index: int
+    name: str
+    detail: str = ""      # address (sockets) or port/link layer (IB: `1/IB`, `1/RoCE`)
+
+
+@dataclass
+class Comm:
+    """One communicator as one process saw it."""
+
+    ptr: str | None = None
+    comm_id: str | None = None
+    rank: int | None = None
+    nranks: int | None = None
+    nnodes: int | None = None
+    local_ranks: int | None = None
+    channels: int | None = None          # coll channels
+    nvls_channels: int | None = None
+    p2p_channels: int | None = None
+    pxn: int | None = None               # `use ring PXN p GDR g`
+    gdr: int | None = None
+    rings: bool = False
+    trees: bool = False
+    nvls: bool | None = None             # multicast available on this GPU
+    collnet: str | None = None           # the CollNet plugin it connected through
+    complete: bool = False
+    bus_id: str | None = None            # this rank's GPU, as NCCL numbers it (`busId 18000`: 0000:18:00.0)
+    links: dict = field(default_factory=dict)   # (src, dst, kind) -> {'cc/i'}: channel/connection index
+    net_devices: set = field(default_factory=set)  # NET device indexes its connections used
+
+    def add_connection(self, m) -> None:
+        """NCCL prints a P2P or SHM connection on the sending rank, a NET one on both (`[send]`
+        and `[receive]`, both written source -> destination): kept once per channel."""
+        kind = kind_of(m["via"])
+        key = (int(m["src"]), int(m["dst"]), kind)
+        self.links.setdefault(key, set()).add(f"{int(m['ch']):02d}/{m['conn'] or 0}")
+        parts = m["via"].split("/")
+        if parts[0] == "NET" and len(parts) > 2:
+            dev = re.match(r"\d+", parts[2])
+            if dev:
+                self.net_devices.add(int(dev.group()))
+
+
+@dataclass
+class ProcessLog:
+    """What one process's lines said."""
+
+    source: str
+    host: str | None = None
+    pid: int | None = None
+    version: str | None = None
+    network: str | None = None               # `Using network X`: IB, Socket, or a plugin's name
+    plugin: str | None = None
+    nics: dict = field(default_factory=dict)  # net name -> [Nic]
+    gdr_hcas: dict = field(default_factory=dict)  # HCA name -> bool
+    env: dict = field(default_factory=dict)   # NCCL_* NCCL reports as set by the environment
+    comms: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    lines: int = 0                            # NCCL lines read
+
+    def _comm(self) -> Comm:
+        if not self.comms:
+            self.comms.append(Comm())
+        return self.comms[-1]
+
+    def _comm_for(self, ptr: str) -> Comm:
+        for c in reversed(self.comms):
+            if c.ptr == ptr:
+                return c
+        if self.comms and self.comms[-1].ptr is None:
+            self.comms[-1].ptr = ptr
+            return self.comms[-1]
+        self.comms.append(Comm(ptr=ptr))
+        return self.comms[-1]
+
+    def feed(self, message: str, level: str = "INFO") -> None:
+        self.lines += 1
+        if level == "WARN":
+            self.warnings.append(message.strip())
+            return
+        for pattern, handle in _HANDLERS:
+            m = pattern.search(message)
+            if m:
+                handle(self, m)
+                return
+        self.lines -= 1
+
+
+def _version(p: ProcessLog, m) -> None:
+    p.version = p.version or m["v"]
+
+
+def _network(p: ProcessLog, m) -> None:
+    p.network = m["name"]
+
+
+def _net_devices(p: ProcessLog, m) -> None:
+    p.nics[m["net"]] = [Nic(int(d["i"]), d["name"], d["rest"] or "") for d in _NET_DEVICE.finditer(m["list"])]
+
+
+def _gdr(p: ProcessLog, m) -> None:
+    p.gdr_hcas[m["hca"] or f"GPU {m['gpu']}"] = m["state"] == "Enabled"
+
+
+def _conn(p: ProcessLog, m) -> None:
+    p._comm().add_connection(m)
+
+
+def _collnet(p: ProcessLog, m) -> None:
+    p._comm().collnet = m["name"]
+
+
+def _rings(p: ProcessLog, m) -> None:
+    c = p._comm()
+    c.rings = True
+    if m["pxn"] is not None:
+        c.pxn, c.gdr = int(m["pxn"]), int(m["gdr"])
+
+
+def _trees(p: ProcessLog, m) -> None:
+    p._comm().trees = True
+
+
+def _comm_line(p: ProcessLog, m) -> None:
+    c = p._comm_for(m["ptr"])
+    c.rank, c.nranks, c.nnodes, c.local_ranks = int(m["rank"]), int(m["n"]), int(m["nodes"]), int(m["local"])
+
+
+def _complete(p: ProcessLog, m) -> None:
+    c = p._comm_for(m["ptr"])
+    c.rank, c.nranks, c.complete = int(m["rank"]), int(m["n"]), True
+    c.comm_id = m["id"] or c.comm_id
+    bus = _BUS.search(m.string)
+    c.bus_id = pci_address(bus["bus"]) if bus else c.bus_id
+
+
+def _channels(p: ProcessLog, m) -> None:
+    c = p._comm()
+    c.channels, c.nvls_channels, c.p2p_channels = int(m["coll"]), int(m["nvls"]), int(m["p2p"])
+
+
+def _nvls(p: ProcessLog, m) -> None:
+    p._comm().nvls = m["not"] is None
+
+
+def _env(p: ProcessLog, m) -> None:
+    p.env[m["name"]] = m["value"].strip()
+
+
+def _plugin(p: ProcessLog, m) -> None:
+    p.plugin = m["name"]
+
+
+_HANDLERS = [  # most frequent first
+    (_CONN, _conn), (_COLLNET, _collnet), (_COMPLETE, _complete), (_COMM, _comm_line), (_RINGS, _rings),
+    (re.compile(r"Connected all trees"), _trees), (_CHANNELS, _channels), (_NVLS, _nvls),
+    (_GDR_HCA, _gdr), (_NET_DEVICES, _net_devices), (_NETWORK, _network), (_VERSION, _version),
+    (_ENV, _env), (_PLUGIN, _plugin),
+]
+
+
+def parse_text(text: str, source: str = "<text>") -> list[ProcessLog]:
+    """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
+    NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
+    fragment, `NCCL INFO ...` alone) to one process named after `source`."""
+    found: dict = {}
+    for line in text.splitlines():
+        m = _PREFIX.search(line)
+        if m:
+            key = (m["host"], int(m["pid"]))
+            message, level = line[m.end():], m["level"]
+        else:
+            bare = _BARE.search(line)
+            key = (None, None)
+            message, level = (line[bare.end():], bare["level"]) if bare else (line, "INFO")
+        if key not in found:
+            found[key] = ProcessLog(source=source, host=key[0], pid=key[1])
+        found[key].feed(message, level)
+    return [p for p in found.values() if p.lines]
+
+
+def log_files(paths) -> list[_FsPath]:
+    """The files `paths` name: files as given, folders by every file inside (sorted)."""
+    out = []
+    for raw in paths:
+        path = _FsPath(raw)
+        if path.is_dir():
+            out += sorted(p for p in path.rglob("*") if p.is_file())
+        else:
+            out.append(path)
+    return out
+
+
+def read_logs(paths) -> list[ProcessLog]:
+    """Every process in the files and folders `paths` name; OSError for one that cannot be read."""
+    processes = []
+    for path in log_files(paths):
+        with open(path, errors="replace") as f:
+            processes += parse_text(f.read(), str(path))
+    return processes
+
+
+def to_summary(p: ProcessLog, rank: int | None = None) -> dict:
+    """A process's log as a small JSON-able dict (what travels between ranks and into files)."""
+    return {
+        "rank": rank, "host": p.host, "pid": p.pid, "version": p.version, "network": p.network, "plugin": p.plugin,
+        "nics": {net: [asdict(n) for n in nics] for net, nics in p.nics.items()},
+        "gdr_hcas": dict(p.gdr_hcas), "env": dict(p.env), "warnings": p.warnings[:5],
+        "comms": [_comm_summary(c) for c in p.comms],
+    }
+
+
+def _comm_summary(c: Comm) -> dict:
+    d = {k: v for k, v in asdict(c).items() if k not in ("links", "net_devices")}
+    d["links"] = [[s, t, k, sorted(ch)] for (s, t, k), ch in sorted(c.links.items())]
+    d["net_devices"] = sorted(c.net_devices)
+    return d
+
+

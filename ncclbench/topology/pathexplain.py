@@ -1,0 +1,135 @@
+"""Why a number is low, from the path NCCL took (pathview.Path): the peak of that path (NVLink,
+the NIC's rate, none for shared memory or an unknown link), how far the best busbw is from
+it, and the known causes the log and the host show (sockets while an RDMA device exists,
+GPUDirect RDMA off, shared memory where P2P was expected, fewer channels, NVLS, PXN)."""
+
+from __future__ import annotations
+
+from ncclbench.topology.pathview import Path
+
+_TRUE = ("1", "y", "yes", "true", "on")
+
+
+def _set(env: dict, name: str) -> bool:
+    return str(env.get(name, "")).strip().lower().rstrip(".") in _TRUE
+
+
+def _net_peak(path: Path) -> tuple[float | None, str]:
+    """The slowest host's summed rate of the NICs its ranks' NET connections used."""
+    used = set(path.nic_names())
+    per_host: dict = {}
+    for p in path.processes:
+        for name, rate in (p.get("nic_rates") or {}).items():
+            if name in used:
+                per_host.setdefault(p.get("host") or "?", {})[name] = rate
+    if not per_host:
+        names = ", ".join(sorted(used)) or "the NIC"
+        return None, f"the rate of {names} is unknown: sysfs gave none where the log was read"
+    host, rates = min(per_host.items(), key=lambda kv: sum(kv[1].values()))
+    total = sum(rates.values())
+    return total, f"the NIC rate {total:.4g} GB/s ({' + '.join(sorted(rates))} on {host})"
+
+
+def _pcie_peak(path: Path, kind: str) -> tuple[float | None, str]:
+    """P2P without a known NVLink peak: the slowest GPU's PCIe link, where sysfs gave it."""
+    links = [link for p in path.processes for link in (p.get("pcie") or {}).values()]
+    if not links:
+        return None, f"the path is {kind} over PCIe or an unknown link: its peak is unknown"
+    slow = min(links, key=lambda link: link["gbps"])
+    return slow["gbps"], f"the PCIe link {slow['gen_gts']:g} GT/s x{slow['width']} {slow['gbps']:.1f} GB/s per direction"
+
+
+def path_peak(path: Path | None, nvlink_peak: float | None) -> tuple[float | None, str]:
+    """(peak GB/s of the transport that bounds the run, what it is); peak None when unknown."""
+    if path is None or path.empty:
+        return (nvlink_peak, f"NVLink peak {nvlink_peak:.1f} GB/s per GPU per direction") if nvlink_peak \
+            else (None, "the path NCCL took is unknown")
+    kind = path.bottleneck or ""
+    if kind.startswith(("NET", "COLLNET")):
+        return _net_peak(path)
+    if kind.startswith("SHM"):
+        return None, ("the path is SHM (shared memory through the host's CPU): no link peak is known for it"
+                      + (f"; the NVLink peak {nvlink_peak:.1f} GB/s is not this path's" if nvlink_peak else ""))
+    if kind.startswith("P2P") and nvlink_peak:
+        return nvlink_peak, f"NVLink peak {nvlink_peak:.1f} GB/s per GPU per direction"
+    if kind.startswith("P2P"):
+        return _pcie_peak(path, kind)
+    return None, f"no link peak is known for {kind or 'this path'}"
+
+
+def peak_line(best: float, path: Path | None, nvlink_peak: float | None) -> str:
+    """The trailer's '# Best busbw ...' line, against the peak of the path actually used."""
+    peak, what = path_peak(path, nvlink_peak)
+    if peak and best > 1.1 * peak:  # a virtual NIC's nominal speed (veth says 10000 Mb/s) bounds nothing
+        return f"# Best busbw {best:.2f} GB/s, above {what}: that rate is not this path's real bound"
+    if peak:
+        return f"# Best busbw {best:.2f} GB/s = {100.0 * best / peak:.1f} % of {what}"
+    return f"# Best busbw {best:.2f} GB/s ({what})"
+
+
+def causes(path: Path, facts: dict | None = None, environ: dict | None = None) -> list[str]:
+    """The known causes of a lower number that `path` (and this host's `facts`:
+    pathhost.host_facts; `environ`: the process's own variables) show, most likely first."""
+    facts, env = facts or {}, dict(environ or {})
+    env.update(path.env)  # what NCCL itself reports having read wins
+    out: list[str] = []
+    kinds = path.transports()
+    if path.uses_network:
+        out += _network_causes(path, facts, env)
+    if any(k.startswith("SHM") for k in kinds):
+        out.append(_shm_cause(env))
+    if any(k.startswith("P2P/indirect") for k in kinds):
+        out.append("P2P/indirect: data goes through a third GPU (no direct P2P between some pairs)")
+    limits = [f"{n}={env[n]}" for n in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MIN_CTAS",
+                                        "NCCL_NCHANNELS_PER_NET_PEER") if n in env]
+    if limits:
+        out.append(f"fewer channels than NCCL's default: {' '.join(limits)} set"
+                   + (f" ({path.channels} channels)" if path.channels else ""))
+    if "NCCL_NVLS_ENABLE" in env and not _set(env, "NCCL_NVLS_ENABLE"):
+        out.append("NVLS off: NCCL_NVLS_ENABLE=0 set (NVLink SHARP all_reduce not used)")
+    return out
+
+
+def _network_causes(path: Path, facts: dict, env: dict) -> list[str]:
+    out = []
+    devices = facts.get("ib_devices") or []
+    if path.network == "Socket":
+        why = [f"{n}={env[n]}" for n in ("NCCL_IB_DISABLE", "NCCL_NET") if n in env]
+        where = f" while this host has RDMA devices ({', '.join(devices)})" if devices else ""
+        out.append(f"network Socket: TCP sockets between hosts{where}; GDR 0 (sockets never use GPUDirect RDMA)"
+                   + (f"; set: {' '.join(why)}" if why else
+                      "; no InfiniBand/RoCE device or network plugin was usable (NCCL_IB_HCA, rdma-core, NCCL_NET_PLUGIN)"
+                      if devices else ""))
+        return out
+    if path.gdr == 0:
+        why = [f"{n}={env[n]}" for n in ("NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ") if n in env]
+        if facts.get("peermem") is False:
+            why.append("the nvidia_peermem module is not loaded")
+        out.append("GDR 0: GPUDirect RDMA off, network data is staged through host memory"
+                   + (f" ({'; '.join(why)})" if why else " (GPU-NIC PCIe distance above NCCL_NET_GDR_LEVEL, or no "
+                                                          "peer-memory module)"))
+    if path.pxn == 0 and "NCCL_PXN_DISABLE" in env and _set(env, "NCCL_PXN_DISABLE"):
+        out.append("PXN off: NCCL_PXN_DISABLE=1 set (each GPU sends through its own NIC only)")
+    return out
+
+
+def _shm_cause(env: dict) -> str:
+    if _set(env, "NCCL_P2P_DISABLE"):
+        return "SHM where P2P was expected: NCCL_P2P_DISABLE=1 set, so GPUs on one host exchange through host memory"
+    if "NCCL_P2P_LEVEL" in env:
+        return f"SHM where P2P was expected: NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']} keeps P2P off for these GPU pairs"
+    return ("SHM where P2P was expected: NCCL found no P2P between these GPUs (PCIe ACS or IOMMU, a container "
+            "without a shared IPC namespace (--ipc=host), or GPUs in different processes without peer access)")
+
+
+def table(path: Path) -> list[str]:
+    """The path as a table: one row per transport."""
+    rows = [("transport", "rank pairs (src->dst)", "channels", "NICs")]
+    nics = ", ".join(path.nic_names()) or "-"
+    for kind, pairs in path.transports().items():
+        channels = {ch for c in path.comms() for s, d, k, chs in c.get("links", []) if k == kind for ch in chs}
+        shown = ", ".join(f"{a}->{b}" for a, b in sorted(pairs)[:8]) + (f" +{len(pairs) - 8}" if len(pairs) > 8 else "")
+        rows.append((kind, shown, str(len({c.split('/')[0] for c in channels})),
+                     nics if kind.startswith("NET") else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
