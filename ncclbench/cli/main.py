@@ -94,9 +94,10 @@ for _coll in REGISTRY.values():
 
 def _register_tool_commands():
     """The commands that are not one collective each: each lives in its own module of cli/."""
-    from ncclbench.cli import compare, fleet, pairs, plot, preflight, show, suite, topo, tune
+    from ncclbench.cli import baseline, compare, fleet, pairs, plot, preflight, show, suite, topo, tune
 
-    for command in (topo.topo_command, topo.p2p_command, compare.compare_command, plot.plot_command,
+    for command in (topo.topo_command, topo.p2p_command, compare.compare_command, baseline.baseline_command,
+                    plot.plot_command,
                     suite.suite_command, show.show_command, pairs.pairs_command, tune.tune_command,
                     preflight.preflight_command, fleet.fleet_command):
         cli.add_command(command)

@@ -15,6 +15,7 @@ from ncclbench.engine.runfacts import now
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
 from ncclbench.errors import PlanError
 from ncclbench.failpoints import failpoint
+from ncclbench.results import noise
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow
 
 
@@ -184,6 +185,7 @@ class RankRunner:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
             cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
+                                         noise=noise.across_ranks([r[placement][2] for r in per_rank]),
                                          device_us=seconds * 1e6,
                                          rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
         cells = onerank.honest_cells(cells, self.coll, self.plan.backend, self.nranks)
