@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 
 from ncclbench.errors import (BenchError, CollectiveError, ExitCode, LaunchError, PlanError, PreflightError,
-                              TimeoutExpired, error_line, first_line)
+                              TimeoutExpired, error_line, first_line, ranks_list)
 from ncclbench.engine.guard import CAUSE_KEY
 from ncclbench.engine.hooks import RankHooks
 from ncclbench.engine.outcome import failed_verdict
@@ -332,8 +332,9 @@ class _Board(ProgressBoard):
 
 
 def ranks_text(ranks) -> str:
-    """Ranks as a comma-separated list (0,1,3), as errors and preflight's notes name them."""
-    return ",".join(str(r) for r in ranks)
+    """Ranks as a short list (0,1,3; 0-7,9; past eight runs `... and N more`), as errors and
+    preflight's notes name them."""
+    return ranks_list(ranks)
 
 
 # ---- the engine on an adopted group ------------------------------------------------------------

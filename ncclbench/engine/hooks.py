@@ -12,7 +12,7 @@ from ncclbench.engine import peers
 from ncclbench.engine.guard import CAUSE_GRACE_S, CAUSE_KEY, lost_peer, post_cause, read_cause
 from ncclbench.engine.signals import _held_signals, hold_termination_signals, stop_on_termination_signals
 from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
-from ncclbench.errors import ExitCode, RankFailures, error_line, first_line
+from ncclbench.errors import ExitCode, RankFailures, error_line, first_line, ranks_list
 from ncclbench.launch import stop as rank_stop
 
 
@@ -87,7 +87,7 @@ class RankHooks:
             return
         # only the reporting rank reads the board: rank 0's store may be gone elsewhere
         late = [r for r in behind() if r != rank] if finish is not None else []
-        who = f"; rank(s) {','.join(map(str, late))} never reached it" if late else ""
+        who = f"; rank(s) {ranks_list(late)} never reached it" if late else ""
         first = cause() if finish is not None else None
         who += f"; it failed first on {first}" if first else ""
         message = f"timeout: {what} did not finish within {timeout_s:g} s (-T) on rank {rank}{who}"

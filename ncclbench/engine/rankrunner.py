@@ -13,7 +13,7 @@ from ncclbench.engine.checkdata import InputPattern, poison
 from ncclbench.engine.collectives import CheckContext
 from ncclbench.engine.runfacts import now
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
-from ncclbench.errors import PlanError
+from ncclbench.errors import PlanError, ranks_list
 from ncclbench.failpoints import failpoint
 from ncclbench.results import noise
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow
@@ -57,7 +57,7 @@ class RankRunner:
         differ = [r for r, fp in enumerate(everyone) if fp != reference]
         if differ:
             keys = sorted({k for r in differ for k in everyone[r] if everyone[r].get(k) != reference.get(k)})
-            raise PlanError(f"rank(s) {','.join(map(str, differ))} run a different plan than rank 0 "
+            raise PlanError(f"rank(s) {ranks_list(differ)} run a different plan than rank 0 "
                             f"(differs in: {', '.join(keys)}); every rank must get the same options")
 
     def validate(self):
