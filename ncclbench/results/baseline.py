@@ -64,6 +64,23 @@ def _summary(record: dict) -> dict | None:
     return None if math.isnan(summary["median_us"]) else summary
 
 
+def _template(path: str, collective: str) -> dict:
+    """The first run's own JSON document of `collective` (its config, env, versions), so that
+    `show` prints the baseline as a run; {} when that run is not ncclbench or nccl-tests JSON."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    docs = doc if isinstance(doc, list) else [doc]
+    for d in docs:
+        if isinstance(d, dict) and (d.get("ncclbench") or {}).get("collective", collective) == collective:
+            return {k: v for k, v in d.items() if k not in ("results", "ncclbench", "args")}
+    return {}
+
+
 def _document(collective: str, records: list[dict], sources: list[str], meta: dict) -> dict:
     rows: dict[tuple, dict] = {}
     by_cell: dict[tuple, list[dict]] = {}
@@ -81,7 +98,10 @@ def _document(collective: str, records: list[dict], sources: list[str], meta: di
         row["host_us"] = {k: (None if math.isnan(v) else v) for k, v in host.items()}
     bench = {"collective": collective, "baseline": {"runs": sources, "rows_from": "best run; noise from every run"}}
     bench.update({k: v for k, v in meta.items() if v is not None})
-    return {"version": 3, "args": ["baseline", *sources], "results": list(rows.values()), "ncclbench": bench}
+    doc = dict(_template(sources[0], collective), version=3, args=["baseline", *sources])
+    doc["results"] = list(rows.values())
+    doc["ncclbench"] = bench
+    return doc
 
 
 def make_baseline(paths: Sequence[str], labels: Sequence[str] | None = None) -> list[dict]:
