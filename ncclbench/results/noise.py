@@ -139,7 +139,7 @@ class Verdict:
     slower: bool      # slower than the threshold and beyond the noise: a regression
     basis: str        # "samples" | "summaries" | "threshold only"
     detail: str       # the numbers the decision read, for the report
-    host_bound: bool = False
+    host_bound: bool = False  # set by the host's cost per call in BASE or NEW
     p_value: float = math.nan
 
 
@@ -147,29 +147,32 @@ def judge(base: Side, new: Side, threshold: float) -> Verdict:
     """Whether NEW (slower than BASE by more than `threshold` on the headline time, which the
     caller has checked) is slower beyond the noise both files show."""
     host_bound = new.host_bound or base.host_bound
-    reference = base.time_us
-    if new.host_bound and math.isfinite(new.host_us):
-        # The row's time is the host's cost per call: judged against it, so that a host
-        # that issues calls more slowly is told apart from a collective that got slower.
-        reference = max(reference, new.host_us)
-    if new.host_bound and not new.time_us > reference * (1 + threshold):
-        return Verdict(False, "host cost", f"time {new.time_us:.2f} us follows the host's cost per call "
-                       f"({new.host_us:.2f} us; BASE {base.time_us:.2f} us)", host_bound)
+    shift = 0.0  # host-bound: what the host's cost per call rose by, excused everywhere below
+    if host_bound and math.isfinite(new.host_us) and math.isfinite(base.host_us):
+        shift = max(0.0, new.host_us - base.host_us)
+        # The row's time is the host's cost per call: judged against it, so that a host that
+        # issues calls more slowly is told apart from a collective that got slower. The part
+        # of the slowdown the host cost per call rose by is the host's.
+        if not new.time_us > (base.time_us + shift) * (1 + threshold):
+            return Verdict(False, "host cost", f"time {base.time_us:.2f} -> {new.time_us:.2f} us, host cost per "
+                           f"call {base.host_us:.2f} -> {new.host_us:.2f} us", host_bound)
     if not (base.has_summary and new.has_summary):
         return Verdict(True, "threshold only", "no noise recorded in "
                        + ("either file" if not (base.has_summary or new.has_summary)
                           else "BASE" if not base.has_summary else "NEW"), host_bound)
     b, n = base.summary, new.summary
-    checks = [n["median_us"] > b["median_us"] * (1 + threshold), n["p25_us"] > b["p75_us"]]
+    checks = [n["median_us"] > (b["median_us"] + shift) * (1 + threshold), n["p25_us"] > b["p75_us"] + shift]
     if len(base.run_medians_us) > 1:
-        checks.append(n["median_us"] > max(base.run_medians_us))
+        checks.append(n["median_us"] > max(base.run_medians_us) + shift)
     detail = (f"median {b['median_us']:.4g} -> {n['median_us']:.4g} us, "
               f"NEW p25 {n['p25_us']:.4g} vs BASE p75 {b['p75_us']:.4g} us")
+    if shift:
+        detail += f", host cost per call up {shift:.3g} us"
     p = math.nan
     basis = "summaries"
     if base.has_samples and new.has_samples:
         basis = "samples"
-        p = mann_whitney_greater(new.samples_us, base.samples_us)
+        p = mann_whitney_greater([v - shift for v in new.samples_us], base.samples_us)
         checks.append(p < ALPHA)
         detail += f", Mann-Whitney p={p:.2g}"
     return Verdict(all(checks), basis, detail, host_bound, p)
