@@ -247,3 +247,21 @@ def test_healthy_gloo_pairs_pass_and_a_late_rank_fails(tmp_path):
             pytest.skip(f"host too busy to time ({busy}); compare's exit codes were {rounds}")
     pytest.fail(f"no round with three passing healthy pairs and a caught late rank: {rounds}; "
                 f"last healthy pair output:\n{pairs[0].output[-1500:]}")
+
+
+def test_rows_write_their_noise_and_repeats_their_spread():
+    from ncclbench.results.output import CSV_COLUMNS, repeat_spread, row_json
+    from ncclbench.results.records import PlacementResult, ResultRow
+
+    def row(t):
+        cell = PlacementResult(t, 1.0, 1.0, 0, noise=noise.summarise([t, t * 1.1, t * 0.9, t, t]))
+        return ResultRow("all_reduce", 1024, 256, "float", "sum", -1, cell, cell)
+
+    doc = row_json(row(10.0), 20)
+    assert doc["out_of_place_noise"]["n"] == 5 and len(doc["in_place_noise"]["samples_us"]) == 5
+    assert noise.noise_columns(doc["out_of_place_noise"])["noise_median_us"] == pytest.approx(10.0)
+    assert set(noise.CSV_COLUMNS) <= set(CSV_COLUMNS)
+    spread = repeat_spread([row(10.0), row(12.0), row(11.0)])  # -N 3
+    assert [(s["placement"], s["n"], s["min_us"], s["median_us"], s["max_us"]) for s in spread] == \
+        [("out_of_place", 3, 10.0, 11.0, 12.0), ("in_place", 3, 10.0, 11.0, 12.0)]
+    assert repeat_spread([row(10.0)]) == []
