@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY = {
     "measure": "ncclbench.api.measure",
-    "Rows": "ncclbench.api.measure",
+    "Rows": "ncclbench.api.rows",
     "preflight": "ncclbench.api.preflight",
     "PreflightReport": "ncclbench.api.verdict",
     "BenchError": "ncclbench.errors",

@@ -122,3 +122,24 @@ def interruption_message(exc: KeyboardInterrupt) -> str:
     if isinstance(exc, Terminated):
         return f"terminated by {exc.signal_name}"
     return "interrupted by the user (Ctrl-C)"
+
+
+def ranks_list(ranks, limit: int = 8) -> str:
+    """Ranks in few characters however many: `0-7,9`, `1,4`, and past `limit` runs of them
+    `0,2,4,6,8,10,12,14 and 42 more` (an error line that names 99 ranks stays one short line)."""
+    ranks = sorted(set(ranks))
+    parts, counts, start = [], [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            a, b = ranks[start], ranks[i - 1]
+            if b == a + 1:  # two in a row read better as a pair
+                parts += [str(a), str(b)]
+                counts += [1, 1]
+            else:
+                parts.append(str(a) if a == b else f"{a}-{b}")
+                counts.append(b - a + 1)
+            start = i
+    if len(parts) <= limit:
+        return ",".join(parts)
+    return ",".join(parts[:limit]) + f" and {sum(counts[limit:])} more"
+

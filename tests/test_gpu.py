@@ -283,3 +283,22 @@ def test_a_set_up_failure_is_one_line_and_its_code(backend, fault, code, reason,
     assert len(lines) == 1 and reason in lines[0], r.stderr[-3000:]
     assert (f"rank {n - 1} on " in lines[0]) == (n > 1)
     assert "Traceback" not in r.stderr and not list((tmp_path / "store").glob("*.json"))
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cupy"])
+def test_every_row_carries_its_noise_and_a_healthy_pair_passes_compare(backend, tmp_path):
+    """CUDA-event samples per iteration in each JSON cell (n = -n), their median near the
+    row's time; two back-to-back runs pass compare with its defaults."""
+    n = min(_gpus(), 4)
+    paths = [tmp_path / f"r{i}.json" for i in range(2)]
+    for path in paths:
+        r = run_cli(["allreduce", "-g", str(n), "--backend", backend, "-b", "1M", "-e", "64M", "-f", "4",
+                     "--no-save", "-J", str(path)])
+        assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(paths[0].read_text())
+    for row in doc["results"]:
+        cell = row["in_place_noise"]
+        assert cell["n"] == 20 and len(cell["samples_us"]) == 20 and min(cell["samples_us"]) > 0
+        assert 0.5 < cell["median_us"] / row["in_place"]["time"] < 2.0
+    r = run_cli(["compare", str(paths[0]), str(paths[1])])
+    assert r.returncode == 0, r.stdout[-3000:]

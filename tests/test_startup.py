@@ -40,7 +40,7 @@ def heavy_imports(tmp_path, args, env=None, timeout=240):
 
 @pytest.mark.parametrize("args", [
     ["--help"], ["--version"], [], ["allreduce", "--help"], ["compare", "--help"], ["plot", "--help"],
-    ["show", "--help"], ["suite", "--help"], ["topo", "--help"],
+    ["show", "--help"], ["suite", "--help"], ["topo", "--help"], ["baseline", "--help"],
 ])
 def test_help_and_version_import_nothing_heavy(tmp_path, args):
     r, heavy = heavy_imports(tmp_path, args)
@@ -58,6 +58,8 @@ def test_help_and_version_import_nothing_heavy(tmp_path, args):
     (["compare", "a.json"], 2),
     (["compare", "a.json", "b.json", "--threshold", "5"], 2),
     (["compare", "missing-a.json", "missing-b.json"], 2),
+    (["baseline", "missing-a.json", "missing-b.json", "-o", "base.json"], 2),
+    (["allreduce", "--backend", "gloo", "-g", "100000"], 5),  # more ranks than the host's memory holds
     (["show", "missing.json"], 2),
     (["plot", "missing.csv", "-o", "out.jpg"], 2),
     (["suite", "missing.yaml"], 2),

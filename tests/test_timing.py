@@ -58,9 +58,14 @@ def test_graph_replays_give_one_per_iteration_sample_each():
     assert b.made == 4
 
 
-def test_graph_without_per_iter_uses_two_marks():
+def test_without_per_iter_every_row_still_keeps_its_noise_samples():
+    """Without -I: one sample per replay (per iteration) up to NOISE_SAMPLES, then per block."""
     t, b = run(TimingSettings(iters=4, mode=TimingMode.GRAPH, graph_replays=5))
-    assert t.device_s == pytest.approx(1e-6) and t.per_iter_s == [] and b.made == 2
+    assert t.device_s == pytest.approx(1e-6) and len(t.per_iter_s) == 5 and b.made == 6
+    t, b = run(TimingSettings(iters=250, agg=2))
+    # blocks of 3 iterations: 83 full blocks and one of 1; each sample is its block's time per op
+    assert len(t.per_iter_s) == 84 and b.made == 85
+    assert all(v == pytest.approx(1e-6) for v in t.per_iter_s) and t.device_s == pytest.approx(1e-6)
 
 
 def test_blocking_waits_after_every_op_and_plain_eager_only_at_the_ends():
@@ -222,20 +227,20 @@ def run_logged(settings):
 
 def test_z0_issues_the_ops_back_to_back_between_two_marks():
     t, _, timed = run_logged(TimingSettings(iters=3))
-    assert timed == ["mark", "op", "op", "op", "mark", "sync"]
+    assert timed == ["mark"] + ["op", "mark"] * 3 + ["sync"]  # a mark after each iteration: the row's noise
     assert t.device_s == pytest.approx(1e-6)
 
 
 def test_z1_waits_and_holds_a_barrier_after_every_op_and_times_them():
     t, _, timed = run_logged(TimingSettings(iters=2, agg=2, mode=TimingMode.BLOCKING, blocking=1))
-    assert timed == ["mark"] + ["op", "sync", "barrier"] * 4 + ["mark", "sync"]
+    assert timed == ["mark"] + (["op", "sync", "barrier"] * 2 + ["mark"]) * 2 + ["sync"]
     # the barriers' wait is inside the timed loop, as nccl-tests says of -z 1
     assert t.device_s == pytest.approx((1 + CallLog.BARRIER_US) * 1e-6)
 
 
 def test_z2_waits_after_every_op_without_barrier():
     t, _, timed = run_logged(TimingSettings(iters=2, agg=2, mode=TimingMode.BLOCKING, blocking=2))
-    assert timed == ["mark"] + ["op", "sync"] * 4 + ["mark", "sync"]
+    assert timed == ["mark"] + (["op", "sync"] * 2 + ["mark"]) * 2 + ["sync"]
     assert t.device_s == pytest.approx(1e-6)
 
 
@@ -250,7 +255,7 @@ def test_z3_marks_each_grouped_iteration_and_leaves_its_barrier_untimed():
 
 def test_z3_without_per_iteration_columns_still_times_each_iteration_apart():
     t, b, _ = run_logged(TimingSettings(iters=4, mode=TimingMode.BLOCKING, blocking=3))
-    assert b.made == 8 and t.per_iter_s == [] and t.device_s == pytest.approx(1e-6)
+    assert b.made == 8 and t.per_iter_s == [pytest.approx(1e-6)] * 4 and t.device_s == pytest.approx(1e-6)
 
 
 @pytest.mark.parametrize("mode,blocking", [(TimingMode.BLOCKING, 0), (TimingMode.EAGER, 2), (TimingMode.GRAPH, 3),

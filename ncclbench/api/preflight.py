@@ -112,7 +112,7 @@ class Preflight:
         facts = self.world.exchange(mine, "preflight: gathering the ranks", self.timeout_s)
         differ = [f["rank"] for f in facts if f["fingerprint"] != facts[0]["fingerprint"]]
         if differ:
-            raise PlanError(f"rank(s) {','.join(map(str, differ))} called preflight with other groups or settings "
+            raise PlanError(f"rank(s) {ranks_text(differ)} called preflight with other groups or settings "
                             "than rank 0; every rank must pass the same dimension names and options")
         self.facts = facts
         self.host = {f["rank"]: f["host"] for f in facts}

@@ -165,6 +165,11 @@ def run_suite(suite_file: str, runs: list[SuiteRun], ngpus, backend, outputs: di
         return run_group(plans_by_group[group_index], labels, info, spec, suite_file)
 
     command.output_spec(plans_by_group[0][0], common)  # refuse unwritable outputs up front
+    from ncclbench.api.capacity import check_host_capacity
+    from ncclbench.launch.failures import say
+
+    for line in check_host_capacity([p for plans in plans_by_group for p in plans], local, nranks, chosen):
+        say(line)
     command.announce_backend(backend, chosen, 0, local if ngpus == ALL_GPUS else None)
     return launch_groups(suite_file, groups, local, chosen, outputs, overrides)
 

@@ -116,6 +116,16 @@ class TorchBackend:
         self.group_index = 0
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self._plant_slow()
+
+    def _plant_slow(self) -> None:
+        """A planted late rank (`slow`): its bound ops each wait for the device, then sleep."""
+        from ncclbench.failpoints import failpoint
+
+        bind = failpoint("backend.bind", self.bind, rank=self.rank, global_rank=self.dist.get_rank(),
+                         synchronize=self.synchronize)
+        if bind != self.bind:
+            self.bind = bind
 
     adopted = False  # True: the process group is the caller's (adopt), never created or destroyed here
 
@@ -128,8 +138,6 @@ class TorchBackend:
         NCCL runs on the current CUDA device; gloo on the CPU."""
         import torch
         import torch.distributed as dist
-
-        from ncclbench.failpoints import failpoint
 
         self = cls.__new__(cls)
         self.torch, self.dist, self.adopted = torch, dist, True
@@ -147,10 +155,7 @@ class TorchBackend:
             self.device = torch.device("cpu")
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        bind = failpoint("backend.bind", self.bind, rank=self.rank, global_rank=dist.get_rank(),
-                         synchronize=self.synchronize)
-        if bind != self.bind:  # a planted slow node
-            self.bind = bind
+        self._plant_slow()
         return self
 
     def use_groups(self, groups: list[list[int]]) -> None:

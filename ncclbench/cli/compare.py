@@ -22,7 +22,7 @@ from ncclbench.results.readers import filter_results
 @click.argument("base")
 @click.argument("new", nargs=-1, required=True)
 @click.option("--metric", type=click.Choice(sorted(METRICS)), default="busbw", show_default=True,
-              help="busbw: regression when NEW/BASE < 1-threshold. time: when NEW/BASE > 1+threshold.")
+              help="busbw: slower when NEW/BASE < 1-threshold. time: when NEW/BASE > 1+threshold.")
 @click.option("--threshold", type=ParsedType("threshold", parse_threshold), default="5%", show_default=True,
               help="Allowed change before a row counts as a regression: 5% or 0.05 (a bare number is a fraction < 1).")
 @click.option("--min-size", type=SIZE, default=None, help="Ignore sizes below this (e.g. 64K, 1M).")
@@ -37,6 +37,9 @@ def compare_command(base, new, metric, threshold, min_size, max_size, placement,
     """Compare result files: BASE against each NEW (nccl-tests or ncclbench text, JSON or CSV).
 
     Rows match on collective, dtype, op, root, size and placement; size 0 is skipped.
+    A row regresses when it is slower than the threshold and beyond the noise both files
+    carry (the samples of each row's timed iterations; a baseline's spread between runs);
+    files without noise (nccl-tests, older files) are judged by the threshold alone.
     NEW rows with wrong results (#wrong > 0) are failures too.
     Exit status: 0 pass, 1 regression or wrong results, 2 bad input."""
     base_frame, *new_frames = [

@@ -41,12 +41,22 @@ def run_collective(coll_name: str, o: dict) -> int:
     plan = build_plan(coll_name, o, backend, argv, nranks)
     validate_for_backend(plan, nranks)
     output_spec(plan, o)  # refuse unwritable outputs before spawning anything
+    _fits_host([plan], ngpus, nranks, backend)
     spawn = multinode_args(o, ngpus)
     announce_backend(o["backend"], backend, 0, ngpus if o["ngpus"] == ALL_GPUS else None)
     child_argv = list(argv)
     if o["backend"] is None:
         child_argv += ["--backend", backend]
     return launch.spawn_local(ngpus, child_argv, **spawn)
+
+
+def _fits_host(plans, local: int, nranks: int, backend: str) -> None:
+    """Refuse (exit 5) ranks this host's memory cannot hold; warn of gloo ranks beyond its CPUs."""
+    from ncclbench.api.capacity import check_host_capacity
+    from ncclbench.launch.failures import say
+
+    for line in check_host_capacity(plans, local, nranks, backend):
+        say(line)
 
 
 class CollectiveGroup(click.Group):
@@ -94,9 +104,10 @@ for _coll in REGISTRY.values():
 
 def _register_tool_commands():
     """The commands that are not one collective each: each lives in its own module of cli/."""
-    from ncclbench.cli import compare, explain, fleet, pairs, plot, preflight, show, suite, topo, tune
+    from ncclbench.cli import baseline, compare, explain, fleet, pairs, plot, preflight, show, suite, topo, tune
 
-    for command in (topo.topo_command, topo.p2p_command, compare.compare_command, plot.plot_command,
+    for command in (topo.topo_command, topo.p2p_command, compare.compare_command, baseline.baseline_command,
+                    plot.plot_command,
                     suite.suite_command, show.show_command, pairs.pairs_command, tune.tune_command,
                     preflight.preflight_command, fleet.fleet_command, explain.explain_command):
         cli.add_command(command)

@@ -28,7 +28,9 @@ def show_command(result_file, as_rich):
         doc = json.loads(text)
     except ValueError:
         doc = None
-    if isinstance(doc, dict) and "ncclbench" in doc and not as_rich:
+    # a run's document replays as its table; one without a run's config (a baseline made
+    # from CSV or text files) prints as the table of its rows
+    if isinstance(doc, dict) and "ncclbench" in doc and "minimum_bytes" in (doc.get("config") or {}) and not as_rich:
         for line in _replay_lines(doc):
             print(line)
         return

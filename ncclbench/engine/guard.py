@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ncclbench.errors import BenchError, ExitCode, RankFailures, error_line, first_line
+from ncclbench.errors import BenchError, ExitCode, RankFailures, error_line, first_line, ranks_list
 
 # the most severe last: a lost or failing peer outranks a timeout, which outranks a
 # missing GPU, which outranks a plan that cannot run here
@@ -94,15 +94,8 @@ def attempt(step: Callable[[], object], rank: int, what: str):
 
 
 def ranks_text(ranks: list[int]) -> str:
-    """`rank 3`, `ranks 1,4`, `ranks 0-7,9`."""
-    ranks = sorted(ranks)
-    parts, start = [], 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            a, b = ranks[start], ranks[i - 1]
-            parts.append(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}")
-            start = i
-    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(parts)}"
+    """`rank 3`, `ranks 1,4`, `ranks 0-7,9`, `ranks 0,2,4,... and 40 more`."""
+    return f"rank{'s' if len(set(ranks)) > 1 else ''} {ranks_list(ranks)}"
 
 
 def _hosts_text(hosts: list[str]) -> str:

@@ -49,7 +49,7 @@ def in_place_is_skipped(coll, backend: str, group_size: int, op: str, dtype: str
 def not_measured(cell: PlacementResult) -> PlacementResult:
     """The cell printed N/A: no time, no bandwidth, nothing checked."""
     nan = math.nan
-    return replace(cell, time_us=nan, algbw=nan, busbw=nan, nwrong=None, host_us=nan, per_iter=None, measured=False,
+    return replace(cell, time_us=nan, algbw=nan, busbw=nan, nwrong=None, host_us=nan, per_iter=None, noise=None, measured=False,
                    device_us=None, rank_us=tuple(nan for _ in cell.rank_us))
 
 

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from ncclbench.engine import pathread
-from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line
+from ncclbench.errors import BenchError, CollectiveError, ExitCode, PlanError, first_line, ranks_list
 from ncclbench.sizes import format_size
 
 SHOWN_SLOWEST = 5  # pairs listed under the matrix when nothing is flagged
@@ -202,7 +202,7 @@ def agree(backend, plan: PairsPlan) -> None:
     everyone = backend.all_gather_object(plan.fingerprint())
     differ = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
     if differ:
-        raise PlanError(f"rank(s) {','.join(map(str, differ))} run pairs with other options than rank 0; "
+        raise PlanError(f"rank(s) {ranks_list(differ)} run pairs with other options than rank 0; "
                         "every rank must get the same options")
 
 

@@ -14,8 +14,9 @@ from ncclbench.engine.collectives import CheckContext
 from ncclbench.engine.position import HERE
 from ncclbench.engine.runfacts import now
 from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
-from ncclbench.errors import PlanError
+from ncclbench.errors import PlanError, ranks_list
 from ncclbench.failpoints import failpoint
+from ncclbench.results import noise
 from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow
 
 
@@ -57,7 +58,7 @@ class RankRunner:
         differ = [r for r, fp in enumerate(everyone) if fp != reference]
         if differ:
             keys = sorted({k for r in differ for k in everyone[r] if everyone[r].get(k) != reference.get(k)})
-            raise PlanError(f"rank(s) {','.join(map(str, differ))} run a different plan than rank 0 "
+            raise PlanError(f"rank(s) {ranks_list(differ)} run a different plan than rank 0 "
                             f"(differs in: {', '.join(keys)}); every rank must get the same options")
 
     def validate(self):
@@ -202,6 +203,7 @@ class RankRunner:
                 per_iter = per_iter_summary([r[placement][2] for r in per_rank], plan.per_iter_skip)
             cells.append(PlacementResult(shown * 1e6, algbw, busbw, nwrong,
                                          host_us=sum(host_s) / len(host_s) * 1e6, per_iter=per_iter,
+                                         noise=noise.across_ranks([r[placement][2] for r in per_rank]),
                                          device_us=seconds * 1e6,
                                          rank_us=tuple(t * 1e6 for t in device_s)))  # kept for preflight
         cells = onerank.honest_cells(cells, self.coll, self.plan.backend, self.nranks)

@@ -109,11 +109,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     # sweep then stops before it begins and the report still gets its trailer.
     hooks.hold_signals()
     if backend.rank == 0:
-        info = build_run_info(plan, backend, devices)
-        info.notes += notes
-        info.nccl_path = path.to_dict() if path is not None else None
-        info.path_lines = pathread.header_lines(path, plan.backend)
-        report = make_report(plan, info)
+        report = _open_report(plan, backend, devices, notes, path, make_report)
     hooks.open_outcome(finish_early if report is not None else None)
     failpoint("engine.after_report", rank=backend.rank)
 
@@ -154,6 +150,15 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     if report is not None:
         judge(summary, plan, report, hooks, said)
     return summary
+
+
+def _open_report(plan, backend, devices, notes, path, make_report):
+    """Rank 0's report, its header written: the run info with the notes and NCCL's path."""
+    info = build_run_info(plan, backend, devices)
+    info.notes += notes
+    info.nccl_path = path.to_dict() if path is not None else None
+    info.path_lines = pathread.header_lines(path, plan.backend)
+    return make_report(plan, info)
 
 
 def _read_path(plan, backend, runner, buffers, watchdog):

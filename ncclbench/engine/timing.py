@@ -7,7 +7,10 @@ marks (CUDA events on the collective's stream, or the host clock for gloo), wait
 time / (iters * agg). With `graph_replays` the iters x agg loop is captured once and the
 graph replayed that many times between the marks (after one untimed replay: a graph's
 first launch also uploads it).
-Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G.
+Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G. Without
+-I the loop is still marked every `block` iterations (1 up to NOISE_SAMPLES iterations), so
+that every row carries the spread of its timed iterations (noise_summary) at the cost of one
+device mark (a CUDA event record, ~1-2 us of host time; a clock read on gloo) per sample.
 With `agg` > 1 each iteration's ops go in one group (`group()`, the backend's NCCL group),
 as nccl-tests wraps them in ncclGroupStart/End.
 
@@ -39,6 +42,10 @@ from ncclbench.failpoints import failpoint
 # docs/BENCHMARKS.md). The cause is not known; the extra ops keep it out of the timed loop.
 ALIGN_OPS = 4
 
+# Samples of the timed loop kept per (size, placement) without -I: iterations are marked in
+# blocks when there are more (each sample then the block's time per op).
+NOISE_SAMPLES = 100
+
 
 class TimingMode(str, enum.Enum):
     EAGER = "eager"        # ops launched one by one from the host
@@ -66,7 +73,7 @@ class Timing:
 
     device_s: float                 # per op
     host_s: float                   # host time per op spent issuing (launch cost, -C)
-    per_iter_s: list[float] = field(default_factory=list)  # per outer iteration, per op
+    per_iter_s: list[float] = field(default_factory=list)  # per outer iteration (or block of them), per op
 
 
 def measure(backend, run_op: Callable[[int], None], settings: TimingSettings,
@@ -94,7 +101,8 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     # The marks are made before the ranks line up: making them (creating and first-recording
     # up to steps + 1 events, 0.1-0.5 ms with -I) between the aligning ops and the start mark
     # let the ranks drift apart again, and one rank's first timed op waited for the others.
-    pool = backend.markers(2 * steps if paired else steps + 1 if settings.per_iter else 2)
+    block = 1 if settings.per_iter else -(-steps // NOISE_SAMPLES)
+    pool = backend.markers(2 * steps if paired else -(-steps // block) + 1)
     HERE.at("its first (untimed) op")
     run_op(0)
     backend.synchronize()
@@ -129,10 +137,10 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
         backend.synchronize()
         _line_up(backend, run_op)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
-        return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, settings.per_iter)
+        return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, block)
     if paired:
-        return _paired_loop(backend, pool, steps, step, agg, settings.per_iter)
-    return _marked_loop(backend, pool, steps, step, agg, settings.per_iter)
+        return _paired_loop(backend, pool, steps, step, agg)
+    return _marked_loop(backend, pool, steps, step, agg, block)
 
 
 def _line_up(backend, run_op) -> None:
@@ -146,9 +154,9 @@ def _line_up(backend, run_op) -> None:
 
 
 def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,
-                 per_iter: bool) -> Timing:
-    """`step(k)` for k < steps between two device marks from `pool` (and one after every
-    step with -I); times per op, per-iteration samples per op of each step."""
+                 block: int) -> Timing:
+    """`step(k)` for k < steps between two device marks from `pool`, and one more after
+    every `block` steps; times per op, and a sample per op of each block (each step with -I)."""
     here = HERE
     here.at(TIMED)
     here.iterations = steps
@@ -157,20 +165,18 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     for k in range(steps):
         here.iteration = k  # a slot store: read only by the -T watchdog's thread
         step(k)
-        if per_iter:
-            marks.append(backend.mark(pool[k + 1]))
-    if not per_iter:
-        marks.append(backend.mark(pool[1]))
+        if (k + 1) % block == 0 or k + 1 == steps:
+            marks.append(backend.mark(pool[len(marks)]))
     host1 = time.perf_counter()
     here.at(f"waiting for its device after issuing the {steps} timed iterations")
     backend.synchronize()
     total_ops = steps * ops_per_step
-    samples = [backend.elapsed(a, b) / ops_per_step for a, b in zip(marks, marks[1:])] if per_iter else []
+    sizes = [block] * (steps // block) + ([steps % block] if steps % block else [])
+    samples = [backend.elapsed(a, b) / (n * ops_per_step) for a, b, n in zip(marks, marks[1:], sizes)]
     return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, samples)
 
 
-def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,
-                 per_iter: bool) -> Timing:
+def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int) -> Timing:
     """-z 3: each `step(k)` between its own start and stop marks (the stop after waiting for
     the step), then a barrier outside the marks. The time is the sum of the marked spans;
     the host time, nccl-tests' collOnlySec: issue and wait of each step, barriers left out."""
@@ -189,7 +195,7 @@ def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
         backend.barrier()
     backend.synchronize()
     samples = [backend.elapsed(a, b) / ops_per_step for a, b in spans]
-    return Timing(sum(samples) / steps, host_s / (steps * ops_per_step), samples if per_iter else [])
+    return Timing(sum(samples) / steps, host_s / (steps * ops_per_step), samples)
 
 
 class Average(enum.IntEnum):

@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 
 from ncclbench import procs as proctable
-from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode
+from ncclbench.errors import STOP_SIGNALS, BenchError, ExitCode, ranks_list
 from ncclbench.launch.failures import exit_code_of_failure, say
 from ncclbench.launch.stop import DOING_BYTES, DOING_FD_ENV, STOP_FD_ENV, PeerDeath
 
@@ -46,6 +46,7 @@ FAILURE_GRACE_S = 0.5   # a rank that failed with a code of its own: its peers g
 STOP_GRACE_S = 10.0     # after the stop: how long a rank gets to end before it is killed
 TIMEOUT_GRACE_S = 3.0   # after a rank's -T exit: the others name the hung rank and end within this (engine.hang)
 POLL_S = 0.05
+NAMED_DEATHS = 3        # ranks killed by signals named one by one in the launcher's line; the rest as a range
 MASTER_ADDR = "127.0.0.1"
 
 
@@ -296,10 +297,15 @@ def describe_exits(exits: list[RankExit]) -> list[str]:
         return []  # every failed rank said its own reason
     first = causes[0]
     gone = "died" if first.exitcode < 0 else "failed"
-    parts = [e.death().text for e in killed]
+    parts = [e.death().text for e in killed[:NAMED_DEATHS]]
+    if len(killed) > NAMED_DEATHS:  # an out-of-memory kill of 99 ranks is one short line
+        parts.append(f"{_ranks_text([e.rank for e in killed[NAMED_DEATHS:]])} were killed by signals too")
     stopped = [e.rank for e in later if e.exitcode > 0]
     if stopped:
         parts.append(f"{_ranks_text(stopped)} stopped after rank {first.rank} {gone}")
+    if len(odd) > NAMED_DEATHS:
+        parts.append(f"{_ranks_text([e.rank for e in odd])} ended by signals while they stopped")
+        odd = []
     for e in odd:
         if e.killed_here:
             parts.append(f"rank {e.rank} (pid {e.pid}) did not stop within {STOP_GRACE_S:g} s after rank "
@@ -319,13 +325,8 @@ def _after_timeout(later: list[RankExit]) -> list[str]:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    """`rank 0`, `ranks 0,2`, `ranks 0-2`."""
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ",".join(map(str, ranks))
+    """`rank 0`, `ranks 0,2`, `ranks 0-2`, `ranks 0-2,5,7 and 40 more`."""
+    return f"rank{'s' if len(set(ranks)) > 1 else ''} {ranks_list(ranks)}"
 
 
 def clear_groups(procs: dict[int, subprocess.Popen]) -> None:

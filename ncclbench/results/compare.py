@@ -1,9 +1,13 @@
 """Performance regressions between result files (`ncclbench compare BASE NEW [NEW...]`).
 
-Rows are matched on (collective, dtype, op, root, size, placement); for each match the
-ratio NEW/BASE of the chosen metric decides: busbw regresses when the ratio falls below
-1 - threshold, time when it rises above 1 + threshold. A matched row whose NEW run
-reports wrong results (#wrong > 0) is a failure whatever its speed."""
+Rows are matched on (collective, dtype, op, root, size, placement). A row is slower when
+NEW's time per op exceeds BASE's by more than the threshold (busbw below 1 - threshold
+reads the same: with one rank count both come from the time, in full precision, never from
+a busbw printed as 0.00). A slower row regresses only when it is also slower beyond the
+noise both files carry (results.noise.judge: the samples of the timed loop, or their
+summaries); without noise in a file (nccl-tests output, older files) the threshold alone
+decides, as it always did, and the report says so. A matched row whose NEW run reports
+wrong results (#wrong > 0) is a failure whatever its speed."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Sequence
 
 from ncclbench.errors import BadInput
 from ncclbench.lazy import lazy_import
+from ncclbench.results import noise
 from ncclbench.results.readers import PLACEMENTS, ResultsFormatError, default_labels, read_results
 from ncclbench.sizes import format_size
 
@@ -23,7 +28,10 @@ MATCH_KEYS = ["collective", "dtype", "op", "root", "size_bytes", "placement"]
 
 # Row statuses, as written to --json/--csv.
 OK, IMPROVED, REGRESSION, WRONG, NOT_COMPARABLE = "ok", "improved", "regression", "wrong", "not_comparable"
+WITHIN_NOISE, HOST_COST = "within_noise", "host_cost"  # slower than the threshold, but not beyond the noise / host cost
 FAILING_STATUSES = (REGRESSION, WRONG)
+ALL_STATUSES = (REGRESSION, WRONG, IMPROVED, OK, WITHIN_NOISE, HOST_COST, NOT_COMPARABLE)
+TINY_BUSBW = 0.05  # GB/s: printed with two decimals it keeps no digit worth a ratio
 
 # Ratios exactly at the threshold (0.95 for 5%) must not flip on float rounding.
 _RATIO_EPSILON = 1e-9
@@ -97,23 +105,65 @@ class Comparison:
     def summary(self) -> dict:
         return {
             "matched": len(self.rows),
-            **{status: self.count(status) for status in (REGRESSION, WRONG, IMPROVED, OK, NOT_COMPARABLE)},
+            **{status: self.count(status) for status in ALL_STATUSES},
             "base_unmatched": self.base_unmatched,
             "new_unmatched": self.new_unmatched,
             "new_unmatched_wrong": self.new_unmatched_wrong,
         }
 
 
-def _comparable_rows(frame: pd.DataFrame, role: str, notes: list[str]) -> pd.DataFrame:
-    """Rows worth comparing: size 0 dropped (its time is launch overhead only), one row per key."""
+def _comparable_rows(frame: pd.DataFrame, role: str, notes: list[str]) -> tuple[pd.DataFrame, dict]:
+    """Rows worth comparing: size 0 dropped (its time is launch overhead only), one row per
+    key (the last of repeats), and each key's noise.Side with every repeat's samples pooled."""
     frame = frame[frame["size_bytes"] > 0]
     repeated = int(frame.duplicated(MATCH_KEYS, keep="last").sum())
+    sides = _sides(frame)
     if repeated:
-        notes.append(f"{role} holds {repeated} repeated measurement(s) of the same row; the last of each is used")
+        notes.append(f"{role} holds {repeated} repeated measurement(s) of the same row; the last of each is used, "
+                     "and the samples of all of them are its noise")
         frame = frame.drop_duplicates(MATCH_KEYS, keep="last")
     if "complete" in frame.columns and (frame["complete"].astype(str).str.lower() == "false").any():
         notes.append(f"{role} is marked incomplete (the run stopped early)")
-    return frame
+    if not any(side.has_summary for side in sides.values()):
+        notes.append(f"{role} carries no noise (nccl-tests output, or a file written before ncclbench recorded it): "
+                     "its rows are judged by the threshold alone")
+    return frame, sides
+
+
+def _sides(frame: pd.DataFrame) -> dict:
+    """{MATCH_KEYS values: noise.Side}, repeats of a key pooled (headline time: the last)."""
+    host_possible = pd.Series(False, index=frame.index)
+    if "backend" in frame.columns and "mode" in frame.columns:
+        host_possible = (frame["backend"].astype(str) == "nccl") & (frame["mode"].astype(str) == "eager")
+    columns = {c: frame[c] if c in frame.columns else pd.Series(math.nan, index=frame.index, dtype=object)
+               for c in ("host_us", "noise_samples_us", "noise_run_medians_us", *noise.CSV_COLUMNS)}
+    sides: dict[tuple, list] = {}
+    for i, key in zip(frame.index, frame[MATCH_KEYS].itertuples(index=False, name=None)):
+        summary = {k: _float(columns[c][i]) for k, c in zip(noise.SUMMARY_KEYS, noise.CSV_COLUMNS)}
+        samples = columns["noise_samples_us"][i]
+        medians = columns["noise_run_medians_us"][i]
+        sides.setdefault(key, []).append(noise.Side(
+            time_us=_float(frame.at[i, "time_us"]),
+            samples_us=tuple(samples) if isinstance(samples, tuple) else (),
+            summary=summary if not math.isnan(summary["median_us"]) else None,
+            run_medians_us=tuple(medians) if isinstance(medians, tuple) else (),
+            host_us=_float(columns["host_us"][i]), host_bound_possible=bool(host_possible[i])))
+    out = {}
+    for key, group in sides.items():
+        if len(group) == 1:
+            out[key] = group[0]
+        else:
+            one = noise.pooled(group)
+            one.time_us, one.host_us = group[-1].time_us, group[-1].host_us
+            out[key] = one
+    return out
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _setup_differences(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
@@ -143,18 +193,42 @@ def path_change(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
     return None
 
 
-def _classify(ratio: pd.Series, new_nwrong: pd.Series, metric: Metric, threshold: float) -> np.ndarray:
-    if metric.higher_is_better:
-        worse = ratio < 1 - threshold - _RATIO_EPSILON
-        better = ratio > 1 + threshold + _RATIO_EPSILON
+def _same_ranks(base: pd.DataFrame, new: pd.DataFrame) -> bool:
+    """One rank count on both sides (or unknown): time and busbw then say the same."""
+    if "ranks" not in base.columns or "ranks" not in new.columns:
+        return True
+    before, after = set(base["ranks"].dropna()), set(new["ranks"].dropna())
+    return not before or not after or before == after
+
+
+def _judge_row(record: dict, base: noise.Side, new: noise.Side, metric: Metric, threshold: float,
+               by_time: bool) -> tuple[str, float, str, bool]:
+    """(status, NEW/BASE of the metric, how the noise was judged, host-bound) of one row."""
+    measured = record["base"] > 0 and record["new"] > 0  # a busbw of 0 (one rank, or 0.00 printed) or N/A: no ratio
+    if measured and by_time and base.time_us > 0 and new.time_us > 0:
+        slowdown = new.time_us / base.time_us  # full precision in JSON, never a busbw rounded to 0.00
+        ratio = slowdown if not metric.higher_is_better else 1 / slowdown
+    elif measured and (not metric.higher_is_better or min(record["base"], record["new"]) >= TINY_BUSBW):
+        ratio = record["new"] / record["base"]
     else:
-        worse = ratio > 1 + threshold + _RATIO_EPSILON
-        better = ratio < 1 - threshold - _RATIO_EPSILON
-    return np.select(
-        [new_nwrong.fillna(0) > 0, ratio.isna(), worse, better],
-        [WRONG, NOT_COMPARABLE, REGRESSION, IMPROVED],
-        default=OK,
-    )
+        return (WRONG if record["new_nwrong"] > 0 else NOT_COMPARABLE), math.nan, "", False
+    if record["new_nwrong"] > 0:
+        return WRONG, ratio, "", False
+    if metric.higher_is_better:
+        worse, better = ratio < 1 - threshold - _RATIO_EPSILON, ratio > 1 + threshold + _RATIO_EPSILON
+        time_threshold = 1 / (1 - threshold) - 1 if threshold < 1 else math.inf  # the same line in time
+    else:
+        worse, better = ratio > 1 + threshold + _RATIO_EPSILON, ratio < 1 - threshold - _RATIO_EPSILON
+        time_threshold = threshold
+    if better:
+        return IMPROVED, ratio, "", False
+    if not worse:
+        return OK, ratio, "", new.host_bound or base.host_bound
+    verdict = noise.judge(base, new, time_threshold)
+    if verdict.slower:
+        return REGRESSION, ratio, f"{verdict.basis}: {verdict.detail}", verdict.host_bound
+    status = HOST_COST if verdict.basis == "host cost" else WITHIN_NOISE
+    return status, ratio, f"{verdict.basis}: {verdict.detail}", verdict.host_bound
 
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw", threshold: float = 0.05) -> Comparison:
@@ -163,8 +237,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     notes: list[str] = []
     notes.extend(_setup_differences(base, new))
     path_note = path_change(base, new)
-    base_rows = _comparable_rows(base, "BASE", notes)
-    new_rows = _comparable_rows(new, "NEW", notes)
+    base_rows, base_sides = _comparable_rows(base, "BASE", notes)
+    new_rows, new_sides = _comparable_rows(new, "NEW", notes)
     left = base_rows[MATCH_KEYS + [chosen.column]].rename(columns={chosen.column: "base"})
     left["_base_order"] = range(len(left))
     right = new_rows[MATCH_KEYS + [chosen.column, "nwrong"]]
@@ -173,13 +247,15 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     matched = merged[merged["_merge"] == "both"].drop(columns="_merge")
     new_only = merged[merged["_merge"] == "right_only"]
 
-    # A BASE of 0 (busbw printed as 0.00 for tiny sizes) gives no meaningful ratio.
-    ratio = (matched["new"] / matched["base"]).where(matched["base"] > 0)
-    matched = matched.assign(
-        ratio=ratio,
-        change_pct=(ratio - 1) * 100,
-        status=_classify(ratio, matched["new_nwrong"], chosen, threshold),
-    )
+    by_time = _same_ranks(base_rows, new_rows)
+    judged = []
+    for record in matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records"):
+        key = tuple(record[k] for k in MATCH_KEYS)
+        judged.append(_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time))
+    status, ratio, noise_text, host_bound = (list(column) for column in zip(*judged)) if judged else ([], [], [], [])
+    ratio = pd.Series(ratio, index=matched.index, dtype=float)
+    matched = matched.assign(ratio=ratio, change_pct=(ratio - 1) * 100, status=status, noise=noise_text,
+                             host_bound=host_bound)
     # Out-of-place block first, then in-place, each in BASE's own row order (nccl-tests' order).
     matched = matched.assign(_placement_order=matched["placement"].map(PLACEMENTS.index))
     matched = matched.sort_values(["_placement_order", "_base_order"], kind="stable").reset_index(drop=True)
@@ -193,7 +269,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
         new_source=_first(new, "source"),
         metric=chosen,
         threshold=threshold,
-        rows=matched[MATCH_KEYS + ["base", "new", "ratio", "change_pct", "new_nwrong", "status"]],
+        rows=matched[MATCH_KEYS + ["base", "new", "ratio", "change_pct", "new_nwrong", "status", "noise",
+                                   "host_bound"]],
         base_unmatched=int((merged["_merge"] == "left_only").sum()),
         new_unmatched=len(new_only),
         new_unmatched_wrong=int((new_only["new_nwrong"].fillna(0) > 0).sum()),
@@ -262,8 +339,10 @@ def comparisons_to_json(comparisons: Sequence[Comparison], filters: dict) -> dic
 # Human-readable output
 # ---------------------------------------------------------------------------
 
-_STATUS_TEXT = {OK: "ok", IMPROVED: "improved", REGRESSION: "REGRESSION", WRONG: "WRONG RESULTS", NOT_COMPARABLE: "n/a"}
-_STATUS_STYLE = {IMPROVED: "green", REGRESSION: "bold red", WRONG: "bold red", NOT_COMPARABLE: "dim"}
+_STATUS_TEXT = {OK: "ok", IMPROVED: "improved", REGRESSION: "REGRESSION", WRONG: "WRONG RESULTS", NOT_COMPARABLE: "n/a",
+                WITHIN_NOISE: "ok: slower, within noise", HOST_COST: "ok: slower host"}
+_STATUS_STYLE = {IMPROVED: "green", REGRESSION: "bold red", WRONG: "bold red", NOT_COMPARABLE: "dim",
+                 WITHIN_NOISE: "yellow", HOST_COST: "yellow"}
 _KEY_COLUMNS = ("collective", "dtype", "op", "root", "placement")  # MATCH_KEYS but size, in display order
 
 
@@ -281,8 +360,26 @@ class _DisplayTable:
 
 def _rule_text(c: Comparison) -> str:
     if c.metric.higher_is_better:
-        return f"regression when NEW/BASE < {1 - c.threshold:.3g}"
-    return f"regression when NEW/BASE > {1 + c.threshold:.3g}"
+        return f"regression when NEW/BASE < {1 - c.threshold:.3g} and beyond the noise"
+    return f"regression when NEW/BASE > {1 + c.threshold:.3g} and beyond the noise"
+
+
+def _value_text(value) -> str:
+    """Two decimals, as the tables print; small values keep three significant digits."""
+    if pd.isna(value):
+        return "N/A"
+    return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
+
+
+def _status_cell(record: dict) -> str:
+    status = _STATUS_TEXT[record["status"]]
+    if record["status"] == WRONG:
+        status += f" (#wrong {record['new_nwrong']:g})"
+    if record.get("host_bound"):
+        status += " [host-bound]"
+    if record.get("noise") and record["status"] in (REGRESSION, WITHIN_NOISE, HOST_COST):
+        status += f" ({record['noise']})"
+    return status
 
 
 def _display_table(c: Comparison) -> _DisplayTable:
@@ -303,16 +400,13 @@ def _display_table(c: Comparison) -> _DisplayTable:
     cells = []
     for record in rows.to_dict("records"):
         ratio = record["ratio"]
-        status = _STATUS_TEXT[record["status"]]
-        if record["status"] == WRONG:
-            status += f" (#wrong {record['new_nwrong']:g})"
         cells.append([str(record[k]) for k in varying] + [
             format_size(int(record["size_bytes"])),
-            "N/A" if pd.isna(record["base"]) else f"{record['base']:.2f}",
-            "N/A" if pd.isna(record["new"]) else f"{record['new']:.2f}",
+            _value_text(record["base"]),
+            _value_text(record["new"]),
             "n/a" if pd.isna(ratio) else f"{ratio:.3f}",
             "" if pd.isna(ratio) else f"{round(record['change_pct'], 1) + 0.0:+.1f}%",  # + 0.0: no "-0.0%"
-            status,
+            _status_cell(record),
         ])
     return _DisplayTable(title, headers, right, cells, list(rows["status"]), _footer(c))
 
@@ -323,6 +417,8 @@ def _footer(c: Comparison) -> list[str]:
     counts = [f"{s[REGRESSION]} regression(s)", f"{s[WRONG]} with wrong results"]
     counts += [f"{s[IMPROVED]} improved"] if s[IMPROVED] else []
     counts += [f"{s[OK]} ok"]
+    counts += [f"{s[WITHIN_NOISE]} slower within noise"] if s[WITHIN_NOISE] else []
+    counts += [f"{s[HOST_COST]} slower with the host's cost per call"] if s[HOST_COST] else []
     counts += [f"{s[NOT_COMPARABLE]} not comparable (BASE value 0 or N/A)"] if s[NOT_COMPARABLE] else []
     lines = [f"{verdict}: {', '.join(counts)}, of {s['matched']} matched rows"]
     if c.base_unmatched or c.new_unmatched:
@@ -331,6 +427,9 @@ def _footer(c: Comparison) -> list[str]:
         lines.append(
             f"note: NEW reports wrong results in {c.new_unmatched_wrong} row(s) that BASE lacks: counted as failures"
         )
+    if c.rows["host_bound"].any():
+        lines.append("note: [host-bound] rows take no longer than 1.2 x the host's cost per call (eager torch NCCL): "
+                     "they are judged against that cost; -G (CUDA graphs) or --backend cupy time the collective")
     lines.extend(f"note: {n}" for n in c.notes)
     return lines
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ncclbench import startup
-from ncclbench.results import report
+from ncclbench.results import noise, report
 from ncclbench.errors import PlanError
 from ncclbench.results.records import ResultRow, RunInfo, RunSummary, json_number
 
@@ -30,7 +30,7 @@ CSV_COLUMNS = [
     "timestamp", "collective", "placement", "size_bytes", "count", "dtype", "op", "root",
     "time_us", "algbw_gbps", "busbw_gbps", "nwrong", "ranks", "nodes", "hosts", "gpu", "backend",
     "mode", "torch_version", "nccl_version", "ncclbench_version", "host_us",
-    "i_min_us", "i_p50_us", "i_p99_us", "i_max_us", "i_cv_pct", "link_peak_gbps",
+    "i_min_us", "i_p50_us", "i_p99_us", "i_max_us", "i_cv_pct", "link_peak_gbps", *noise.CSV_COLUMNS,
 ]
 
 
@@ -162,6 +162,8 @@ def row_json(row: ResultRow, iterations: int, cputime: bool = False) -> dict:
         out[name] = _placement_json(p, cputime)
         if p.per_iter is not None:
             out[f"{name}_per_iter"] = p.per_iter
+        if p.noise is not None:
+            out[f"{name}_noise"] = p.noise
     out["actual_iterations"] = iterations
     out["experiment_name"] = ""
     out["timestamp"] = row.timestamp
@@ -197,7 +199,28 @@ def run_json(info: RunInfo, summary: RunSummary, end_time: str | None) -> dict:
         "complete": summary.complete, "status": summary.status,
         "peak_bus_bandwidth": summary.peak_busbw, "largest_size_bus_bandwidth": summary.largest_size_busbw,
     }
+    repeats = repeat_spread(summary.rows)
+    if repeats:
+        doc["ncclbench"]["repeats"] = repeats
     return doc
+
+
+def repeat_spread(rows) -> list[dict]:
+    """-N > 1: per row and placement measured more than once, the spread of its headline
+    times over the repeats (min, median, max, n), in the order first measured."""
+    times: dict[tuple, list[float]] = {}
+    for row in rows:
+        for name, p in row.placements():
+            if p.measured and math.isfinite(p.time_us):
+                times.setdefault((row.size, row.dtype, row.op, row.root, name), []).append(p.time_us)
+    out = []
+    for (size, dtype, op, root, name), values in times.items():
+        if len(values) > 1:
+            ordered = sorted(values)
+            out.append({"size": size, "type": dtype, "redop": op, "root": root, "placement": name,
+                        "n": len(values), "min_us": ordered[0], "median_us": noise.quantile(ordered, 0.5),
+                        "max_us": ordered[-1]})
+    return out
 
 
 def _okay(flag: bool | None) -> str:
@@ -234,6 +257,7 @@ def csv_records(info: RunInfo, row: ResultRow) -> list[dict]:
             "ncclbench_version": info.ncclbench_version, "host_us": round(p.host_us, 4),
             "i_min_us": it.get("min_us"), "i_p50_us": it.get("p50_us"), "i_p99_us": it.get("p99_us"),
             "i_max_us": it.get("max_us"), "i_cv_pct": it.get("cv_pct"), "link_peak_gbps": info.link_peak_gbps,
+            **{column: (p.noise or {}).get(key) for column, key in zip(noise.CSV_COLUMNS, noise.SUMMARY_KEYS)},
         })
     return records
 

@@ -26,6 +26,7 @@ from ncclbench.engine.collectives import lookup as _lookup_collective
 from ncclbench.dtypes import DTYPE_ALIASES
 from ncclbench.errors import BenchError, ExitCode
 from ncclbench.lazy import lazy_import
+from ncclbench.results.noise import noise_columns
 
 pd = lazy_import("pandas")  # imported when results are read, not when the CLI starts
 
@@ -413,6 +414,7 @@ def _json_result_rows(result: dict, collective: str, meta: dict) -> list[dict]:
                     row[column] = _number(per_iter[key])
             if "skipped_iterations" in per_iter:
                 row["i_skipped"] = int(per_iter["skipped_iterations"])
+        row.update(noise_columns(result.get(f"{placement}_noise")))
         # ncclbench adds per-row fields: host_us {placement: us} and the -S timestamp.
         host_us = result.get("host_us")
         if isinstance(host_us, dict) and placement in host_us:

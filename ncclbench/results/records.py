@@ -20,6 +20,7 @@ class PlacementResult:
     device_us: float | None = None  # timed duration per op (what the bandwidths come from); None when read back
     measured: bool = True   # False: printed N/A, the numbers are NaN (onerank: no such operation was timed)
     rank_us: tuple[float, ...] = ()  # each rank's own timed duration per op, in rank order (bandwidths combine them)
+    noise: dict | None = None  # the timed loop's samples and their summary (noise.summarise), always kept
 
 
 @dataclass
