@@ -63,7 +63,6 @@ def test_a_gpu_that_never_reached_the_op_is_named_only_when_nothing_else_is():
     v = hang.decide(4, 7, "w", board({r: 7 for r in range(4)}), wits, {})
     assert v.ranks() == [2] and "its GPU never reached it" in v.text() and "ranks 0,1,3 waited for rank 2" in v.text()
     # a frozen rank outranks a GPU witness (the frozen rank's peers' GPUs are fine)
-    wits[1] = None
     del wits[1]
     v = hang.decide(4, 7, "w", board({r: 7 for r in range(4)}), wits, {1: "D"})
     assert v.ranks() == [1] and "stuck in the kernel (state D)" in v.text()
@@ -153,7 +152,10 @@ def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S
     others = ",".join(str(r) for r in range(nranks) if r != victim)
     assert re.search(rf"\(-T\): rank {victim} \(pid {pid}\) on {host_re} (is stopped \(state T: SIGSTOP or SIGTSTP\) "
                      rf"inside it|never reached it: .*its process is stopped \(state T)", line), line
-    assert re.search(rf"; ranks {others} waited for rank {victim} at ", line), line
+    # the others waited for it, at one place or several ("ranks 0,2 waited for rank 3 at X; rank 1 at Y")
+    assert re.search(rf"; ranks? [\d,]+ waited for rank {victim} at ", line), line
+    waiting = re.findall(r"; ranks? ([\d,]+)(?: waited for rank \d+)? at ", line)
+    assert sorted(int(r) for group in waiting for r in group.split(",")) == [int(r) for r in others.split(",")], line
     for t, other in lines:  # any other line (a launcher's kill) names the frozen rank alone
         assert not re.search(rf"rank (?!{victim}\b)\d+ \(pid", other.replace(line, "")), other
     assert "failed" not in " ".join(x for _, x in lines)
@@ -178,6 +180,28 @@ def test_a_frozen_rank_of_four_is_named_alone(tmp_path):
     assert not wait_gone(str(tmp_path), seconds=5)
 
 
+def test_a_frozen_rank_0_is_named_by_the_launcher(tmp_path):
+    """-g 4, rank 0 (which decides, and hosts the store) frozen: the others see it stopped on
+    their host and exit 4 at once; the launcher kills rank 0 and names it with its state,
+    the run's only line."""
+    run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")])
+    try:
+        run.wait_rows(4)
+        time.sleep(0.3)
+        os.kill(run.pids[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        gone = run.finish() - stopped
+    finally:
+        run.kill(run.pids.values())
+    lines = run.lines()
+    assert run.proc.returncode == 4 and len(lines) == 1, lines
+    assert re.fullmatch(rf"ncclbench: error: rank 0 \(pid {run.pids[0]}\) on \S+, stopped \(state T: SIGSTOP or "
+                        r"SIGTSTP\), did not end after the timeout and was killed by ncclbench \(SIGKILL\)", lines[0][1])
+    to_name = lines[0][0] - stopped
+    print(f"rank 0 frozen: named after {to_name:.1f} s, all gone after {gone:.1f} s")
+    assert to_name < NAME_BOUND and gone < GONE_BOUND, (to_name, gone)
+
+
 def test_a_rank_that_stalls_before_a_collective_is_named_as_never_reaching_it(tmp_path):
     run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")],
               env={"NCCLBENCH_FAULT": "stall:rank=2,size=4096,seconds=300"})
@@ -195,25 +219,27 @@ def test_a_rank_that_stalls_before_a_collective_is_named_as_never_reaching_it(tm
     assert not wait_gone(str(tmp_path), seconds=10)
 
 
-def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path):
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path, victim):
     """The user's own torchrun: rank 0 names the frozen rank (same host: state T), ends it
     with SIGKILL (torchrun's SIGTERM stays pending on a stopped process for 30 s), and
-    torchrun's summary shows 4 for the ranks that waited."""
+    torchrun's summary shows 4 for the ranks that waited. Rank 0 frozen: another rank
+    claims the word and says the same."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     run = Run([torchrun, "--nproc-per-node", "3", "--standalone", "-m", "ncclbench", *ARGS,
                "--csv", str(tmp_path / "r.csv")])
     try:
         run.wait_rows(4)
         time.sleep(0.3)
-        to_name, to_gone = _freeze_and_judge(run, 2, run.pids[2], 3, own_launcher=False)
+        to_name, to_gone = _freeze_and_judge(run, victim, run.pids[victim], 3, own_launcher=False)
     finally:
         run.kill(run.pids.values())
     assert run.proc.returncode == 1
     err = "".join(line for _, line in run.err)
-    assert "rank 2 ended by ncclbench (SIGKILL" in err
+    assert f"rank {victim} ended by ncclbench (SIGKILL" in err
     assert sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", err, re.M)) == ["-9", "4", "4"], err[-3000:]
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
-    print(f"torchrun: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
+    print(f"torchrun: frozen rank {victim} named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
     assert not wait_gone(str(tmp_path), seconds=5)
 
 
@@ -277,10 +303,11 @@ def test_a_host_whose_network_is_gone_is_named_as_not_answering(tmp_path):
     lines = [line for _, line in run.lines()]
     named = [line for line in lines if "timeout:" in line]
     assert nodes[0].returncode == 4 and len(named) == 1, lines
+    to_name = next(t for t, line in run.lines() if "timeout:" in line) - down
     assert re.search(r"\(-T\): rank 2 \(pid \d+\) on simnode1 did not answer .*; rank 3 \(pid \d+\) on simnode1 did "
                      r"not answer .*; ranks 0,1 waited for ranks 2,3 at ", named[0]), named[0]
-    assert gone < GONE_BOUND, gone
-    print(f"network gone: all gone after {gone:.1f} s")
+    assert to_name < NAME_BOUND and gone < GONE_BOUND, (to_name, gone)
+    print(f"network gone: named after {to_name:.1f} s, all gone after {gone:.1f} s")
 
 # ---- on GPUs (NCCL) -----------------------------------------------------------------------------
 GPU_ARGS = ["allreduce", "-g", "4", "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",

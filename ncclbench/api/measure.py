@@ -187,7 +187,7 @@ class GroupCall:
 
         message = None
         if rank != 0:
-            message = within(VERDICT_WAIT_S + 2 * STORE_WAIT_S, lambda: self._verdict_of_rank0(census))
+            message = within(VERDICT_WAIT_S + 2 * STORE_WAIT_S, lambda: census.post_then(self.timeout_message))
         if message is None:  # group rank 0, or it never spoke (itself hung): this rank decides
             verdict = census.gather_within()
             text = verdict.text(name=lambda r: self.global_ranks[r] if r < len(self.global_ranks) else r)
@@ -208,20 +208,6 @@ class GroupCall:
                 time.sleep(0.5)  # rank 0 may still be reading the store it hosts
             hard_exit(ExitCode.TIMEOUT)
         self.abort()
-
-    def _verdict_of_rank0(self, census) -> str | None:
-        """Post this rank's witness, then wait for group rank 0's message (None after a while)."""
-        from ncclbench.engine.hang import VERDICT_WAIT_S
-
-        census.post()
-        deadline = time.monotonic() + VERDICT_WAIT_S
-        while time.monotonic() < deadline:
-            message = self.timeout_message()
-            if message is not None:
-                census.heard()  # group rank 0 may host the store, and leave once all have it
-                return message
-            time.sleep(0.1)
-        return None
 
     def mark(self, message: str) -> str:
         """Leave the timeout message for every rank (the first one written stays); returns it."""

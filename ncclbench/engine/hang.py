@@ -193,9 +193,11 @@ class Census:
     ProgressBoard; `prefix`: the store keys of this run's census; `marker`: the GPU event
     recorded before the step's first op, or None."""
 
-    def __init__(self, board, step: int, what: str, prefix: str, marker=None, where: str | None = None):
+    def __init__(self, board, step: int, what: str, prefix: str, marker=None, where: str | None = None,
+                 peers=()):
         self.board, self.step, self.what, self.prefix = board, step, what, prefix
         self.marker, self.where = marker, where
+        self.peers = list(peers)  # (rank, host, pid) of the other ranks, where known without the store
         self.rank, self.nranks = board.rank, board.nranks
         self.store = None  # connected on first use (connecting may itself hang: see within())
         self.entries: dict = {}
@@ -203,6 +205,20 @@ class Census:
 
     def _key(self, name) -> str:
         return f"{self.prefix}{name}"
+
+    def reporter_stopped(self) -> bool:
+        """Rank 0, which decides, is on this host and stopped or stuck in the kernel: no verdict
+        will come (and the store may live in it)."""
+        host = socket.gethostname()
+        return any(r == 0 and h == host and procs.state(pid) in procs.FROZEN for r, h, pid in self.peers)
+
+    def claim(self) -> bool:
+        """Whether this rank speaks in rank 0's stead (the first to claim it does)."""
+        def first():
+            self.store = self.store or bounded(getattr(self.board, "store", None))
+            mine = str(self.rank)
+            return self.store.compare_set(self._key("speaker"), "", mine).decode() == mine
+        return bool(within(2 * STORE_WAIT_S, first, False))
 
     def local_states(self) -> dict:
         """/proc states of the other ranks on this host (from their board entries)."""
@@ -213,7 +229,7 @@ class Census:
     def post(self) -> Witness:
         me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {})
         self.seen = ({self.rank: me}, {})
-        self.store = bounded(getattr(self.board, "store", None))
+        self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
         me.states = self.local_states()
         self.seen = ({self.rank: me}, dict(me.states))
@@ -303,21 +319,24 @@ class Census:
     def post_and_wait(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
         """post(), then the reporting rank's verdict; None if none came within `wait_s` (or
         the store stopped answering)."""
-        return within(wait_s + STORE_WAIT_S, lambda: (self.post(), self.wait_verdict(wait_s))[1])
+        return within(wait_s + STORE_WAIT_S, lambda: self.post_then(self._verdict, wait_s))
 
-    def wait_verdict(self, wait_s: float = VERDICT_WAIT_S) -> str | None:
-        """The reporting rank's verdict, once posted (None after `wait_s`)."""
+    def post_then(self, read, wait_s: float = VERDICT_WAIT_S):
+        """post(), then `read()` until it gives the reporting rank's message (None after
+        `wait_s`); says it has it (the reporting rank may host the store, and leave)."""
+        self.post()
         deadline = time.monotonic() + wait_s
-        while self.store is not None and time.monotonic() < deadline:
-            try:
-                if self.store.check([self._key("verdict")]):
-                    text = self.store.get(self._key("verdict")).decode(errors="replace")
-                    self.heard()
-                    return text
-            except Exception:  # noqa: BLE001
-                return None
+        while time.monotonic() < deadline:
+            message = read()
+            if message is not None:
+                self.heard()
+                return message
             time.sleep(0.1)
         return None
+
+    def _verdict(self) -> str | None:
+        key = self._key("verdict")
+        return self.store.get(key).decode(errors="replace") if self.store.check([key]) else None
 
     def frozen_here(self, verdict_ranks: list[int]) -> list[tuple[int, int]]:
         """(rank, pid) of the named ranks on this host that are stopped (T, t) now."""

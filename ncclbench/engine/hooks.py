@@ -94,10 +94,14 @@ class RankHooks:
         if rank_stop.stopping():
             return
         if rank != 0:
-            verdict = census.post_and_wait()
-            if verdict is not None:
-                _end_stopped(census, hang.culprits_in(verdict))
-            hard_exit(ExitCode.TIMEOUT)
+            rank0_stopped = census.reporter_stopped()  # rank 0 decides: stopped, it never will
+            if rank0_stopped and one_node_spawn():
+                hard_exit(ExitCode.TIMEOUT)  # the -g launcher names rank 0 by the rank it kills
+            if not (rank0_stopped and census.claim()):  # the first rank to claim it speaks instead
+                verdict = census.post_and_wait()
+                if verdict is not None:
+                    _end_stopped(census, hang.culprits_in(verdict))
+                hard_exit(ExitCode.TIMEOUT)
         verdict = census.gather_within()
         first = cause() if finish is not None else None
         message = f"timeout: {verdict.what} did not finish within {timeout_s:g} s (-T): {verdict.text()}"

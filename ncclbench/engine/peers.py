@@ -25,6 +25,11 @@ def watch(devices, rank: int) -> None:
     rank_stop.on_peer_check(find_death, post_death)
 
 
+def known() -> list[tuple[int, str, int]]:
+    """(rank, host, pid) of every other rank of the run, as exchanged at set-up."""
+    return list(_peers)
+
+
 def find_death() -> PeerDeath | None:
     """A peer found dead: on this host by its process, elsewhere by a death posted in the store."""
     return dead_here() or posted_death()
