@@ -289,7 +289,9 @@ class Localiser:
                 j.bad.add(n)
         for pair, r in low_pairs.items():
             pair_best = max(rail_values(t)[r] for t in pair_tests[pair])
-            j.k_pair[pair] = repeats_needed(as_low(healthy, r, pair_best), len(unbiased), stake)
+            # its own readings are no witness for or against it (all are at or below its best)
+            own = sum(1 for t in pair_tests[pair] if t.kind in ("screen", "spare")) if pair <= high else 0
+            j.k_pair[pair] = repeats_needed(as_low(healthy, r, pair_best) - own, len(unbiased) - own, stake)
             if pair <= high and len(pair_tests[pair]) >= j.k_pair[pair]:
                 j.links.add(pair)
         self._judged = (key, j)
