@@ -21,8 +21,9 @@ judged is what a node or a pair reaches at best, never an average:
 - **A pair's best**: per rail, the most it reached over its repeats; a pair is low when its
   best stays below the cut on some rail.
 - **How many tests settle a verdict**: contention strikes some healthy tests, rarely the
-  same pair twice. For a low node or pair whose best is v, c is the share of the healthy
-  readings (screening and spare tests between high nodes) at or below v, (m + 1) / (N + 2):
+  same pair twice. Each reading is scored by its lowest rail's fraction of that rail's cut.
+  For a low node or pair scoring v at its best, c is the share of the healthy readings
+  (screening and spare tests between high nodes) scoring at or below v, (m + 1) / (N + 2):
   a healthy one stays that low through k tests with chance about c^k. k is the least (at
   least 2) for which the nodes (or pairs) at stake times c^k stays below FALSE_ALARM_TARGET:
   a node 100x slow needs 2 tests, one just below the cut, more.
@@ -202,9 +203,10 @@ def repeats_needed(low: int, total: int, at_stake: int, target: float = FALSE_AL
     return max(CONFIRM, math.ceil(k - 1e-9))
 
 
-def as_low(healthy: list[list[float]], rail: int, value: float) -> int:
-    """How many healthy readings (sorted per rail) on `rail` are at or below `value`."""
-    return bisect.bisect_right(healthy[rail], value) if rail < len(healthy) else 0
+def score(values, ref: RailReference) -> float:
+    """The lowest rail's value as a fraction of its cut (below 1: low); rails without a cut
+    do not count."""
+    return min((v / ref.cut(r) for r, v in enumerate(values) if ref.cut(r) > 0), default=math.inf)
 
 
 @dataclass
@@ -276,22 +278,26 @@ class Localiser:
             r = self.ref.low_rail([max(v) for v in zip(*(rail_values(t) for t in tests))])
             if r is not None:
                 low_pairs[pair] = r
-        # healthy readings: screening and spare tests between high nodes, sorted per rail
+        # healthy readings: screening and spare tests between high nodes, as scores against
+        # each cut (the lowest rail's fraction of its cut: a node is judged on its worst rail)
         unbiased = [rail_values(t) for t in live if t.kind in ("screen", "spare") and t.a in high and t.b in high]
-        healthy = [sorted(v) for v in zip(*unbiased)]
+        by_node = sorted(score(v, node_ref) for v in unbiased)
+        by_pair = sorted(score(v, self.ref) for v in unbiased)
         stake = len({frozenset((t.a, t.b)) for t in live if t.a in high and t.b in high})
         j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {}, {}, {}, len(unbiased))
-        for n, r in low_nodes.items():
-            j.k_node[n] = repeats_needed(as_low(healthy, r, best[n][r]), len(unbiased), len(best))
+        for n in low_nodes:
+            low = bisect.bisect_right(by_node, score(best[n], node_ref))
+            j.k_node[n] = repeats_needed(low, len(unbiased), len(best))
             j.evidence[n] = [t for t in live if n in (t.a, t.b) and (t.b if t.a == n else t.a) in high]
             partners = {t.b if t.a == n else t.a for t in j.evidence[n]}
             if len(j.evidence[n]) >= j.k_node[n] and len(partners) >= CONFIRM:
                 j.bad.add(n)
-        for pair, r in low_pairs.items():
-            pair_best = max(rail_values(t)[r] for t in pair_tests[pair])
+        for pair in low_pairs:
+            pair_best = [max(v) for v in zip(*(rail_values(t) for t in pair_tests[pair]))]
             # its own readings are no witness for or against it (all are at or below its best)
             own = sum(1 for t in pair_tests[pair] if t.kind in ("screen", "spare")) if pair <= high else 0
-            j.k_pair[pair] = repeats_needed(as_low(healthy, r, pair_best) - own, len(unbiased) - own, stake)
+            low = bisect.bisect_right(by_pair, score(pair_best, self.ref)) - own
+            j.k_pair[pair] = repeats_needed(max(0, low), len(unbiased) - own, stake)
             if pair <= high and len(pair_tests[pair]) >= j.k_pair[pair]:
                 j.links.add(pair)
         self._judged = (key, j)
