@@ -22,8 +22,8 @@ judged is what a node or a pair reaches at best, never an average:
   best stays below the cut on some rail.
 - **How many tests settle a verdict**: contention strikes some healthy tests, rarely the
   same pair twice. Each reading is scored by its lowest rail's fraction of that rail's cut.
-  For a low node or pair scoring v at its best, c is the share of the healthy readings
-  (screening and spare tests between high nodes) scoring at or below v, (m + 1) / (N + 2):
+  For a low node or pair scoring v at its best, c is the share of the other readings
+  (screening and spare tests not its own) scoring at or below v, (m + 1) / (N + 2):
   a healthy one stays that low through k tests with chance about c^k. k is the least (at
   least 2) for which the nodes (or pairs) at stake times c^k stays below FALSE_ALARM_TARGET:
   a node 100x slow needs 2 tests, one just below the cut, more.
@@ -221,7 +221,7 @@ class Judgement:
     evidence: dict             # low node -> [PairTest] with high partners
     k_node: dict               # low node -> tests that settle it
     k_pair: dict               # low pair -> tests that settle it
-    readings: int              # healthy readings: screening and spare tests between high nodes
+    readings: int              # screening and spare tests: the readings repeats are counted against
     bad: set = field(default_factory=set)
     links: set = field(default_factory=set)
 
@@ -278,16 +278,19 @@ class Localiser:
             r = self.ref.low_rail([max(v) for v in zip(*(rail_values(t) for t in tests))])
             if r is not None:
                 low_pairs[pair] = r
-        # healthy readings: screening and spare tests between high nodes, as scores against
-        # each cut (the lowest rail's fraction of its cut: a node is judged on its worst rail)
-        unbiased = [rail_values(t) for t in live if t.kind in ("screen", "spare") and t.a in high and t.b in high]
-        by_node = sorted(score(v, node_ref) for v in unbiased)
-        by_pair = sorted(score(v, self.ref) for v in unbiased)
+        # the readings: screening and spare tests (not chosen for being slow), as scores
+        # against each cut (the lowest rail's fraction of its cut: a node is judged on its
+        # worst rail); a node's or pair's own readings are no witness for or against it, and
+        # all of them score at or below its best
+        unbiased = [t for t in live if t.kind in ("screen", "spare")]
+        by_node = sorted(score(rail_values(t), node_ref) for t in unbiased)
+        by_pair = sorted(score(rail_values(t), self.ref) for t in unbiased)
         stake = len({frozenset((t.a, t.b)) for t in live if t.a in high and t.b in high})
         j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {}, {}, {}, len(unbiased))
         for n in low_nodes:
-            low = bisect.bisect_right(by_node, score(best[n], node_ref))
-            j.k_node[n] = repeats_needed(low, len(unbiased), len(best))
+            own = sum(1 for t in unbiased if n in (t.a, t.b))
+            low = bisect.bisect_right(by_node, score(best[n], node_ref)) - own
+            j.k_node[n] = repeats_needed(max(0, low), len(unbiased) - own, len(best))
             j.evidence[n] = [t for t in live if n in (t.a, t.b) and (t.b if t.a == n else t.a) in high]
             partners = {t.b if t.a == n else t.a for t in j.evidence[n]}
             if len(j.evidence[n]) >= j.k_node[n] and len(partners) >= CONFIRM:
@@ -295,7 +298,7 @@ class Localiser:
         for pair in low_pairs:
             pair_best = [max(v) for v in zip(*(rail_values(t) for t in pair_tests[pair]))]
             # its own readings are no witness for or against it (all are at or below its best)
-            own = sum(1 for t in pair_tests[pair] if t.kind in ("screen", "spare")) if pair <= high else 0
+            own = sum(1 for t in pair_tests[pair] if t.kind in ("screen", "spare"))
             low = bisect.bisect_right(by_pair, score(pair_best, self.ref)) - own
             j.k_pair[pair] = repeats_needed(max(0, low), len(unbiased) - own, stake)
             if pair <= high and len(pair_tests[pair]) >= j.k_pair[pair]:
