@@ -20,19 +20,23 @@ judged is what a node or a pair reaches at best, never an average:
   one healthy partner); else it is *high*.
 - **A pair's best**: per rail, the most it reached over its repeats; a pair is low when its
   best stays below the cut on some rail.
-- **How many tests settle a verdict**: contention strikes a share c of the tests (measured:
-  the screening and spare tests between high nodes that fell below the cut). A healthy pair
-  stays low through k tests with chance about c^k; k is the least (at least 2) for which the
-  pairs (or nodes) at stake times c^k stays below FALSE_ALARM_TARGET.
-- **Bad node**: low, with k_node tests against high partners (two or more of them), all
+- **How many tests settle a verdict**: contention strikes some healthy tests, rarely the
+  same pair twice. Each reading is scored by its lowest rail's fraction of that rail's cut.
+  For a low node or pair scoring v at its best, c is the share of the other readings
+  (screening and spare tests not its own) scoring at or below v, (m + 1) / (N + 2):
+  a healthy one stays that low through k tests with chance about c^k. k is the least (at
+  least 2) for which the nodes (or pairs) at stake times c^k stays below FALSE_ALARM_TARGET:
+  a node 100x slow needs 2 tests, one just below the cut, more.
+- **Bad node**: low, with k tests against high partners (two or more of them), all
   below the cut on that rail. **Bad link**: a low pair of two high nodes, low in all of its
-  k_pair tests. What looks slow and is not settled yet is re-tested: a low node with a fresh
+  k tests. What looks slow and is not settled yet is re-tested: a low node with a fresh
   high partner, a low pair as itself (contention rarely strikes the same pair twice).
 - Whatever is still low and unsettled after the localisation rounds is a suspect (named,
   not drained, fails nothing)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import statistics
@@ -54,8 +58,10 @@ FLEET_WIDTH = 5.0
 # Noise widens the band, up to this: on a fleet so noisy that healthy pairs spread over more
 # than this, a pair 20x below the reference is still slow.
 MAX_WIDTH = 0.95
-# The expected number of false drains plus false links per run the repeat counts aim at.
-FALSE_ALARM_TARGET = 0.01
+# The chance a healthy node (or pair) at stake passes for bad, times how many are at stake:
+# each is looked at after every test (up to about ten), so false alarms per run stay below
+# about ten times this.
+FALSE_ALARM_TARGET = 0.001
 
 
 # ---- each node alone ------------------------------------------------------------------------------
@@ -197,6 +203,12 @@ def repeats_needed(low: int, total: int, at_stake: int, target: float = FALSE_AL
     return max(CONFIRM, math.ceil(k - 1e-9))
 
 
+def score(values, ref: RailReference) -> float:
+    """The lowest rail's value as a fraction of its cut (below 1: low); rails without a cut
+    do not count."""
+    return min((v / ref.cut(r) for r, v in enumerate(values) if ref.cut(r) > 0), default=math.inf)
+
+
 @dataclass
 class Judgement:
     """One reading of every test so far (Localiser.judge)."""
@@ -207,10 +219,9 @@ class Judgement:
     pair_tests: dict           # frozenset((a, b)) -> [PairTest]
     low_pairs: dict            # frozenset((a, b)) -> rail
     evidence: dict             # low node -> [PairTest] with high partners
-    k_node: int
-    k_pair: int
-    contended: tuple           # (tests below the node cut, below the pair cut, all) between high
-    #                            nodes in screening and spare rounds
+    k_node: dict               # low node -> tests that settle it
+    k_pair: dict               # low pair -> tests that settle it
+    readings: int              # screening and spare tests: the readings repeats are counted against
     bad: set = field(default_factory=set)
     links: set = field(default_factory=set)
 
@@ -267,20 +278,30 @@ class Localiser:
             r = self.ref.low_rail([max(v) for v in zip(*(rail_values(t) for t in tests))])
             if r is not None:
                 low_pairs[pair] = r
-        unbiased = [t for t in live if t.kind in ("screen", "spare") and t.a in high and t.b in high]
-        low_p = sum(1 for t in unbiased if self.ref.slow(t))
-        low_n = sum(1 for t in unbiased if node_ref.low_rail(rail_values(t)) is not None)
-        stake = len({frozenset((t.a, t.b)) for t in unbiased})
-        j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {},
-                      k_node=repeats_needed(low_n, len(unbiased), len(best)),
-                      k_pair=repeats_needed(low_p, len(unbiased), stake), contended=(low_n, low_p, len(unbiased)))
+        # the readings: screening and spare tests (not chosen for being slow), as scores
+        # against each cut (the lowest rail's fraction of its cut: a node is judged on its
+        # worst rail); a node's or pair's own readings are no witness for or against it, and
+        # all of them score at or below its best
+        unbiased = [t for t in live if t.kind in ("screen", "spare")]
+        by_node = sorted(score(rail_values(t), node_ref) for t in unbiased)
+        by_pair = sorted(score(rail_values(t), self.ref) for t in unbiased)
+        stake = len({frozenset((t.a, t.b)) for t in live if t.a in high and t.b in high})
+        j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {}, {}, {}, len(unbiased))
         for n in low_nodes:
+            own = sum(1 for t in unbiased if n in (t.a, t.b))
+            low = bisect.bisect_right(by_node, score(best[n], node_ref)) - own
+            j.k_node[n] = repeats_needed(max(0, low), len(unbiased) - own, len(best))
             j.evidence[n] = [t for t in live if n in (t.a, t.b) and (t.b if t.a == n else t.a) in high]
             partners = {t.b if t.a == n else t.a for t in j.evidence[n]}
-            if len(j.evidence[n]) >= j.k_node and len(partners) >= CONFIRM:
+            if len(j.evidence[n]) >= j.k_node[n] and len(partners) >= CONFIRM:
                 j.bad.add(n)
         for pair in low_pairs:
-            if pair <= high and len(pair_tests[pair]) >= j.k_pair:
+            pair_best = [max(v) for v in zip(*(rail_values(t) for t in pair_tests[pair]))]
+            # its own readings are no witness for or against it (all are at or below its best)
+            own = sum(1 for t in pair_tests[pair] if t.kind in ("screen", "spare"))
+            low = bisect.bisect_right(by_pair, score(pair_best, self.ref)) - own
+            j.k_pair[pair] = repeats_needed(max(0, low), len(unbiased) - own, stake)
+            if pair <= high and len(pair_tests[pair]) >= j.k_pair[pair]:
                 j.links.add(pair)
         self._judged = (key, j)
         return j
@@ -316,7 +337,7 @@ class Localiser:
         for n in sorted(set(j.low_nodes) - j.bad):
             r = j.low_nodes[n]
             suspects[n] = (f"not localised: rail {r} reaches at best {j.best[n][r]:.3g} GB/s (the nodes' cut "
-                           f"{j.node_ref.cut(r):.3g}), {len(j.evidence[n])} of the {j.k_node} tests needed against "
+                           f"{j.node_ref.cut(r):.3g}), {len(j.evidence[n])} of the {j.k_node[n]} tests needed against "
                            f"partners that reach it")
         for pair in sorted(j.low_pairs, key=sorted):
             a, b = sorted(pair)
@@ -328,7 +349,7 @@ class Localiser:
                                  f"{name(b)} {self._best_text(b, j)}")
             else:
                 for x in (a, b):
-                    suspects.setdefault(x, f"not localised: {line} ({j.k_pair} needed)")
+                    suspects.setdefault(x, f"not localised: {line} ({j.k_pair[pair]} needed)")
         return bad_lines, links, suspects
 
     def _best_text(self, node: int, j: Judgement) -> str:

@@ -87,7 +87,7 @@ def run_fleet(o: dict) -> int:
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
               help="GPUs every node must have (default: the most common count).")
 @click.option("--band", default="auto", show_default=True,
-              help="How far below the fleet's reference a node's or pair's best may fall (auto: 20% on NCCL, 50% on gloo).")
+              help="How far below the fleet's reference a node's or pair's best may fall (auto: 20% on NCCL, 60% on gloo).")
 @click.option("--min-busbw", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Floor in GB/s per direction per rail for every pair (the only judge with two nodes).")
 @click.option("--all-pairs-up-to", type=click.IntRange(min=2), default=16, show_default=True,
