@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
+from ncclbench.errors import GraphCaptureError, PlanError, first_line
 from ncclbench.failpoints import failpoint
 
 
@@ -122,7 +123,7 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
             for it in range(settings.iters):
                 step(it)
 
-        replay = backend.capture(loop)
+        replay = capture(backend, loop)
         replay()  # untimed: the first launch of a graph includes its upload to the device
         backend.synchronize()
         _line_up(backend, run_op)
@@ -131,6 +132,17 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     if paired:
         return _paired_loop(backend, pool, steps, step, agg, settings.per_iter)
     return _marked_loop(backend, pool, steps, step, agg, settings.per_iter)
+
+
+def capture(backend, issue_ops):
+    """backend.capture(issue_ops), a failure raised as GraphCaptureError (its text kept)."""
+    try:
+        failpoint("timing.capture", rank=backend.rank)
+        return backend.capture(issue_ops)
+    except (KeyboardInterrupt, SystemExit, PlanError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - CUDA's or NCCL's refusal to capture, whatever its type
+        raise GraphCaptureError(f"CUDA graph capture failed: {type(exc).__name__}: {first_line(exc, 200)}") from exc
 
 
 def _line_up(backend, run_op) -> None:
