@@ -277,3 +277,25 @@ def test_a_planted_raw_result_without_timing_reads_as_eager(tmp_path):
     _raw({1024: 5.0}, tmp_path / "raw" / (items[0]["name"] + ".json"))
     m = report.measured_in(setup, "raw", "all_reduce", [DEFAULT], items, {0: ItemResult("ok")})
     assert m["default"].timing == "eager"
+
+
+def test_the_noise_report_flags_a_size_over_the_target(tmp_path, capsys):
+    """benchmarks/tune_noise.py on a tune.json written here: every size within 3 % passes; a
+    planted 7 % spread at one size is named OVER and fails the run."""
+    import sys
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tune_noise
+
+    _finish(tmp_path, capsys, None)
+    doc = tmp_path / "tune.json"
+    assert tune_noise.main([str(doc)]) == 0
+    assert "128K    2.5%     ok  tree/ll              +20.0%  WIN: above noise; confirmed: launch 2" in \
+        capsys.readouterr().out
+    data = json.loads(doc.read_text())
+    data["collectives"]["all_reduce"]["verdicts"][3]["noise_pct"] = 7.0
+    doc.write_text(json.dumps(data))
+    assert tune_noise.main([str(doc), "--target", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "512K    7.0%   OVER" in out and "sizes over the 3% noise target: 1" in out

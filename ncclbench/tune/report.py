@@ -114,7 +114,7 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
              f"{req.options.get('op')}; {len(outcome.combos)} forced combination(s) and NCCL's default, "
              f"{req.repeat} repeat(s) each, interleaved",
              "busbw: out-of-place GB/s, median of the repeats; noise: the largest spread (fastest - slowest repeat, "
-             "% of the median) of any configuration's repeats at that size; "
+             "% of the median) of any configuration's repeats at that size, among those timed like the default; "
              "NCCL chose: algorithm/protocol and channels from its TUNING log"]
     if setup.timing is not None:
         lines.append(f"timing: {setup.timing.text}; every combination and NCCL's default alike")
