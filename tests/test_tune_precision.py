@@ -103,7 +103,7 @@ def test_judge_uses_a_fallbacks_own_spread_only_for_itself():
 # ---- wins that stand -----------------------------------------------------------------------------------
 def test_a_reproduced_win_is_written_with_how_it_was_confirmed(tmp_path, capsys):
     code, out, rows, conf, doc, confirm = _finish(tmp_path, capsys, None)
-    assert code == 0 and confirm.asked == [{"all_reduce": ["tree/ll"]}]
+    assert code == 0 and confirm.asked == [{"all_reduce": ["tree/ll"]}] and confirm.sizes == [131072, 262144]
     assert rows["128K"].endswith("yes  above noise; confirmed: launch 2, +20.0 % ± 2.5 %")
     assert "allreduce,98305,393216,tree,ll,0,1,8,1,0" in conf.splitlines()
     assert "confirmed: launch 2, +20.0 % ± 2.5 %" in conf
@@ -130,7 +130,7 @@ def test_a_win_launch_2_could_not_measure_is_not_written(tmp_path, capsys):
     probe_items, probe_results, worlds = _probe(setup, tmp_path)
     items, results = _measured(setup, tmp_path)
     assert report.finish(setup, probe_items, probe_results, worlds, items, results,
-                         confirm=lambda winners: ([], {}, 3)) == 0
+                         confirm=lambda winners, sizes: ([], {}, 3)) == 0
     out = capsys.readouterr().out
     assert "not confirmed: launch 2 did not measure it cleanly" in out
     assert ",tree,ll," not in (tmp_path / "nccl_tuner.conf").read_text()
@@ -299,3 +299,12 @@ def test_the_noise_report_flags_a_size_over_the_target(tmp_path, capsys):
     assert tune_noise.main([str(doc), "--target", "3"]) == 1
     out = capsys.readouterr().out
     assert "512K    7.0%   OVER" in out and "sizes over the 3% noise target: 1" in out
+
+
+def test_launch_2_sweeps_only_the_span_of_the_winning_sizes():
+    request = run.TuneRequest(["all_reduce"], {"minbytes": 8, "maxbytes": 1 << 30, "stepfactor": 4.0, "check": 1,
+                                               "datatype": "float", "op": "sum"}, ngpus=4)
+    setup = run.Setup(request, "gloo", {}, 4, 1, None)
+    assert run.sweep_span(setup, [8192, 131072]) == {"minbytes": 8192, "maxbytes": 131072}
+    assert run.sweep_span(setup, [130000]) == {"minbytes": 32768, "maxbytes": 131072}  # a printed size below the asked
+    assert run.sweep_span(setup, []) == {}

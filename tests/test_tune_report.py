@@ -69,8 +69,9 @@ def confirmer(setup, tmp_path, busbw=None):
     """Launch 2 as its leftovers: the combinations asked for, with `busbw` (default: BUSBW again)."""
     asked = []
 
-    def confirm(winners):
+    def confirm(winners, sizes):
         asked.append({c: [k.label for k in combos] for c, combos in winners.items()})
+        confirm.sizes = sizes
         items = launches.work_items(setup, lambda c: [DEFAULT, *winners[c]] if c in winners else [], 3, csv=False)
         (tmp_path / "confirm").mkdir(exist_ok=True)
         for it in items:

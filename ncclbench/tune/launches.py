@@ -48,6 +48,7 @@ def run_phase(setup, phase: str, items: list[dict], env: dict, overrides=None, o
         work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
                 "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path,
                 "graph_replays": setup.timing.replays if getattr(setup, "timing", None) else 0,
+                "queue_ahead_s": setup.timing.queue_ahead_s if getattr(setup, "timing", None) else 0.0,
                 "env": env}  # ranks on other hosts set it themselves (follow.py)
         work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
         with open(work_path, "w", encoding="utf-8") as f:

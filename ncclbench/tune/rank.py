@@ -52,8 +52,8 @@ def build_plans(work: dict, nranks: int) -> dict:
                                                          ["tune"], nranks)
         if work.get("graph_replays") and any(it.get("timing") == "graph" for it in work["items"]):
             graph = dict(opts, cudagraph=work["graph_replays"])
-            plans[(coll, "graph")] = plan_options.build_plan(coll, plan_options.options_for(graph), work["backend"],
-                                                             ["tune"], nranks)
+            plan = plan_options.build_plan(coll, plan_options.options_for(graph), work["backend"], ["tune"], nranks)
+            plans[(coll, "graph")] = replace(plan, queue_ahead_s=work.get("queue_ahead_s", 0.0))
     return plans
 
 

@@ -127,9 +127,9 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
 
 
 def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False, confirm=None) -> int:
-    """Judge, confirm, write and print. `confirm(winners)`: launch 2 for {collective:
-    [combinations that won somewhere]}, returning (items, results, exit code); None: no
-    second launch can be made, so no win stands."""
+    """Judge, confirm, write and print. `confirm(winners, sizes)`: launch 2 for {collective:
+    [combinations that won somewhere]} over the sizes that won, returning (items, results,
+    exit code); None: no second launch can be made, so no win stands."""
     logs = analysis.probe_logs(os.path.join(setup.output_dir, "probe"))
     attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
     nccl_text = nccl_version_text(logs, setup)
@@ -185,7 +185,8 @@ def confirm_wins(setup, outcomes, confirm) -> dict:
             winners[outcome.collective] = combos
     if not winners:
         return {"launch": None, "why": "no win in launch 1 to confirm"}
-    items, results, code = confirm(winners) if confirm else ([], {}, None)
+    won = sorted({v.size for outcome in outcomes for v in outcome.verdicts if v.win})
+    items, results, code = confirm(winners, won) if confirm else ([], {}, None)
     for outcome in outcomes:
         m = measured_in(setup, "confirm", outcome.collective, [DEFAULT, *winners.get(outcome.collective, [])],
                         items, results)

@@ -306,16 +306,33 @@ def execute(setup: Setup) -> int:
     items = work_items(setup, lambda c: runnable[c], request.repeat, csv=True)
     results, _worlds, code = run_phase(setup, "raw", items, setup.timing.env)
     return finish(setup, probe_items, probe_results, worlds, items, results,
-                  interrupted=code == ExitCode.INTERRUPTED, confirm=lambda winners: confirm_launch(setup, winners))
+                  interrupted=code == ExitCode.INTERRUPTED,
+                  confirm=lambda winners, sizes: confirm_launch(setup, winners, sizes))
 
 
-def confirm_launch(setup: Setup, winners: dict[str, list[Combination]]):
+def confirm_launch(setup: Setup, winners: dict[str, list[Combination]], sizes: list[int]):
     """Launch 2: NCCL's default and every combination that won somewhere in launch 1, timed
-    the same way, repeats interleaved, in fresh processes. (items, results, exit code)."""
+    the same way, repeats interleaved, in fresh processes, over the part of the sweep that
+    holds the winning sizes. (items, results, exit code)."""
     items = work_items(setup, lambda c: [DEFAULT, *winners[c]] if c in winners else [], setup.request.repeat,
                        csv=False)
-    results, _worlds, code = run_phase(setup, "confirm", items, setup.timing.env)
+    results, _worlds, code = run_phase(setup, "confirm", items, setup.timing.env, sweep_span(setup, sizes))
     return items, results, code
+
+
+def sweep_span(setup: Setup, sizes: list[int]) -> dict:
+    """-b/-e for the sizes of the run's sweep from the last one at or below the smallest of
+    `sizes` to the first at or above the largest (a printed size can be a little below the
+    size asked for): the same sizes as launch 1 there, none outside."""
+    from ncclbench.api import options as plan_options
+
+    swept = sorted({s for coll in setup.request.collectives for s in plan_options.checked_plan(
+        coll, setup.request.options, setup.backend, ["tune"], setup.nranks).sizes()})
+    if not sizes or not swept:
+        return {}
+    low = max([s for s in swept if s <= min(sizes)], default=swept[0])
+    high = min([s for s in swept if s >= max(sizes)], default=swept[-1])
+    return {"minbytes": low, "maxbytes": high}
 
 
 def runnable_combos(setup: Setup, probe_items, probe_results) -> dict[str, list[Combination]]:
