@@ -31,8 +31,11 @@ def tune_lines(doc: dict, target: float) -> tuple[list[str], int]:
     lines, over = [f"# {doc.get('nccl', '?')}, {doc.get('ranks')} rank(s) on {doc.get('nodes')} node(s), "
                    f"{doc.get('repeat')} repeat(s); timing: {doc.get('timing') or 'not recorded'}"], 0
     for coll, c in doc.get("collectives", {}).items():
-        eager = sorted(k for k, t in c.get("timing", {}).items() if t.get("timing") == "eager")
-        lines.append(f"## {coll}" + (f" (timed eagerly: {', '.join(eager)})" if eager else ""))
+        timings = c.get("timing", {})
+        base = timings.get("default", {}).get("timing")
+        unlike = sorted(k for k, t in timings.items() if t.get("timing") != base)
+        lines.append(f"## {coll} (timing: {base or 'unknown'}"
+                     + (f"; timed unlike the default: {', '.join(unlike)})" if unlike else ")"))
         lines.append(f"{'size':>8s} {'noise':>7s} {'target':>6s}  {'best':<18s} {'gain':>8s}  verdict")
         for v in c.get("verdicts", []):
             ok = v["noise_pct"] is not None and v["noise_pct"] <= target
