@@ -103,7 +103,7 @@ def confirm(v: Verdict, default2: Series | None, best2: Series | None, repeats: 
         return v
     best2.setting, default2.setting = v.best_series.setting, v.default.setting
     second = judge(v.size, default2, {v.best: best2}, repeats, min_gain)
-    gain = f"{second.gain_pct:+.1f} %" if second.gain_pct is not None else "no gain"
+    gain = f"{second.gain_pct:+.1f} %" if second.gain_pct is not None else "not compared"
     if second.win:
         noise = f"{second.noise_pct:.1f} %" if second.noise_pct is not None else "N/A"
         v.confirmation = f"confirmed: {label}, {gain} ± {noise}"

@@ -150,6 +150,8 @@ def say_progress(work, item, n, outcome, seconds) -> None:
     what = outcome["status"] if outcome["status"] != "ok" else "done"
     if outcome["errors"] and outcome["status"] != "ok":
         what += f": {outcome['errors'][0][:160]}"
+    if outcome.get("fallback"):
+        what += f", timed eagerly: its graph capture failed ({outcome['fallback'][:120]})"
     print(f"ncclbench tune: {work['phase']} [{n}/{len(work['items'])}] {item['collective']} {combo.label} "
           f"(repeat {item['round']}) {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
