@@ -52,6 +52,11 @@ class CollectiveError(BenchError):
     exit_code = ExitCode.NCCL_ERROR
 
 
+class GraphCaptureError(CollectiveError):
+    """Capturing the timed ops (or the check's op) into a CUDA graph failed (-G): its name
+    in a run's error line tells a caller such as `tune` that eager timing may still work."""
+
+
 class TimeoutExpired(BenchError):
     """A step did not finish within its timeout (the Python API's `timeout`, -T): every rank
     that can still run raises it with the same message, naming the ranks that never arrived."""

@@ -322,5 +322,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
         "CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT device_fail)"), "rank"),),
     "comm_fail": (("backend.communicator_setup", raising(
         "NCCL error: unhandled system error (NCCLBENCH_FAULT comm_fail)"), "rank"),),
+    "capture_fail": (("timing.capture", raising(
+        "operation not permitted when stream is capturing (NCCLBENCH_FAULT capture_fail)"), "rank"),),
     "slow": (("backend.bind", slowed_binder, "global_rank"), ("pairs.exchange", slowed_call, "global_rank")),
 }

@@ -126,7 +126,8 @@ class Run:
         return gone
 
     def lines(self):
-        return [(t, line.rstrip("\n")) for t, line in self.err if line.startswith("ncclbench:")]
+        return [(t, line.rstrip("\n")) for t, line in self.err
+                if line.startswith("ncclbench:") and not line.startswith("ncclbench: warning")]
 
     def kill(self, pids=()):
         for pid in [*pids, self.proc.pid]:

@@ -80,7 +80,7 @@ def _shape(member):
 CUPY_FROM_TORCH = {
     "is_gpu": "the same device set-up", "device_info": "the same device",
     "alloc_bytes": "torch's caching allocator", "free_memory": "torch's allocator",
-    "memory_usage": "torch's allocator", "synchronize": "torch's stream",
+    "memory_usage": "torch's allocator", "synchronize": "torch's stream", "hold": "torch's stream",
     "release_graphs": "CUDA graphs through torch", "timing_name": "CUDA events on torch's stream",
     "barrier": "torch's process group", "all_gather_object": "torch's process group",
     "register_buffers": "-R is answered with a note before (no CuPy binding): mode 0",

@@ -292,3 +292,52 @@ def test_cputime_swaps_the_time_column_only():
     assert host.out_of_place.time_us == pytest.approx(16.0)
     assert device.out_of_place.algbw == pytest.approx((1 << 20) / 710e-6 / 1e9)
 
+
+
+class HoldingBackend(CountingBackend):
+    """Logs the order of barrier, hold, ops and marks."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def barrier(self):
+        self.log.append("barrier")
+
+    def hold(self, seconds):
+        self.log.append(f"hold {seconds}")
+
+    def mark(self, marker):
+        self.log.append("mark")
+        return self.ops
+
+
+def test_graph_replay_queued_behind_a_held_device_times_device_work_only():
+    """queue_ahead_s: the device is held right after the last barrier, before the aligning
+    ops, so the start mark and the replays are queued while it spins; without it, no hold."""
+    for ahead, held in ((0.002, ["hold 0.002"]), (0.0, [])):
+        b = HoldingBackend()
+
+        def op(_k, b=b):
+            b.ops += 1
+            b.log.append("op")
+        t = measure(b, op, TimingSettings(iters=2, mode=TimingMode.GRAPH, graph_replays=3, queue_ahead_s=ahead))
+        last = len(b.log) - 1 - b.log[::-1].index("barrier")
+        assert b.log[last:last + 1 + len(held) + ALIGN_OPS + 1] == ["barrier", *held, *["op"] * ALIGN_OPS, "mark"]
+        assert t.device_s == pytest.approx(1e-6)
+    eager = HoldingBackend()
+    measure(eager, lambda _k: None, TimingSettings(iters=2, queue_ahead_s=0.002))
+    assert not any(e.startswith("hold") for e in eager.log)   # eager timing never holds
+
+
+def test_a_failed_capture_is_a_graph_capture_error_naming_the_cause():
+    from ncclbench.errors import GraphCaptureError
+
+    class Refusing(CountingBackend):
+        rank = 0
+
+        def capture(self, loop):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(GraphCaptureError, match="CUDA graph capture failed: RuntimeError: operation not permitted"):
+        measure(Refusing(), lambda _k: None, TimingSettings(iters=2, mode=TimingMode.GRAPH, graph_replays=1))

@@ -62,6 +62,10 @@ def test_the_console_script_says_it_in_one_line():
     (["allgather", "--algos", "tree"], ["none is an NCCL all_gather algorithm"]),
     (["allreduce", "--rehearse", "--repeat", "0"], ["--repeat must be at least 1"]),
     (["allreduce", "--repeat", "2", "--verify", "x.conf", "--plugin", "y.so"], ["--verify needs --repeat 3 or more"]),
+    (["allreduce", "--rehearse", "--timing", "graph"], ["gloo has no CUDA graphs"]),
+    (["allreduce", "--rehearse", "-G", "0"], ["-G must be at least 1"]),
+    (["allreduce", "--rehearse", "--nnodes", "2"], ["needs --master-addr"]),
+    (["allreduce", "--rehearse", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], ["--node-rank 2"]),
 ])
 def test_bad_input(args, words, capsys):
     _refused(args, *words, capsys=capsys)

@@ -140,3 +140,41 @@ def test_a_combination_failing_on_every_rank_is_an_error_not_a_crash(tmp_path):
     assert all(c["error"].startswith("rank ") and " during all_reduce at 4096 B" in c["error"] for c in combos.values())
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("ncclbench: error:")] == [], r.stderr[-3000:]
     assert "crashed" not in r.stderr
+
+
+def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
+    """Two `tune --nnodes 2` processes (node 0 and a following node, both on this host, which
+    torchrun's static rendezvous does not mind): node 0 runs the launches and reports, node 1
+    takes part in each and stops after node 0's last; rows and CSV say 2 nodes, 2 ranks."""
+    import os
+    import socket
+    import subprocess
+
+    from conftest import cli_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    common = ["tune", "allreduce", "-g", "1", "--rehearse", "--algos", "ring", "--protos", "simple", *SMALL,
+              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    out = tmp_path / "tuned"
+    procs = [subprocess.Popen(cli_command() + common + ["--node-rank", str(i)] + (["-o", str(out)] if i == 0 else []),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
+    try:
+        results = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    (out0, err0), (_out1, err1) = results
+    assert procs[0].returncode == 0, err0[-3000:]
+    assert procs[1].returncode == 0, err1[-3000:]
+    assert "2 rank(s) on 2 node(s)" in out0 and "node 1 of 2: took part in 1 launch(es) of node 0" in err1
+    doc = json.loads((out / "tune.json").read_text())
+    assert (doc["nodes"], doc["ranks"]) == (2, 2)
+    assert doc["timing"].startswith("eager: gloo (CPU) has no CUDA graphs")
+    with open(out / "performance.csv", newline="") as f:
+        assert {(r["nodes"], r["ranks"]) for r in csv.DictReader(f)} == {("2", "2")}
+    devices = json.loads((out / "raw" / "all_reduce.default.r1.json").read_text())["config"]["devices"]
+    assert len(devices) == 2   # one process per node took part in the measurement

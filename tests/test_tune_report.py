@@ -65,19 +65,42 @@ def _measured(setup, tmp_path):
     return items, {it["index"]: ItemResult("ok") for it in items}
 
 
+def confirmer(setup, tmp_path, busbw=None):
+    """Launch 2 as its leftovers: the combinations asked for, with `busbw` (default: BUSBW again)."""
+    asked = []
+
+    def confirm(winners, sizes):
+        asked.append({c: [k.label for k in combos] for c, combos in winners.items()})
+        confirm.sizes = sizes
+        items = launches.work_items(setup, lambda c: [DEFAULT, *winners[c]] if c in winners else [], 3, csv=False)
+        (tmp_path / "confirm").mkdir(exist_ok=True)
+        for it in items:
+            label = Combination.from_dict(it["combo"]).label
+            _raw({s: v[it["round"] - 1] for s, v in (busbw or BUSBW)[label].items()},
+                 tmp_path / "confirm" / (it["name"] + ".json"))
+        return items, {it["index"]: ItemResult("ok", timing="graph") for it in items}, 0
+
+    confirm.asked = asked
+    return confirm
+
+
 def test_wins_ranges_and_files_from_launch_leftovers(tmp_path, capsys):
     setup = _setup(tmp_path)
     probe_items, probe_results, worlds = _probe(setup, tmp_path)
     items, results = _measured(setup, tmp_path)
-    assert report.finish(setup, probe_items, probe_results, worlds, items, results) == 0
+    confirm = confirmer(setup, tmp_path)
+    assert report.finish(setup, probe_items, probe_results, worlds, items, results, confirm=confirm) == 0
+    assert confirm.asked == [{"all_reduce": ["tree/ll"]}]   # only what won somewhere, with the default
     out = capsys.readouterr().out
     assert "NCCL 2.28.9, torch 2.11.0" in out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "ring/ll ch4" in rows["64K"] and "NCCL's own choice" in rows["64K"]   # forcing NCCL's choice is no win
-    assert rows["128K"].split()[-3:] == ["yes", "above", "noise"] and "+20.0%" in rows["128K"]
+    assert rows["128K"].endswith("yes  above noise; confirmed: launch 2, +20.0 % ± 2.5 %") and "+20.0%" in rows["128K"]
     assert "ring/ll128 ch8" in rows["256K"] and "tree/ll" in rows["256K"] and "+20.0%" in rows["256K"]
     assert " no " in rows["512K"]
-    assert "tree/ll wins at 128K-256K (config 98305-393216 B): +20.0 %" in out
+    assert "tree/ll wins at 128K-256K (config 98305-393216 B): +20.0 %; 128K confirmed: launch 2, +20.0 % ± 2.5 %" in out
+    conf_text = (tmp_path / "nccl_tuner.conf").read_text()
+    assert "# won: allreduce,98305,393216,tree,ll,0,1,8,1,0 won at 128K-256K (+20.0 %); confirmed: launch 2" in conf_text
     assert "tree/ll            ok; NCCL read NCCL_ALGO=Tree NCCL_PROTO=LL, 24 channel(s)" in out
     assert "nvls               left out: NCCL_NVLS_ENABLE=0 is set" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]
@@ -104,7 +127,7 @@ def test_a_forced_setting_nccl_did_not_run_is_never_counted(tmp_path, capsys):
     finally:
         RAN["tree/ll"][262144] = ("TREE", "LL", 8)
     items, results = _measured(setup, tmp_path)
-    report.finish(setup, probe_items, probe_results, worlds, items, results)
+    report.finish(setup, probe_items, probe_results, worlds, items, results, confirm=confirmer(setup, tmp_path))
     out = capsys.readouterr().out
     assert "NCCL ran another algorithm/protocol at 256K: those sizes left out" in out
     conf = [line for line in (tmp_path / "nccl_tuner.conf").read_text().splitlines() if not line.startswith("#")]

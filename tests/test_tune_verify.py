@@ -76,6 +76,9 @@ RAN_UNDER_PLUGIN = {65536: ("RING", "LL", 4), 131072: ("TREE", "LL", 8), 262144:
                     524288: ("RING", "LL128", 16)}
 
 
+TIMINGS_SEEN = []
+
+
 def _fake_launches(monkeypatch, tmp_path, plugin_busbw):
     """Each launch writes rank 0's status lines and each item's raw JSON (the default's numbers,
     or `plugin_busbw` under the plugin), the probe launch NCCL's log; returns the launches."""
@@ -86,6 +89,7 @@ def _fake_launches(monkeypatch, tmp_path, plugin_busbw):
             work = json.load(f)
         pid = 100 + len(launches)
         launches.append((work["phase"], [it["round"] for it in work["items"]], dict(env)))
+        TIMINGS_SEEN.append((work["phase"], {it["timing"] for it in work["items"]}))
         table = plugin_busbw if work["phase"] == "verify/plugin" else BUSBW["default"]
         with open(work["status"], "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": "launch", "pid": pid, "world_comm": True}) + "\n")
@@ -108,8 +112,9 @@ def _fake_launches(monkeypatch, tmp_path, plugin_busbw):
     return launches
 
 
-def _run_verify(tmp_path, monkeypatch, plugin_busbw, repeat=5):
+def _run_verify(tmp_path, monkeypatch, plugin_busbw, repeat=5, timing=None):
     setup = _setup(tmp_path / "out")
+    setup.timing = timing
     os.makedirs(setup.output_dir)
     conf = tmp_path / "tuned.conf"
     conf.write_text(CONF)
@@ -191,3 +196,24 @@ def test_what_cannot_be_judged_is_not_called_safe():
     assert v.slower is None and v.why == "not measured under the plugin"
     v = judge_deploy(8, Series([1.0]), Series([]), Series([1.0, 1.0]))
     assert v.slower is None and v.why.startswith("fewer than 3 repeats")
+
+
+def test_verify_times_like_tune_and_sees_a_5_percent_loss_at_every_size(tmp_path, monkeypatch, capsys):
+    """Graph replay in the timed launches (NCCL_GRAPH_REGISTER=0, so the rows' regBuff 0 match),
+    the probe eager; with replay's tight repeats a 5 % loss is slower beyond noise at every size."""
+    from ncclbench.tune import precision
+
+    tight = {s: [v[1], v[1] * 1.001, v[1] * 0.999] for s, v in BUSBW["default"].items()}
+    monkeypatch.setitem(BUSBW, "default", tight)
+    TIMINGS_SEEN.clear()
+    code, launches, _s = _run_verify(tmp_path, monkeypatch, {s: [b * 0.95 for b in v] for s, v in tight.items()},
+                                     timing=precision.choose_timing("nccl", "auto", 5, 20))
+    envs = {phase: env for phase, _r, env in launches}
+    assert envs["verify/default"]["NCCL_GRAPH_REGISTER"] == "0" and envs["verify/plugin"]["NCCL_GRAPH_REGISTER"] == "0"
+    assert "NCCL_GRAPH_REGISTER" not in envs["verify/probe"]
+    assert TIMINGS_SEEN == [("verify/default", {"graph"}), ("verify/plugin", {"graph"}),
+                            ("verify/default-after", {"graph"}), ("verify/probe", {"eager"})]
+    out, err = capsys.readouterr()
+    assert code == ExitCode.REGRESSION
+    assert "# timing: CUDA-graph replay at every size" in out
+    assert all(f"all_reduce {k} (-5.0 %)" in err for k in ("64K", "128K", "256K", "512K"))

@@ -104,6 +104,9 @@ class Backend(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def hold(self, seconds: float) -> None:
+        """Keep the device busy at least `seconds` on the collectives' stream (nothing on the CPU)."""
+
     def capture(self, issue_ops: Callable[[], None]) -> Callable[[], None]:
         """Capture `issue_ops()` in a CUDA graph; a function that replays it."""
 

@@ -77,6 +77,9 @@ def setup_gpu(torch, launch, backend: str, stream_null: bool):
     return device
 
 
+HOLD_CLOCK_HZ = 2.0e9  # above the boost clock of H100/H200 (1.98 GHz): hold() never falls short
+
+
 class TorchBackend:
     @staticmethod
     def prepare_device(name: str, launch, stream_null: bool = False):
@@ -470,6 +473,13 @@ class TorchBackend:
     def synchronize(self):
         if self.is_gpu:
             self.torch.cuda.synchronize(self.device)
+
+    def hold(self, seconds: float) -> None:
+        """A spinning kernel on the current stream for at least `seconds`: its cycles are
+        counted at 2 GHz, faster than these GPUs run (the spin then lasts longer, never
+        shorter). Nothing on the CPU, where the host clock times."""
+        if self.is_gpu and seconds > 0:
+            self.torch.cuda._sleep(int(seconds * HOLD_CLOCK_HZ))
 
     def capture(self, issue_ops):
         """Capture `issue_ops()` in a CUDA graph; returns a function that replays it."""

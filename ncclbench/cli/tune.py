@@ -10,6 +10,7 @@ from ncclbench.api.params import FiniteFloat, SIZE
 
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
+from ncclbench.tune.precision import DEFAULT_GRAPH_REPLAYS
 from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
@@ -49,10 +50,21 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--verify", "verify_conf", default=None, help="A tuner config (NCCL's example plugin format) to check.")
 @click.option("--plugin", default=None, help="With --verify: the built example tuner plugin (.so).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the busbw plot.")
+@click.option("--timing", type=click.Choice(["auto", "graph", "eager"]), default="auto", show_default=True,
+              help="auto: CUDA-graph replay on GPUs (no host noise), eager on gloo.")
+@click.option("-G", "--cudagraph", "graph_replays", type=int, default=DEFAULT_GRAPH_REPLAYS, show_default=True,
+              help="Graph replays per measurement (each replays -n ops) when timing by graph.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Hosts taking part: run the same command on each, with its --node-rank.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This host's index.")
+@click.option("--master-addr", default=None, help="With --nnodes > 1: node 0's address.")
+@click.option("--master-port", type=click.IntRange(1, 65534), default=29500, show_default=True,
+              help="With --nnodes > 1: the rendezvous ports (this one and the next, alternately).")
 @click.option("--worker", default=None, hidden=True)
 def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, datatype, op,
                  check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
-                 verify_conf, plugin, no_plot, worker):
+                 verify_conf, plugin, no_plot, timing, graph_replays, nnodes, node_rank, master_addr, master_port,
+                 worker):
     """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
     channel limits) beats NCCL's own choice beyond run-to-run noise, and write a config for
     NCCL's example tuner plugin: those sizes, and NCCL's own choice at every other size.
@@ -61,7 +73,7 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
     if worker:
         from ncclbench.tune.rank import run_worker
 
-        sys.exit(int(run_worker(worker)))
+        sys.exit(int(run_worker(worker, backend or "nccl", timeout)))
     from ncclbench.tune.run import TuneRequest, run_tune
 
     request = TuneRequest(
@@ -71,7 +83,8 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
                  "timeout": timeout, "average": average},
         channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
         min_gain=min_gain, output_dir=output_folder(output_dir), verify=verify_conf, plugin=plugin,
-        plot=not no_plot)
+        plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,
+        master_addr=master_addr, master_port=master_port)
     if bool(verify_conf) != bool(plugin):
         raise PlanError("--verify CONF and --plugin SO go together (the plugin reads the config)")
     sys.exit(int(run_tune(request)))

@@ -33,6 +33,7 @@ class Plan:
     timeout_s: float = 600.0
     report_timestamps: bool = False
     graph_replays: int = 0
+    queue_ahead_s: float = 0.0     # graph replay: the device held this long before the aligning ops (timing.py)
     report_cputime: bool = False
     per_iter: bool = False
     per_iter_skip: int = 0
@@ -70,7 +71,8 @@ class Plan:
 
     def timing_settings(self) -> TimingSettings:
         return TimingSettings(iters=self.iters, agg=self.agg_iters, mode=self.mode,
-                              graph_replays=self.graph_replays, per_iter=self.per_iter, blocking=self.blocking)
+                              graph_replays=self.graph_replays, per_iter=self.per_iter, blocking=self.blocking,
+                              queue_ahead_s=self.queue_ahead_s if self.graph_replays > 0 else 0.0)
 
     @property
     def averaging(self) -> Average:

@@ -13,7 +13,7 @@ from ncclbench.engine.checkdata import InputPattern, poison
 from ncclbench.engine.collectives import CheckContext
 from ncclbench.engine.position import HERE
 from ncclbench.engine.runfacts import now
-from ncclbench.engine.timing import TimingMode, combine, measure, per_iter_summary
+from ncclbench.engine.timing import TimingMode, capture, combine, measure, per_iter_summary
 from ncclbench.errors import PlanError, ranks_list
 from ncclbench.failpoints import failpoint
 from ncclbench.results import noise
@@ -159,7 +159,7 @@ class RankRunner:
             failpoint("engine.check_in_graph", rank=self.backend.rank, size=size,
                       view=slots[0][1][:layout.recv_span(self.rank)])
 
-        return self.backend.capture(one_op)
+        return capture(self.backend, one_op)
 
     def check(self, slots, layout, dtype, op, root, size, issue) -> int:
         """Fresh inputs, one op through `issue()`, count wrong elements in this rank's

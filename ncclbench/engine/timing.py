@@ -7,6 +7,12 @@ marks (CUDA events on the collective's stream, or the host clock for gloo), wait
 time / (iters * agg). With `graph_replays` the iters x agg loop is captured once and the
 graph replayed that many times between the marks (after one untimed replay: a graph's
 first launch also uploads it).
+With `queue_ahead_s` (tune sets it for graph replay), the device is held busy that long
+right after the host barrier, before the aligning ops: every rank's host then queues the
+aligning ops, the start mark and the replays while its GPU still spins, the aligning ops
+line the GPUs up, and the timed region holds device work only: no rank's host lateness
+after the barrier (the gloo barrier releases ranks up to ~300 us apart) and no launch gap
+of a replay. Without it (the default, as nccl-tests) the start mark follows the host.
 Per-iteration marks (-I) bracket each outer iteration, or each graph replay with -G. Without
 -I the loop is still marked every `block` iterations (1 up to NOISE_SAMPLES iterations), so
 that every row carries the spread of its timed iterations (noise_summary) at the cost of one
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
 from ncclbench.engine.position import HERE, TIMED
+from ncclbench.errors import GraphCaptureError, PlanError, first_line
 from ncclbench.failpoints import failpoint
 
 
@@ -61,6 +68,7 @@ class TimingSettings:
     graph_replays: int = 0
     per_iter: bool = False
     blocking: int = 0      # nccl-tests' -z value (1, 2 or 3 exactly when mode is BLOCKING)
+    queue_ahead_s: float = 0.0  # graph mode: hold the device this long before the aligning ops
 
     def __post_init__(self):
         if (self.mode is TimingMode.BLOCKING) != (self.blocking in (1, 2, 3)):
@@ -132,10 +140,10 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
             for it in range(settings.iters):
                 step(it)
 
-        replay = backend.capture(loop)
+        replay = capture(backend, loop)
         replay()  # untimed: the first launch of a graph includes its upload to the device
         backend.synchronize()
-        _line_up(backend, run_op)
+        _line_up(backend, run_op, settings.queue_ahead_s)
         # -I with graphs: one sample per replay (each replays the iters x agg ops)
         return _marked_loop(backend, pool, steps, lambda _k: replay(), settings.iters * agg, block)
     if paired:
@@ -143,12 +151,26 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     return _marked_loop(backend, pool, steps, step, agg, block)
 
 
-def _line_up(backend, run_op) -> None:
+def capture(backend, issue_ops):
+    """backend.capture(issue_ops), a failure raised as GraphCaptureError (its text kept)."""
+    try:
+        failpoint("timing.capture", rank=getattr(backend, "rank", None))
+        return backend.capture(issue_ops)
+    except (KeyboardInterrupt, SystemExit, PlanError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - CUDA's or NCCL's refusal to capture, whatever its type
+        raise GraphCaptureError(f"CUDA graph capture failed: {type(exc).__name__}: {first_line(exc, 200)}") from exc
+
+
+def _line_up(backend, run_op, hold_s: float = 0.0) -> None:
     """Host barrier, then ALIGN_OPS untimed ops: the start mark then follows ops that both
     lined the GPUs up (the slowest rank's lag is not timed) and got past the stall seen
-    in the first ops after the barrier."""
+    in the first ops after the barrier. `hold_s`: the device held busy first, so that what
+    follows is queued before the device reaches it (queue_ahead_s above)."""
     HERE.at("lining up before the timed loop (barrier, untimed ops)")
     backend.barrier()
+    if hold_s > 0:
+        backend.hold(hold_s)
     for _ in range(ALIGN_OPS):
         run_op(0)
 

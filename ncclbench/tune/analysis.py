@@ -26,6 +26,8 @@ class ItemResult:
     errors: list[str] = field(default_factory=list)
     comm_ready: bool = False
     pid: int | None = None
+    timing: str = ""                 # graph | eager: how it was timed in the end
+    fallback: str | None = None      # why a graph item was timed eagerly (its capture failed)
 
 
 def describe(result: ItemResult) -> str:
@@ -103,6 +105,13 @@ class Measured:
     nccl: str = ""
     torch: str = ""
     gpu: str = ""
+    timings: set = field(default_factory=set)    # how its repeats were timed (graph, eager)
+    fallback: str | None = None                  # a repeat's graph capture failure, when one fell back
+
+    @property
+    def timing(self) -> str:
+        """graph when every repeat was replayed, else eager (a mix is judged as eager)."""
+        return "graph" if self.timings == {"graph"} else "eager" if self.timings else ""
 
 
 def read_rows(path: str, into: Measured) -> None:
@@ -145,7 +154,7 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> l
     out = []
     for size in sorted(s for s in default.busbw if s > 0):
         dseries = Series(default.busbw[size], default.wrong.get(size, False),
-                         outcome.choices.get("default", {}).get(size))
+                         outcome.choices.get("default", {}).get(size), timing=default.timing)
         candidates = {}
         for combo in outcome.combos:
             m = outcome.measured.get(combo.label)
@@ -155,7 +164,8 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> l
             if setting is not None and setting[:2] != (combo.algo, combo.proto):
                 outcome.overridden.setdefault(combo.label, []).append(size)
                 continue  # NCCL ran something else than what was forced: not this combination's number
-            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting, combo.channels)
+            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting, combo.channels,
+                                             timing=m.timing)
         out.append(judge(size, dseries, candidates, repeats, min_gain))
     return out
 

@@ -16,16 +16,17 @@ PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0}
 PROBE_SUBSYS = nccldebug.with_subsys(nccldebug.SUBSYS, "TUNING")  # the path's lines too
 
 
-def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1) -> list[dict]:
+def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1, timing: str | None = None) -> list[dict]:
     """Items in run order: repeat after repeat (numbered from `first`), each over every
-    collective and combination."""
+    collective and combination; each timed as `timing` says (None: the run's timing)."""
+    mode = timing or (setup.timing.mode if getattr(setup, "timing", None) else "eager")
     items = []
     for r in range(first, first + rounds):
         for coll in setup.request.collectives:
             for combo in combos_for(coll):
                 base = f"{coll}.{combo.file_key}"
                 items.append({"index": len(items), "collective": coll, "combo": combo.to_dict(), "round": r,
-                              "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None})
+                              "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None, "timing": mode})
     return items
 
 
@@ -46,7 +47,10 @@ def run_phase(setup, phase: str, items: list[dict], env: dict, overrides=None, o
     pending, code, requeued = list(items), ExitCode.OK, set()
     while pending:
         work = {"phase": phase, "backend": setup.backend, "timeout": float(setup.request.options.get("timeout", 600)),
-                "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path}
+                "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path,
+                "graph_replays": setup.timing.replays if getattr(setup, "timing", None) else 0,
+                "queue_ahead_s": setup.timing.queue_ahead_s if getattr(setup, "timing", None) else 0.0,
+                "env": env}  # ranks on other hosts set it themselves (follow.py)
         work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
         with open(work_path, "w", encoding="utf-8") as f:
             json.dump(work, f, indent=1)
@@ -79,7 +83,8 @@ def read_status(path: str, results: dict, worlds: dict, code: int) -> dict[int, 
                     # the launcher tore the ranks down because one died: not the user's interrupt
                     status = "crashed"
                     e["errors"] = [f"a rank died (the launch ended with exit code {code})"]
-                results[e["index"]] = ItemResult(status, e.get("errors", []), bool(e.get("comm_ready")), e.get("pid"))
+                results[e["index"]] = ItemResult(status, e.get("errors", []), bool(e.get("comm_ready")), e.get("pid"),
+                                                 e.get("timing", ""), e.get("fallback"))
     return started
 
 
@@ -116,11 +121,16 @@ def settle(pending, started, results, code, finished, requeued) -> list[dict]:
 
 
 def spawn(setup, argv: list[str], env: dict) -> int:
-    """One launch of `-g` ranks with `env` added (None removes a variable) for it only."""
+    """One launch of `-g` ranks with `env` added (None removes a variable) for it only; with
+    ranks on several hosts, this host's part of it (the others follow: follow.py)."""
     from ncclbench.launch import launcher as launch
 
+    endpoint = setup.rendezvous_of(setup.launches)
+    setup.launches += 1
+    timeout = float(setup.request.options.get("timeout", 300))
     with launch.environ_changed(env):
-        return launch.spawn_local(setup.nranks, argv + ["--backend", setup.backend])
+        return launch.spawn_local(setup.request.ngpus, argv + ["--backend", setup.backend, "-T", str(timeout)],
+                                  setup.nnodes, setup.request.node_rank, endpoint)
 
 
 def probe_env(folder: str) -> dict:

@@ -49,6 +49,8 @@ class Series:
     wrong: bool = False           # any wrong element in any repeat
     setting: tuple | None = None  # (algo, proto, channels) NCCL actually ran, when known
     channel_limit: int | None = None  # the combination's --channels limit; None: NCCL's own count
+    timing: str = ""              # graph | eager ('' unknown): a configuration timed unlike the default
+                                  # (an eager fallback) never widens the noise of the others
 
     @property
     def median(self) -> float:
@@ -98,7 +100,8 @@ class Verdict:
     gain_pct: float | None = None
     win: bool | None = None        # None: not judged (why says so)
     why: str = ""
-    noise_pct: float | None = None  # noise_at() over the default and every candidate
+    noise_pct: float | None = None  # noise_at() over the default and every candidate timed as it was
+    confirmation: str = ""          # how a second launch confirmed (or refuted) the win (precision.confirm)
 
 
 def too_few_repeats(repeats: int) -> str:
@@ -109,7 +112,8 @@ def too_few_repeats(repeats: int) -> str:
 def judge(size: int, default: Series, candidates: dict[str, Series], repeats: int,
           min_gain_pct: float = 2.0) -> Verdict:
     """The verdict at one size (candidates: label -> Series, refused ones not included)."""
-    v = Verdict(size, default, noise_pct=noise_at([default, *candidates.values()]))
+    alike = [s for s in candidates.values() if s.timing == default.timing]
+    v = Verdict(size, default, noise_pct=noise_at([default, *alike]))
     if not default.busbw:
         v.why = "the default did not run"
         return v
@@ -134,13 +138,22 @@ def judge(size: int, default: Series, candidates: dict[str, Series], repeats: in
         v.win, v.why = False, f"gain below {min_gain_pct:g} %"
     elif min(v.best_series.busbw) <= max(default.busbw):
         v.win, v.why = False, "within noise (the repeats overlap)"
-    elif v.noise_pct is not None and v.gain_pct <= v.noise_pct:
-        v.win, v.why = False, f"within noise (a configuration's repeats spread {v.noise_pct:.1f} % here)"
+    elif (noise := _noise_for(v)) is not None and v.gain_pct <= noise:
+        v.win, v.why = False, f"within noise (a configuration's repeats spread {noise:.1f} % here)"
     elif v.best_series.setting is not None and v.best_series.setting == default.setting:
         v.win, v.why = False, "NCCL's own choice"
     else:
         v.win, v.why = True, "above noise"
     return v
+
+
+def _noise_for(v: Verdict) -> float | None:
+    """The noise the best must clear: the size's noise, and its own spread when it was timed
+    unlike the default (an eager fallback's spread is in no other column)."""
+    if v.best_series.timing == v.default.timing:
+        return v.noise_pct
+    own = [x for x in (v.noise_pct, v.best_series.spread_pct) if x is not None]
+    return max(own) if own else None
 
 
 def size_bounds(sizes, last_max: int | None = None) -> dict[int, tuple[int, int]]:
@@ -162,6 +175,7 @@ class Range:
     label: str                     # the combination's label
     sizes: list[int] = field(default_factory=list)
     gains: list[float] = field(default_factory=list)
+    confirmations: list[str] = field(default_factory=list)  # per size, how launch 2 confirmed it
     min_bytes: int = 0
     max_bytes: int = 0
 
@@ -184,6 +198,7 @@ def win_ranges(verdicts: list[Verdict]) -> list[Range]:
             ranges.append(current)
         current.sizes.append(v.size)
         current.gains.append(v.gain_pct)
+        current.confirmations.append(v.confirmation)
         current.max_bytes = bounds[v.size][1]
     return ranges
 

@@ -17,11 +17,7 @@ from dataclasses import replace
 from ncclbench import failpoints
 from ncclbench.errors import CollectiveError, ExitCode, RankFailures, first_line
 from ncclbench.tune.plan import Combination
-
-
-def read_work(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+from ncclbench.tune.precision import capture_failure
 
 
 def combination_environment(combo: Combination):
@@ -47,24 +43,41 @@ class StatusLog:
 
 
 def build_plans(work: dict, nranks: int) -> dict:
+    """(collective, timing) -> Plan: eager, and with -G replays where the work times by graph."""
     from ncclbench.api import options as plan_options
 
-    return {coll: plan_options.build_plan(coll, plan_options.options_for(opts), work["backend"], ["tune"], nranks)
-            for coll, opts in work["options"].items()}
+    plans = {}
+    for coll, opts in work["options"].items():
+        plans[(coll, "eager")] = plan_options.build_plan(coll, plan_options.options_for(opts), work["backend"],
+                                                         ["tune"], nranks)
+        if work.get("graph_replays") and any(it.get("timing") == "graph" for it in work["items"]):
+            graph = dict(opts, cudagraph=work["graph_replays"])
+            plan = plan_options.build_plan(coll, plan_options.options_for(graph), work["backend"], ["tune"], nranks)
+            plans[(coll, "graph")] = replace(plan, queue_ahead_s=work.get("queue_ahead_s", 0.0))
+    return plans
 
 
-def run_worker(work_path: str) -> int:
-    """Entry point of a rank started by `ncclbench tune`'s launcher."""
+def run_worker(work_path: str, backend_name: str, timeout_s: float) -> int:
+    """Entry point of a rank started by `ncclbench tune`'s launcher. `work_path`: the work
+    file, or follow.FOLLOW_PREFIX + a folder on a host whose ranks get the work from rank 0
+    (follow.py); the backend and -T come on the command line, as the work arrives only with
+    the backend's rendezvous."""
     from ncclbench.launch import launcher as launch
     from ncclbench.engine import signals
     from ncclbench.backends import create_backend
+    from ncclbench.tune import follow
 
-    work = read_work(work_path)
     info = launch.detect()
     launch.prepare_environ(info)
+    shared = {}
+    try:
+        backend = create_backend(backend_name, info, timeout_s, False,
+                                 guard=follow.sharing_guard(work_path, info, shared))
+    except follow.EndOfRun:
+        return ExitCode.OK
+    work = shared["work"]
     plans = build_plans(work, info.world_size)
     signals.stop_on_termination_signals()
-    backend = create_backend(work["backend"], info, work["timeout"], False)
     status = StatusLog(work["status"] if backend.rank == 0 else None)
     status.write(event="launch", pid=os.getpid(), world_comm=world_communicator_made(backend))
     code = ExitCode.OK
@@ -73,7 +86,7 @@ def run_worker(work_path: str) -> int:
             signals.stop_on_termination_signals()
             status.write(event="started", index=item["index"], pid=os.getpid())
             began = time.monotonic()
-            outcome = settled_item(item, plans[item["collective"]], backend, info, work)
+            outcome = settled_item(item, plans, backend, info, work)
             status.write(event="done", index=item["index"], pid=os.getpid(), **outcome)
             if backend.rank == 0:
                 say_progress(work, item, n, outcome, time.monotonic() - began)
@@ -87,12 +100,20 @@ def run_worker(work_path: str) -> int:
     return code
 
 
-def settled_item(item, plan, backend, info, work) -> dict:
+def settled_item(item, plans, backend, info, work) -> dict:
     """run_item's outcome, or `interrupted`; an item that failed while a peer died is
-    `crashed` (the launch cannot go on without that rank)."""
+    `crashed` (the launch cannot go on without that rank). A graph item whose capture failed
+    is run again eagerly (its outcome says so: timing, fallback)."""
     try:
         with failpoints.within(item=item["name"]):  # a fault planted for one item acts there only
-            outcome = run_item(item, plan, backend, info, work)
+            timing = item.get("timing", "eager")
+            outcome = run_item(item, plans[(item["collective"], timing)], backend, info, work)
+            outcome["timing"], failed = timing, None
+            if timing == "graph" and outcome["status"] == "error":
+                failed = capture_failure(outcome["errors"])
+            if failed and peers_alive(backend):
+                outcome = run_item(item, plans[(item["collective"], "eager")], backend, info, work)
+                outcome.update(timing="eager", fallback=failed)
         if outcome["status"] == "error" and not peers_alive(backend):
             outcome["status"] = "crashed"
             outcome["errors"].append("a rank of the launch was gone after it")
@@ -129,6 +150,8 @@ def say_progress(work, item, n, outcome, seconds) -> None:
     what = outcome["status"] if outcome["status"] != "ok" else "done"
     if outcome["errors"] and outcome["status"] != "ok":
         what += f": {outcome['errors'][0][:160]}"
+    if outcome.get("fallback"):
+        what += f", timed eagerly: its graph capture failed ({outcome['fallback'][:120]})"
     print(f"ncclbench tune: {work['phase']} [{n}/{len(work['items'])}] {item['collective']} {combo.label} "
           f"(repeat {item['round']}) {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 

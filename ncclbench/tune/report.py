@@ -9,27 +9,41 @@ import sys
 
 from ncclbench.errors import ExitCode
 from ncclbench.sizes import format_size
-from ncclbench.tune import analysis, table, tuner_config
+from ncclbench.tune import analysis, precision, table, tuner_config
 from ncclbench.tune.files import performance_csv
 from ncclbench.tune.plan import DEFAULT, ONE_RANK_NOTE, Combination
-from ncclbench.tune.ranges import RULE_TEXT, finite, win_ranges
+from ncclbench.tune.ranges import RULE_TEXT, Series, finite, win_ranges
+
+
+def measured_in(setup, phase: str, coll: str, combos, items, results) -> dict:
+    """label -> Measured: what `phase`'s launches left for these combinations of `coll`, with
+    how each repeat was timed."""
+    out = {}
+    for combo in combos:
+        m = analysis.Measured()
+        for it in items:
+            r = results.get(it["index"])
+            if it["collective"] != coll or Combination.from_dict(it["combo"]) != combo:
+                continue
+            path = os.path.join(setup.output_dir, phase, it["name"] + ".json")
+            if r is not None and r.status in ("ok", "wrong_results") and os.path.exists(path):
+                analysis.read_rows(path, m)
+                m.timings.add(r.timing or it.get("timing") or "eager")
+                m.fallback = m.fallback or r.fallback
+        if m.busbw:
+            out[combo.label] = m
+    return out
 
 
 def collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results):
     """Statuses, measurements and NCCL's choices of one collective's combinations."""
     combos = setup.plans[coll].combos
-    status, errors, measured, choices = {}, {}, {}, {}
+    status, errors, choices = {}, {}, {}
     probe_of = {Combination.from_dict(it["combo"]): it for it in probe_items if it["collective"] == coll}
+    measured = measured_in(setup, "raw", coll, [DEFAULT, *combos], items, results)
     for combo in [DEFAULT, *combos]:
         runs = [(it, results.get(it["index"])) for it in items
                 if it["collective"] == coll and Combination.from_dict(it["combo"]) == combo]
-        m = analysis.Measured()
-        for it, r in runs:
-            path = os.path.join(setup.output_dir, "raw", it["name"] + ".json")
-            if r is not None and r.status in ("ok", "wrong_results") and os.path.exists(path):
-                analysis.read_rows(path, m)
-        if m.busbw:
-            measured[combo.label] = m
         status[combo.label], errors[combo.label] = combo_status(probe_of.get(combo), probe_results, runs)
     reference = measured.get("default") or next(iter(measured.values()), None)  # every combination has the sizes
     inits = {}
@@ -74,11 +88,20 @@ def combo_lines(outcome, setup) -> list[str]:
             sizes = ", ".join(format_size(s) for s in outcome.overridden[label][:6])
             text += f"; NCCL ran another algorithm/protocol at {sizes}: those sizes left out"
         m = outcome.measured.get(label)
+        default = outcome.measured.get("default")
+        if m is not None and default is not None and m.timing != default.timing:
+            text += f"; {precision.fallback_text(m.timing, m.fallback)}, up to {own_noise(m):.1f} %"
         if m is not None and any(m.wrong.values()):
             text += f"; wrong results at {sum(m.wrong.values())} size(s): never a winner there"
         lines.append(f"{label:<18s} {text}")
     lines += [f"{what:<18s} left out: {why}" for what, why in setup.plans[outcome.collective].left_out]
     return lines
+
+
+def own_noise(m) -> float:
+    """The largest spread of one combination's repeats over its sizes, % (0 if none)."""
+    spreads = [Series(v).spread_pct for v in m.busbw.values()]
+    return max([x for x in spreads if x is not None], default=0.0)
 
 
 def header(setup, outcome, nccl_text: str) -> list[str]:
@@ -87,12 +110,14 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
     gpu = f" ({setup.nranks} x {m.gpu})" if m and m.gpu else ""
     lines = [f"{nccl_text or 'NCCL version unknown (no rank reported one)'}"
              f"{', torch ' + m.torch if m and m.torch else ''}; backend {setup.backend}",
-             f"{setup.nranks} rank(s) on {setup.nnodes} node{gpu}; {req.options.get('datatype')} "
+             f"{setup.nranks} rank(s) on {setup.nnodes} node(s){gpu}; {req.options.get('datatype')} "
              f"{req.options.get('op')}; {len(outcome.combos)} forced combination(s) and NCCL's default, "
              f"{req.repeat} repeat(s) each, interleaved",
              "busbw: out-of-place GB/s, median of the repeats; noise: the largest spread (fastest - slowest repeat, "
-             "% of the median) of any configuration's repeats at that size; "
+             "% of the median) of any configuration's repeats at that size, among those timed like the default; "
              "NCCL chose: algorithm/protocol and channels from its TUNING log"]
+    if setup.timing is not None:
+        lines.append(f"timing: {setup.timing.text}; every combination and NCCL's default alike")
     if setup.backend == "gloo":
         lines.append("rehearsal on gloo: NCCL_ALGO/NCCL_PROTO select nothing here; the numbers are gloo's and no "
                      "winner is called")
@@ -101,15 +126,18 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
     return lines
 
 
-def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False) -> int:
+def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False, confirm=None) -> int:
+    """Judge, confirm, write and print. `confirm(winners, sizes)`: launch 2 for {collective:
+    [combinations that won somewhere]} over the sizes that won, returning (items, results,
+    exit code); None: no second launch can be made, so no win stands."""
     logs = analysis.probe_logs(os.path.join(setup.output_dir, "probe"))
     attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
     nccl_text = nccl_version_text(logs, setup)
     doc = {"tool": "ncclbench tune", "nccl": nccl_text, "backend": setup.backend, "ranks": setup.nranks,
            "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
-           "rule": RULE_TEXT.format(gain=setup.request.min_gain), "notes": list(setup.notes),
-           "interrupted": interrupted, "collectives": {}}
-    perf, outcomes = [], []
+           "timing": setup.timing.text if setup.timing else "", "rule": RULE_TEXT.format(gain=setup.request.min_gain),
+           "notes": list(setup.notes), "interrupted": interrupted, "collectives": {}}
+    outcomes = []
     for coll in setup.request.collectives:
         outcome = collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results)
         outcomes.append(outcome)
@@ -118,7 +146,9 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         if not judged:
             for v in outcome.verdicts:
                 v.win, v.why = None, "rehearsal: no winner called" if setup.backend == "gloo" else "one rank"
-        perf += analysis.perf_rows(outcome, setup.nnodes, setup.nranks)
+    doc["confirmation"] = confirm_wins(setup, outcomes, None if interrupted else confirm)
+    interrupted = interrupted or doc["confirmation"].get("exit_code") == ExitCode.INTERRUPTED
+    perf = [row for outcome in outcomes for row in analysis.perf_rows(outcome, setup.nnodes, setup.nranks)]
     config = tuner_config.build(setup, outcomes)
     out = []
     for outcome in outcomes:
@@ -141,6 +171,38 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
     if not any(o["verdicts"] for o in doc["collectives"].values()):
         return ExitCode.NCCL_ERROR  # not even NCCL's default could be measured
     return ExitCode.OUTPUT_ERROR if config.refused else code
+
+
+def confirm_wins(setup, outcomes, confirm) -> dict:
+    """Launch 2 for every combination that won somewhere in launch 1 (with NCCL's default),
+    and each win kept only where launch 2 reproduces it (precision.confirm). What was done,
+    for tune.json."""
+    winners = {}
+    for outcome in outcomes:
+        labels = precision.candidates_to_confirm(outcome.verdicts)
+        combos = [c for c in outcome.combos if c.label in labels]
+        if combos:
+            winners[outcome.collective] = combos
+    if not winners:
+        return {"launch": None, "why": "no win in launch 1 to confirm"}
+    won = sorted({v.size for outcome in outcomes for v in outcome.verdicts if v.win})
+    items, results, code = confirm(winners, won) if confirm else ([], {}, None)
+    for outcome in outcomes:
+        m = measured_in(setup, "confirm", outcome.collective, [DEFAULT, *winners.get(outcome.collective, [])],
+                        items, results)
+        for v in outcome.verdicts:
+            if v.win:
+                precision.confirm(v, series_at(m.get("default"), v.size), series_at(m.get(v.best), v.size),
+                                  setup.request.repeat, setup.request.min_gain)
+    return {"launch": precision.CONFIRM_LAUNCH if confirm else None, "exit_code": code,
+            "combinations": {c: [k.label for k in combos] for c, combos in winners.items()}}
+
+
+def series_at(m, size: int):
+    """One size of a Measured as a Series (None when not measured there)."""
+    if m is None or size not in m.busbw:
+        return None
+    return Series(m.busbw[size], m.wrong.get(size, False), timing=m.timing)
 
 
 def config_lines(config, collective: str) -> list[str]:
@@ -179,8 +241,12 @@ def outcome_json(outcome, ranges, setup) -> dict:
                       "best": v.best, "best_busbw": v.best_series.median if v.best_series and v.best_series.measured else None,
                       "best_repeats": finite(v.best_series.busbw) if v.best_series else None,
                       "best_setting": list(v.best_series.setting) if v.best_series and v.best_series.setting else None,
-                      "gain_pct": v.gain_pct, "win": v.win, "why": v.why} for v in outcome.verdicts],
+                      "gain_pct": v.gain_pct, "win": v.win, "why": v.why, "confirmation": v.confirmation}
+                     for v in outcome.verdicts],
+        "timing": {label: {"timing": m.timing, "capture_failed": m.fallback} for label, m in outcome.measured.items()},
+        "precision": precision.precision_line(outcome.verdicts),
         "ranges": [{"setting": list(r.setting), "combination": r.label, "sizes": r.sizes, "gains_pct": r.gains,
+                    "confirmations": r.confirmations,
                     "min_bytes": r.min_bytes, "max_bytes": r.max_bytes} for r in ranges],
     }
 

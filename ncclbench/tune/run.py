@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.tune.launches import PROBE_OVERRIDES, probe_env, run_phase, work_items
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
+from ncclbench.tune.precision import DEFAULT_GRAPH_REPLAYS, Timing, choose_timing
 from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 # options of the collective commands tune passes on (the rest keep their defaults)
@@ -52,6 +53,12 @@ class TuneRequest:
     verify: str | None = None
     plugin: str | None = None
     plot: bool = True
+    timing: str = "auto"          # precision.TIMINGS
+    graph_replays: int = DEFAULT_GRAPH_REPLAYS
+    nnodes: int = 1               # hosts taking part; each runs `tune ... --node-rank i`
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29500
 
 
 @dataclass
@@ -66,6 +73,18 @@ class Setup:
     notes: list[str] = field(default_factory=list)
     verify_rows: tuple | None = None              # --verify: (every config row, the rows for this run)
     plugin: object = None                         # --verify: verify.Plugin
+    timing: Timing | None = None                  # how every combination is timed
+    launches: int = 0                             # launches made so far (several hosts: the port of the next)
+
+    def rendezvous_of(self, launch: int) -> str | None:
+        """host:port of launch number `launch` (from 0) when ranks span hosts (None: one host).
+        Consecutive launches alternate between two ports, so that a launch never meets the
+        store of the one before it while that is still shutting down; every host counts its
+        launches alike."""
+        if self.nnodes == 1:
+            return None
+        req = self.request
+        return f"{req.master_addr or '127.0.0.1'}:{req.master_port + launch % 2}"
 
 
 def _fail(message: str, code: int = ExitCode.USAGE) -> PlanError:
@@ -131,6 +150,10 @@ def check_request(request: TuneRequest) -> None:
                     "plugin once per process; run it outside torchrun/srun/mpirun")
     if request.ngpus < 1:
         raise _fail(f"-g must be at least 1 (got {request.ngpus})")
+    if request.nnodes < 1 or not 0 <= request.node_rank < request.nnodes:
+        raise _fail(f"--node-rank {request.node_rank} is not one of the {request.nnodes} node(s) of --nnodes")
+    if request.nnodes > 1 and not request.master_addr:
+        raise _fail("--nnodes > 1 needs --master-addr (node 0's address, the same on every node)")
     if request.repeat < 1:
         raise _fail(f"--repeat must be at least 1 (got {request.repeat})")
     if request.verify and request.repeat < MIN_REPEATS:
@@ -169,10 +192,17 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
     check_request(request)
     backend = requested_backend(request)
     notes = check_environment(request, environ)
-    nranks, nnodes = request.ngpus, 1
+    nranks, nnodes = request.ngpus * request.nnodes, request.nnodes
     ctx = Context(nranks, nnodes, {k: v for k, v in environ.items() if k.startswith("NCCL_")},
                   str(request.options.get("op", "sum")).strip().lower())
     setup = Setup(request, backend, candidate_plans(request, ctx, backend), nranks, nnodes, None, ctx.environ, notes)
+    try:
+        setup.timing = choose_timing(backend, request.timing, request.graph_replays, int(request.options.get("iters", 20)))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if setup.timing.mode == "graph" and environ.get("NCCL_GRAPH_REGISTER", "0") != "0":
+        notes.append(f"NCCL_GRAPH_REGISTER={environ['NCCL_GRAPH_REGISTER']} is replaced by 0 in the timed launches: "
+                     "the tuner rows are for unregistered buffers")
     if request.verify:
         from ncclbench.tune.verify import check_plugin, nccl_version, relevant_rows
 
@@ -210,7 +240,7 @@ def prepare_output(folder: str | None) -> str:
 
     if folder is None:
         folder = os.path.join(default_results_dir(), "tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    for part in ("raw", "probe", "verify", "launches"):
+    for part in ("raw", "probe", "verify", "launches", "confirm"):
         if os.path.exists(os.path.join(folder, part)):
             raise _fail(f"{folder} already holds a tune run ({part}/); choose another -o/--output-dir")
     try:
@@ -223,7 +253,36 @@ def prepare_output(folder: str | None) -> str:
 
 # ---- the whole run ----------------------------------------------------------------------------
 def run_tune(request: TuneRequest) -> int:
-    return execute(prepare(request))
+    if request.nnodes > 1 and request.node_rank > 0:
+        from ncclbench.tune.follow import run_follower
+        from ncclbench.tune.launches import spawn
+
+        return run_follower(prepare_follower(request), spawn)
+    setup = prepare(request)
+    try:
+        return execute(setup)
+    finally:
+        if setup.nnodes > 1:
+            end_followers(setup)
+
+
+def prepare_follower(request: TuneRequest) -> Setup:
+    """A following host checks what it can alone; node 0 checks the rest."""
+    check_request(request)
+    backend = requested_backend(request)
+    if backend == "nccl":
+        check_gpus(request)
+    return Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes, None)
+
+
+def end_followers(setup: Setup) -> None:
+    """The run's last launch: following hosts read that it is over and stop."""
+    from ncclbench.tune.follow import end_work
+    from ncclbench.tune.launches import spawn
+
+    folder = os.path.join(setup.output_dir, "launches")
+    os.makedirs(folder, exist_ok=True)
+    spawn(setup, ["tune", "--worker", end_work(folder)], {})
 
 
 def execute(setup: Setup) -> int:
@@ -238,16 +297,42 @@ def execute(setup: Setup) -> int:
     probe_items, probe_results, worlds = [], {}, {}
     if setup.backend == "nccl":
         folder = os.path.join(setup.output_dir, "probe")
-        probe_items = work_items(setup, lambda c: [DEFAULT, *setup.plans[c].combos], 1, csv=False)
+        probe_items = work_items(setup, lambda c: [DEFAULT, *setup.plans[c].combos], 1, csv=False, timing="eager")
         probe_results, worlds, code = run_phase(setup, "probe", probe_items, probe_env(folder), PROBE_OVERRIDES,
                                                 outputs=False)
         if code == ExitCode.INTERRUPTED:
             return finish(setup, probe_items, probe_results, worlds, [], {}, interrupted=True)
     runnable = runnable_combos(setup, probe_items, probe_results)
     items = work_items(setup, lambda c: runnable[c], request.repeat, csv=True)
-    results, _worlds, code = run_phase(setup, "raw", items, {})
+    results, _worlds, code = run_phase(setup, "raw", items, setup.timing.env)
     return finish(setup, probe_items, probe_results, worlds, items, results,
-                  interrupted=code == ExitCode.INTERRUPTED)
+                  interrupted=code == ExitCode.INTERRUPTED,
+                  confirm=lambda winners, sizes: confirm_launch(setup, winners, sizes))
+
+
+def confirm_launch(setup: Setup, winners: dict[str, list[Combination]], sizes: list[int]):
+    """Launch 2: NCCL's default and every combination that won somewhere in launch 1, timed
+    the same way, repeats interleaved, in fresh processes, over the part of the sweep that
+    holds the winning sizes. (items, results, exit code)."""
+    items = work_items(setup, lambda c: [DEFAULT, *winners[c]] if c in winners else [], setup.request.repeat,
+                       csv=False)
+    results, _worlds, code = run_phase(setup, "confirm", items, setup.timing.env, sweep_span(setup, sizes))
+    return items, results, code
+
+
+def sweep_span(setup: Setup, sizes: list[int]) -> dict:
+    """-b/-e for the sizes of the run's sweep from the last one at or below the smallest of
+    `sizes` to the first at or above the largest (a printed size can be a little below the
+    size asked for): the same sizes as launch 1 there, none outside."""
+    from ncclbench.api import options as plan_options
+
+    swept = sorted({s for coll in setup.request.collectives for s in plan_options.checked_plan(
+        coll, setup.request.options, setup.backend, ["tune"], setup.nranks).sizes()})
+    if not sizes or not swept:
+        return {}
+    low = max([s for s in swept if s <= min(sizes)], default=swept[0])
+    high = min([s for s in swept if s >= max(sizes)], default=swept[-1])
+    return {"minbytes": low, "maxbytes": high}
 
 
 def runnable_combos(setup: Setup, probe_items, probe_results) -> dict[str, list[Combination]]:

@@ -68,6 +68,8 @@ def explain(rows: list[ConfigRow], outcome) -> list[str]:
         if row.role == "won":
             won = ranges.get((row.min_bytes, row.max_bytes))
             text = f"won at {where} ({gains_text(won.gains)})" if won else f"won at {where}"
+            confirmed = [c for c in (won.confirmations if won else []) if c]
+            text += f"; {'; '.join(confirmed)}" if confirmed else ""
             text += "; unregistered buffers, single calls (NCCL also matches groups of up to one op per channel)"
         elif row.role == "fallback":
             text = ("only for calls NCCL cannot run a row above for (e.g. NVLS for a datatype it does not reduce): "
@@ -109,4 +111,7 @@ def comments(setup, config: TunerConfig, nccl_text: str) -> list[str]:
         "Calls no row matches (another collective, a communicator of another size) run ONE channel under the "
         "example plugin: run tune for every communicator size your job uses and concatenate the files.",
         f"{setup.request.repeat} repeat(s); rule: {RULE_TEXT.format(gain=setup.request.min_gain)}",
-    ] + [f"note: {n}" for n in config.notes]
+        f"timing: {setup.timing.text if getattr(setup, 'timing', None) else 'not recorded'}. A win is written only "
+        "where a second, independent launch reproduced it beyond its own noise; each winning row below says how.",
+    ] + [f"won: {' '.join(line.split())}" for coll in config.explained.values() for line in coll if " won at " in line] \
+      + [f"note: {n}" for n in config.notes]

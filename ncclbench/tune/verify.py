@@ -117,14 +117,27 @@ def run_verify(setup) -> int:
         if rounds < 1:
             continue
         folder = os.path.join(setup.output_dir, phase)
-        extra = dict(env, **probe_env(folder)) if extra is None else extra
-        items = work_items(setup, lambda c: [DEFAULT], rounds, csv=overrides is None, first=first)
+        extra = dict(env, **probe_env(folder)) if extra is None else dict(extra, **(setup.timing.env if setup.timing else {}))
+        items = work_items(setup, lambda c: [DEFAULT], rounds, csv=overrides is None, first=first,
+                           timing="eager" if overrides else None)
         results, worlds, code = run_phase(setup, phase, items, extra, overrides, outputs=overrides is None)
         phases[phase] = (items, results, worlds)
         if code == ExitCode.INTERRUPTED:
             interrupted = True
             break
     return report(setup, plugin, rows, mine, phases, interrupted)
+
+
+def timing_lines(setup, phases) -> list[str]:
+    """How the default and the plugin were timed, and every item that fell back to eager."""
+    lines = [f"# timing: {setup.timing.text}; the default's and the plugin's launches alike"] if setup.timing else []
+    for phase, (items, results, _worlds) in phases.items():
+        for it in items:
+            r = results.get(it["index"])
+            if r is not None and r.fallback:
+                lines.append(f"# {phase} {it['name']}: timed EAGER, its graph capture failed ({r.fallback}): its "
+                             "noise is its own")
+    return lines
 
 
 def measured(setup, phases, phase, coll) -> analysis.Measured:
@@ -150,6 +163,7 @@ def report(setup, plugin, rows, mine, phases, interrupted=False) -> int:
              f"interfaces v{', v'.join(map(str, plugin.interfaces))}), {version}, {setup.nranks} rank(s)"]
     lines += [f"# NCCL said: {text}" for text in loaded] or ["# NCCL said nothing of a tuner plugin: it may not have "
                                                             "loaded it (see verify/probe/nccl.*.log)"]
+    lines += timing_lines(setup, phases)
     doc = {"config": setup.request.verify, "plugin": plugin.path, "nccl": version, "collectives": {}}
     judged = verify_report.Judged()
     for coll in setup.request.collectives:
