@@ -338,17 +338,19 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
     link when its best sweep falls below the band under its kind's pairs and no slow rank
     explains it (`link_band`, default `band`: one pair is noisier than a rank's best of
     several). `margins` (optional) gets {"ranks": {rank: fraction below}, "pairs": {pair:
-    fraction below}} for everything judged: how close each came to being flagged."""
+    fraction below}, "judged": {pairs in a kind large enough}} for everything judged: how close
+    each came to being flagged (the pairs of a slow rank are not in "pairs")."""
     best = best_of(repeats)
     bad: dict = {}
     links: dict = {}
-    below: dict = {"ranks": {}, "pairs": {}}
+    below: dict = {"ranks": {}, "pairs": {}, "judged": set()}
     for g in groups:
         kinds: dict = {}
         for (a, b), v in best.items():
             if a in g and b in g:
                 kinds.setdefault(kind(a, b), {})[(a, b)] = v
         for values in (v for v in kinds.values() if len(v) >= 3):
+            below["judged"] |= set(values)
             _judge_kind(values, (band, band if link_band is None else link_band), bad, links, below)
     if margins is not None:
         margins.update(below)

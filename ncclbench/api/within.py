@@ -102,7 +102,7 @@ def judge_inside_pairs(pf, nbytes: int, share_s: float) -> tuple[dict, dict]:
                                                pf.setup.get("link_band"))
         for what in ("ranks", "pairs"):
             pf.margins[f"{what} in {dim}"] = round(max(below.get(what, {}).values(), default=0.0), 4)
-        pf.notes += unjudged_notes(dim, [p for p in repeats[0] if p not in below.get("pairs", {})], pf.pair_kind)
+        pf.notes += unjudged_notes(dim, [p for p in repeats[0] if p not in below.get("judged", ())], pf.pair_kind)
         for r, line in found.items():
             bad.setdefault(r, f"in {group_name(pf.instances, dim, next(g for g in groups if r in g))}: {line}")
         for pair, line in slow_links.items():
