@@ -22,6 +22,7 @@ import math
 from ncclbench.api.preflight_verdict import group_name
 from ncclbench.engine.collectives import ALL_GATHER
 
+MAX_SWEEPS = 3
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
 SOLO_COLLECTIVE = ALL_GATHER
 
@@ -82,24 +83,22 @@ def swept_groups(pf) -> dict:
 
 def judge_inside_pairs(pf, nbytes: int, share_s: float) -> tuple[dict, dict]:
     """({rank: evidence}, {(a, b): evidence}) from the pair sweeps inside each swept group,
-    all of them within about `share_s` seconds: one sweep, and a second one only where the
-    first flagged something (contention on a shared host or fabric rarely strikes the same
-    pair twice; each pair is judged by its better sweep)."""
+    all of them within about `share_s` seconds: one sweep, and another (up to MAX_SWEEPS)
+    only while the sweeps so far flag something (contention on a shared host or fabric
+    rarely strikes the same pair twice; each pair is judged by its best sweep)."""
     from ncclbench.api.verdict import group_pair_rounds, judge_group_pairs
 
     bad, links = {}, {}
     swept = swept_groups(pf)
     for dim, groups in swept.items():
         rounds = group_pair_rounds(groups)
-        repeats = [pf._pairs(rounds, nbytes, share_s / 2 / len(swept))]
-        below: dict = {}
-        found, slow_links = judge_group_pairs(repeats, groups, pf.pair_kind, pf.setup["band"], below,
-                                               pf.setup.get("link_band"))
-        if found or slow_links:
-            repeats.append(pf._pairs(rounds, nbytes, share_s / 2 / len(swept)))
-            below = {}
+        repeats: list = []
+        found, slow_links = {}, {}
+        while len(repeats) < MAX_SWEEPS and (not repeats or found or slow_links):
+            repeats.append(pf._pairs(rounds, nbytes, share_s / MAX_SWEEPS / len(swept)))
+            below: dict = {}
             found, slow_links = judge_group_pairs(repeats, groups, pf.pair_kind, pf.setup["band"], below,
-                                               pf.setup.get("link_band"))
+                                                  pf.setup.get("link_band"))
         for what in ("ranks", "pairs"):
             pf.margins[f"{what} in {dim}"] = round(max(below.get(what, {}).values(), default=0.0), 4)
         pf.notes += unjudged_notes(dim, [p for p in repeats[0] if p not in below.get("judged", ())], pf.pair_kind)
