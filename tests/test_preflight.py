@@ -536,10 +536,10 @@ def _preflight_on_hosts(tmp_path, slow_rate=None):
 
 @sim
 def test_simulated_hosts_one_nic_10x_slow_within_twice_the_budget(tmp_path):
-    """4 hosts x 1 gloo rank, node2's NIC at 300 Mbit/s (healthy pairs reach 2-8 Gbit/s):
+    """4 hosts x 1 gloo rank, node2's NIC at 100 Mbit/s (healthy pairs on two loaded cores: 1-3 Gbit/s):
     simnode2 drained alone, preflight's own time within 2x --budget, the whole run within
     that plus the start-up allowance."""
-    code, stdout, doc, wall = _preflight_on_hosts(tmp_path, "300mbit")
+    code, stdout, doc, wall = _preflight_on_hosts(tmp_path, "100mbit")
     assert code == 1 and doc["drain"] == ["simnode2"] and doc["bad_ranks"] == [2], stdout
     assert sum(doc["cost_s"].values()) <= 2 * BUDGET_S, doc["cost_s"]
     assert wall <= 2 * BUDGET_S + STARTUP_ALLOWANCE_S, (wall, doc["cost_s"])

@@ -325,9 +325,11 @@ class Preflight:
         call = GroupCall(None, "the preflight pair exchanges", parent=self.world, exit_on_timeout=self.exit_on_timeout)
         cap = share_s / max(1, len(rounds))
         # one size for every pair of the pass (busbw of different sizes does not compare):
-        # an eighth of a round's cap at the slowest rate the calibration saw
+        # what a round's cap moves at the slowest rate the calibration saw (a pair that slow
+        # runs fewer bytes, engine.pairs.pair_effort; smaller for all would hide a slow NIC
+        # behind latency)
         rate = min((b / t for p in self.plans.values() for b, t in [p["probed_s"][-1]] if t > 0), default=1e12)
-        nbytes = min(nbytes, max(MIN_PAIR_BYTES, _pow2_floor(int(cap * rate / 8))))
+        nbytes = min(nbytes, max(MIN_PAIR_BYTES, _pow2_floor(int(cap * rate))))
         times, wrong = guarded_rounds(call, rounds, nbytes, self.timeout_s * len(rounds), _own_stream, cap)
         everyone = self.world.exchange((times, wrong), "preflight: gathering the pair times", self.timeout_s)
         call.forget()

@@ -333,8 +333,9 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
     rank by its best pair. Pairs are compared only with the group's pairs of the same
     `kind(a, b)` (one host or across hosts, link type, ...), in a kind of three pairs or
     more. A rank (with two pairs or more in the kind) is slow when even its best pair falls
-    below the band under the reference of the ranks' best pairs (a slow NIC or rank slows
-    every pair it is in; a healthy rank has at least one fast partner). A pair is a slow
+    below the band under the median of the kind's pairs without it (a slow NIC or rank
+    slows every pair it is in; a healthy rank has at least one fast partner; its own pairs
+    never set its bar, and a slow rank's pairs pull the bar of the others down, not up). A pair is a slow
     link when its best sweep falls below the band under its kind's pairs and no slow rank
     explains it (`link_band`, default `band`: one pair is noisier than a rank's best of
     several). `margins` (optional) gets {"ranks": {rank: fraction below}, "pairs": {pair:
@@ -364,15 +365,19 @@ def _judge_kind(values: dict, bands: tuple, bad: dict, links: dict, below: dict)
     band, link_band = bands
     ranks = sorted({r for p in values for r in p})
     mine = {r: {p: v for p, v in values.items() if r in p} for r in ranks}
-    scores = {r: max(pairs.values()) for r, pairs in mine.items() if len(pairs) >= 2}
-    ref, _ = reference(list(scores.values())) if scores else (0.0, 0.0)
-    for r, v in scores.items():
-        below["ranks"][r] = max(below["ranks"].get(r, 0.0), max(0.0, 1.0 - v / ref) if ref > 0 else 0.0)
-    for r, frac in (slow_outliers(scores, band) if len(scores) >= 3 else {}).items():
-        worst = min(mine[r], key=mine[r].get)
-        bad[r] = (f"slow with all {len(mine[r])} of its partners in its group: its best pair "
-                  f"{scores[r]:.3g} GB/s is {100 * frac:.0f}% below {ref:.3g} GB/s, the ranks' best pairs "
-                  f"(worst: with rank {worst[0] if worst[1] == r else worst[1]}, {mine[r][worst]:.3g} GB/s)")
+    for r in (r for r in ranks if len(mine[r]) >= 2):
+        others = [v for p, v in values.items() if r not in p]
+        ref = statistics.median(others) if others else 0.0
+        if ref <= 0:
+            continue
+        best = max(mine[r].values())
+        frac = max(0.0, 1.0 - best / ref)
+        below["ranks"][r] = max(below["ranks"].get(r, 0.0), frac)
+        if frac > band:
+            worst = min(mine[r], key=mine[r].get)
+            bad[r] = (f"slow with all {len(mine[r])} of its partners in its group: its best pair {best:.3g} GB/s "
+                      f"is {100 * frac:.0f}% below {ref:.3g} GB/s, the median of the pairs without it "
+                      f"(worst: with rank {worst[0] if worst[1] == r else worst[1]}, {mine[r][worst]:.3g} GB/s)")
     clean = {p: v for p, v in values.items() if not set(p) & set(bad)}
     pref, _ = reference(list(clean.values())) if len(clean) >= 2 else (0.0, 0.0)
     for p, v in clean.items():
