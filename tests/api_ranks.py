@@ -171,6 +171,22 @@ def scenario_preflight_one_group(out, dist, torch, ncclbench, outdir):
                    "drain": report.drain, "exit_code": int(report.exit_code), "hosts": report.hosts}
 
 
+def scenario_preflight_loaded(out, dist, torch, ncclbench, outdir):
+    """One group while the test loads the CPU: three healthy runs, then rank 2 late 20 ms per
+    call (the `slow` failpoint)."""
+    out["healthy"] = []
+    for _ in range(3):
+        report = ncclbench.preflight(groups={"all": None}, budget_s=2)
+        out["healthy"].append({"passed": report.passed, "failures": report.failures, "margins": report.margins})
+    os.environ[failpoints.ENV] = "slow:rank=2,us=20000"
+    failpoints.reset()
+    report = ncclbench.preflight(groups={"all": None}, budget_s=2)
+    os.environ.pop(failpoints.ENV)
+    failpoints.reset()
+    out["slow"] = {"passed": report.passed, "failures": report.failures, "bad_ranks": report.bad_ranks,
+                   "margins": report.margins, "cost": report.cost_s}
+
+
 def scenario_gpu(out, dist, torch, ncclbench, outdir):
     """One GPU, NCCL: measure like the command line, leave device and stream alone, preflight,
     and a timeout on a one-rank group (stall fault set by the test for the last call)."""

@@ -86,6 +86,15 @@ def why_not() -> str | None:
     return None
 
 
+def rate_bytes(rate: str) -> float:
+    """Bytes per second of a tc rate: `40mbit`, `2gbit`, `500kbit`, `1000bit`."""
+    text = rate.strip().lower()
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale / 8
+    raise ValueError(f"rate {rate!r}: give NUMBER followed by bit, kbit, mbit or gbit")
+
+
 def _ns_inode(ns_name: str) -> int | None:
     try:
         return os.stat(NETNS_DIR / ns_name).st_ino
@@ -199,10 +208,13 @@ class SimFleet:
         return NetNS(self.spaces[i])
 
     def slow_nic(self, i: int, rate: str = "20mbit") -> None:
-        """Everything host i sends goes through a token bucket of `rate`."""
+        """Everything host i sends goes through a token bucket of `rate` (`100mbit`, `2gbit`).
+        The bucket holds 1 ms of the rate (at least 4 KiB): a fixed small burst holds rates
+        above a few hundred Mbit/s well below their nominal value."""
+        burst = max(4096, int(rate_bytes(rate) / 1000))
         with self._inside(i) as ns:
             eth0 = ns.link_lookup(ifname="eth0")[0]
-            ns.tc("add", "tbf", index=eth0, rate=rate, burst=4096, latency="400ms")
+            ns.tc("add", "tbf", index=eth0, rate=rate, burst=burst, latency="400ms")
 
     def slow_link(self, i: int, j: int, rate: str = "20mbit") -> None:
         """Traffic between hosts i and j only, both ways, at `rate`; the rest unlimited."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -182,13 +181,8 @@ def _run(fleet: netsim.SimFleet, tmp_path, nproc=None, kill=None, extra=(), base
 
 
 def cap_nic(fleet: netsim.SimFleet, i: int, gbps: float) -> None:
-    """Node i's NIC capped at `gbps` GB/s: a token bucket with 1 ms of burst (netsim's
-    slow_nic keeps a 32 kbit burst, which holds rates above a few hundred Mbit/s well below
-    their nominal value)."""
-    kbit = int(gbps * 8e6)
-    subprocess.run(["ip", "netns", "exec", fleet.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                    "rate", f"{kbit}kbit", "burst", f"{max(4096, kbit // 8)}b", "latency", "400ms"],
-                   check=True, capture_output=True)
+    """Node i's NIC capped at `gbps` GB/s."""
+    fleet.slow_nic(i, f"{int(gbps * 8e6)}kbit")
 
 
 def node_best(report: dict, host: str) -> float:

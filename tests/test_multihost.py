@@ -79,13 +79,13 @@ def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
     with netsim.SimFleet(3) as fleet:
         free = _throughput(fleet, 1, 0, 5100, 100)
         fleet.slow_link(1, 2, "80mbit")
-        capped_link = _throughput(fleet, 1, 2, 5101, 3)
+        capped_link = _throughput(fleet, 1, 2, 5101, 8)
         other = _throughput(fleet, 1, 0, 5102, 100)
         fleet.slow_nic(0, "80mbit")
-        capped_nic = _throughput(fleet, 0, 1, 5103, 3)
-    limit = 80e6 / 8 * 1.5
+        capped_nic = _throughput(fleet, 0, 1, 5103, 8)
+    limit = 80e6 / 8 * 2  # the cap, with room for what sits in socket buffers
     assert capped_link < limit and capped_nic < limit, (capped_link, capped_nic)
-    assert free > 4 * limit and other > 4 * limit, (free, other)
+    assert free > 3 * limit and other > 3 * limit, (free, other)
 
 
 @rig

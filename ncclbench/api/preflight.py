@@ -27,15 +27,22 @@ from functools import partial
 from ncclbench.api.measure import ranks_text
 from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
 from ncclbench.api.preflight_report import explain, group_records, host_verdicts, timed_out_report
-from ncclbench.api.preflight_verdict import both, group_name, mesh_culprit, pair_kind, slow_groups
+from ncclbench.api.preflight_verdict import best_cells, group_name, mesh_culprit, pair_kind, slow_groups
 from ncclbench.engine.collectives import ALL_REDUCE
 from ncclbench.errors import PlanError, TimeoutExpired
 
 GPU_MAX_BYTES = 256 << 20   # busbw has settled on NVLink and InfiniBand by here
 CPU_MAX_BYTES = 1 << 20     # gloo: large enough to be bandwidth-bound, small enough to stay quick
 MIN_BYTES = 64 << 10
+MIN_PAIR_BYTES = 4 << 10
 PAIR_MAX_BYTES = 64 << 20
-MAIN_SHARE = 0.6            # of the budget for the first measurement (the rest: repeat and pairs)
+CALIBRATION_SHARE = 0.1     # of the budget: all_reduce at growing sizes until the next would not fit
+MAIN_SHARE = 0.5            # of the budget for the first measurement
+REPEAT_SHARE = 0.25         # for measuring a flagged dimension again (half the iterations)
+PAIR_SHARE = 0.25           # for the pair sweeps inside groups, and again for the known-good partners
+PROBE_STEP = 16             # calibration sizes grow 16-fold: 64K, 1M, 16M, 256M
+PROBE_ITERS = 2
+PROBE_OPS = PROBE_ITERS + 5  # per probe: an untimed op, four aligning ops, the timed ones
 ITERS_RANGE = (5, 50)
 OPS_AROUND_TIMED = 8        # per size and placement: warm-up, untimed op, aligning ops, check
 ENV_HINTS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME",
@@ -123,7 +130,10 @@ class Preflight:
         probe = first_on_host and "nccl" in self.backends.values()
         topo = self.world.exchange(_topology_facts() if probe else None, "preflight: topology", self.timeout_s)
         self.topo = {self.host[r]: t for r, t in enumerate(topo) if t is not None}
-        self.pair_kind = partial(pair_kind, self.host, self.topo, self.facts)
+        from ncclbench.backends.torch_dist import group_backend_name
+
+        nccl = group_backend_name(dist, None) == "nccl"  # the pairs run on the default group
+        self.pair_kind = partial(pair_kind, self.host, self.topo, self.facts, nccl=nccl)
 
     def _measure_and_judge(self):
         from ncclbench.api import within
@@ -145,10 +155,10 @@ class Preflight:
         absolute = {d: judge_absolute(cells, s["floor"], peaks, s["baseline"]) for d, cells in judged.items()}
         wrong = {d: wrong_data(cells) for d, cells in runs.items()}
         again = [d for d in runs if rel[d].groups or absolute[d]]
-        if again:  # one slow sample is not a verdict: measure again, keep what is flagged both times
+        if again:  # one slow sample is not a verdict: measure again, judge each group at its best
             for d in again:
-                cells = self._measure_dim(d, plans[d])
-                rel[d] = both(rel[d], judge_relative(cells, s["band"]))
+                cells = self._measure_dim(d, dict(plans[d], iters=max(ITERS_RANGE[0], plans[d]["iters"] // 2)))
+                rel[d] = judge_relative(best_cells(judged[d], cells) if judged[d] else [], s["band"])
                 second = judge_absolute(cells, s["floor"], peaks, s["baseline"])
                 absolute[d] = {g: lines for g, lines in absolute[d].items() if g in second}
                 wrong[d].update(wrong_data(cells))
@@ -163,16 +173,23 @@ class Preflight:
 
         plans = self.plans.values()
         alone = within.judge_alone(self, max(p["max_bytes"] for p in plans), max(p["iters"] for p in plans))
-        paired, links = within.judge_inside_pairs(self, min(PAIR_MAX_BYTES, max(p["cap_bytes"] for p in plans)))
+        paired, links = within.judge_inside_pairs(self, self.pair_bytes(), PAIR_SHARE * self.setup["budget"])
         self._phase("ranks alone and in pairs")
         for r, line in paired.items():
             alone[r] = f"{alone[r]}; {line}" if r in alone else line
         return alone, links
 
     # ---- sizing and measuring ----
+    def pair_bytes(self) -> int:
+        """Bytes per pair exchange where time allows (engine.pairs.pair_effort lowers them
+        for a pair that is slow)."""
+        return min(PAIR_MAX_BYTES, max(p["cap_bytes"] for p in self.plans.values()))
+
     def _size_plan(self, dim: str) -> dict:
-        """Sizes and iterations for `dim` that fit its share of the budget, from one
-        calibration call (two sizes) on every group of the dimension; the same on every rank."""
+        """Sizes and iterations for `dim` that fit its share of the budget, chosen by measured
+        time, not bytes: all_reduce at growing sizes on every group of the dimension, the
+        next size only while it is predicted to fit the calibration's share; the same on
+        every rank. A slow NIC or rank thus gets small sizes, not a wait of minutes."""
         s = self.setup
         cap = GPU_MAX_BYTES if self.backends[dim] == "nccl" else CPU_MAX_BYTES
         free = [f["free"] for f in self.facts if f["free"]]
@@ -181,25 +198,28 @@ class Preflight:
         if s["baseline"]:  # sizes the baseline has, so that rows match
             sizes = sorted({k[1] for k in s["baseline"] if k[0] == ALL_REDUCE.name and k[1] <= cap})
             cap = sizes[-1] if sizes else cap
-        rows = self._measure(dim, ALL_REDUCE.name, f"{max(1, cap >> 4)}:{cap}:x16", iters=2, warmup_iters=1, check=0)
-        mine = [_row_time_us(r) for r in rows] if rows.has_rows else None
-        everyone = [t for t in self.world.exchange(mine, f"preflight: calibrating {dim}", self.timeout_s) if t]
-        small, big = (max(t[0] for t in everyone), max(t[-1] for t in everyone)) if everyone else (1e3, 1e3)
-        slope = max(0.0, (big - small) / (cap - max(1, cap >> 4))) if cap > 16 else 0.0
-        share = MAIN_SHARE * s["budget"] / len(s["dims"])
-        size = cap
+        probed, overhead = self._calibrate(dim, cap, CALIBRATION_SHARE * s["budget"] / len(s["dims"]))
+        return fit_plan(probed, MAIN_SHARE * s["budget"] / len(s["dims"]), len(s["collectives"]), cap, overhead)
+
+    def _calibrate(self, dim: str, cap: int, share: float) -> tuple[list[tuple[int, float]], float]:
+        """([(bytes, slowest group's seconds per all_reduce)] at sizes growing PROBE_STEP-fold
+        from MIN_BYTES (or `cap` if smaller), while the next step's predicted ops fit `share`;
+        the seconds one measure() call costs besides its ops, the least seen)."""
+        start, size, probed, overhead = time.monotonic(), min(MIN_BYTES, cap), [], []
         while True:
-            sweep = [size >> 4, size >> 2, size]
-            per_iter = 2 * len(s["collectives"]) * sum(max(0.0, small - slope * (cap >> 4)) + slope * x
-                                                       for x in sweep) / 1e6
-            fixed = 0.02 * len(s["collectives"]) * len(sweep) + OPS_AROUND_TIMED * per_iter
-            iters = int((share - fixed) / per_iter) if per_iter > 0 else ITERS_RANGE[1]
-            if iters >= ITERS_RANGE[0] or size >> 2 < MIN_BYTES:
-                break
-            size >>= 2
-        iters = max(ITERS_RANGE[0], min(ITERS_RANGE[1], iters))
-        return {"sizes": f"{size >> 4}:{size}:x4", "iters": iters, "max_bytes": size, "cap_bytes": cap,
-                "estimate_s": round(fixed + iters * per_iter, 3)}
+            began = time.monotonic()
+            rows = self._measure(dim, ALL_REDUCE.name, str(size), iters=PROBE_ITERS, warmup_iters=0, check=0)
+            mine = _row_time_us(rows[0]) / 1e6 if rows.has_rows and len(rows) else None
+            wall = time.monotonic() - began
+            everyone = self.world.exchange((mine, wall), f"preflight: calibrating {dim}", self.timeout_s)
+            t_op = max((t for t, _w in everyone if t), default=1e-3)
+            probed.append((size, t_op))
+            overhead.append(max(0.0, max(w for _t, w in everyone) - PROBE_OPS * t_op))
+            left = share - (time.monotonic() - start)
+            nxt = min(cap, size * PROBE_STEP)
+            if nxt <= size or PROBE_OPS * t_op * nxt / size > left:
+                return probed, min(overhead)
+            size = nxt
 
     def _measure(self, dim: str, collective: str, sizes: str, **options):
         from ncclbench.api.measure import _measure
@@ -284,7 +304,7 @@ class Preflight:
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
-                       "band": self.setup["band"], "summary": summary}
+                       "band": self.setup["band"], "link_band": self.setup["link_band"], "summary": summary}
         return report
 
     def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set]:
@@ -299,19 +319,27 @@ class Preflight:
                               "(same host or not) to tell the node from the link")
         if not rounds:
             return {}, set()
-        nbytes = min(PAIR_MAX_BYTES, max(p["cap_bytes"] for p in self.plans.values()))
-        repeats = [self._pairs(rounds, nbytes) for _ in range(2)]
+        repeats = [self._pairs(rounds, self.pair_bytes(), PAIR_SHARE * self.setup["budget"] / 2) for _ in range(2)]
         return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind)
 
-    def _pairs(self, rounds: list, nbytes: int) -> dict:
-        """One pass of the rounds with the engine of `ncclbench pairs` on the default group;
+    def _pairs(self, rounds: list, nbytes: int, share_s: float) -> dict:
+        """One pass of the rounds with the engine of `ncclbench pairs` on the default group,
+        each pair's round capped at `share_s` / rounds seconds (a pair far slower is measured
+        with fewer iterations or bytes rather than making every rank wait);
         {(a, b): GB/s per direction}."""
         from ncclbench.api.measure import GroupCall, _own_stream
         from ncclbench.api.verdict import pair_busbw
         from ncclbench.engine.pair_rounds import guarded_rounds
 
         call = GroupCall(None, "the preflight pair exchanges", parent=self.world, exit_on_timeout=self.exit_on_timeout)
-        times, wrong = guarded_rounds(call, rounds, nbytes, self.timeout_s * len(rounds), _own_stream)
+        cap = share_s / max(1, len(rounds))
+        # one size for every pair of the pass (busbw of different sizes does not compare):
+        # what a round's cap moves at the slowest rate the calibration saw (a pair that slow
+        # runs fewer bytes, engine.pairs.pair_effort; smaller for all would hide a slow NIC
+        # behind latency)
+        rate = min((b / t for p in self.plans.values() for b, t in [p["probed_s"][-1]] if t > 0), default=1e12)
+        nbytes = min(nbytes, max(MIN_PAIR_BYTES, _pow2_floor(int(cap * rate))))
+        times, wrong = guarded_rounds(call, rounds, nbytes, self.timeout_s * len(rounds), _own_stream, cap)
         everyone = self.world.exchange((times, wrong), "preflight: gathering the pair times", self.timeout_s)
         call.forget()
         self.pair_wrong |= {(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers}
@@ -321,6 +349,42 @@ class Preflight:
         """Every rank's report after a timeout (see preflight_report.timed_out_report)."""
         self._phase("until the timeout")
         return timed_out_report(message, self.host, self.notes)
+
+
+def fit_plan(probed: list[tuple[int, float]], share: float, ncoll: int, cap: int, overhead: float = 0.02) -> dict:
+    """The plan of one dimension from its calibration (`probed`: [(bytes, seconds per op)],
+    growing): three sizes a factor 4 apart up to the largest probed, and iterations that
+    fit `share` seconds, by a line through the two largest probes (latency + bytes / rate;
+    with one probe, every smaller size as slow as it);
+    the size is lowered where even ITERS_RANGE[0] iterations would not fit, and past
+    MIN_BYTES only one size is kept. `overhead`: seconds a measure() call costs besides its
+    ops (measured by the calibration), counted once per collective and size."""
+    # one probe: smaller sizes are taken to cost as much (latency-bound), never less
+    (s0, t0), (s1, t1) = (probed[-2], probed[-1]) if len(probed) > 1 else (probed[-1], probed[-1])
+    slope = max(0.0, (t1 - t0) / (s1 - s0)) if s1 > s0 else 0.0
+    base = max(0.0, t1 - slope * s1)
+
+    def per_op(x):
+        return base + slope * x
+
+    size, fixed, per_iter, iters, sweep = s1, 0.0, 0.0, ITERS_RANGE[1], []
+    while True:
+        sweep = [size >> 4, size >> 2, size] if size >> 4 >= 1 else [size]
+        per_iter = 2 * ncoll * sum(per_op(x) for x in sweep)
+        fixed = overhead * ncoll * len(sweep) + OPS_AROUND_TIMED * per_iter
+        iters = int((share - fixed) / per_iter) if per_iter > 0 else ITERS_RANGE[1]
+        if iters >= ITERS_RANGE[0] or size >> 2 < MIN_BYTES:
+            break
+        size >>= 2
+    if iters < ITERS_RANGE[0]:  # still too slow at the smallest size: one size only
+        sweep = [size]
+        per_iter = 2 * ncoll * per_op(size)
+        fixed = overhead * ncoll + OPS_AROUND_TIMED * per_iter
+        iters = int((share - fixed) / per_iter) if per_iter > 0 else ITERS_RANGE[1]
+    iters = max(ITERS_RANGE[0], min(ITERS_RANGE[1], iters))
+    sizes = f"{sweep[0]}:{size}:x4"
+    return {"sizes": sizes, "iters": iters, "max_bytes": size, "cap_bytes": cap,
+            "probed_s": [list(x) for x in probed], "overhead_s": round(overhead, 4), "estimate_s": round(fixed + iters * per_iter, 3)}
 
 
 def _row_time_us(row) -> float:

@@ -12,11 +12,23 @@ DEFAULT_TIMEOUT_S = 600.0  # for agreeing on the inputs, before the timeout aske
 
 PREFLIGHT_COLLECTIVES = (ALL_REDUCE.name, ALL_GATHER.name, REDUCE_SCATTER.name)
 
-# How far below its peers a group, a rank alone or a pair may fall before it is called slow,
-# chosen from the margins healthy runs showed (PreflightReport.margins; docs/api.md has the
-# counts): NCCL on one NVSwitch host stayed within a few percent; 4 gloo ranks sharing two
-# CPU cores fell up to 62% below their peers with nothing planted.
-DEFAULT_BAND = {"nccl": 0.2, "gloo": 0.9}
+# How far below its peers a group, a rank alone or a rank at its best pair may fall before it
+# is called slow, chosen from the margins healthy runs showed (PreflightReport.margins; each
+# rank and pair judged at its best iteration and best sweep; docs/api.md has the counts): NCCL
+# on one NVSwitch host stayed within a few percent; 4 gloo ranks on two CPU cores loaded by
+# other jobs fell up to 50% below their peers with nothing planted, a rank late 20 ms per
+# call 85% or more. A single pair (a slow link) is noisier on loaded CPU hosts: healthy gloo
+# pairs fell up to 91% below at their best, so gloo links are judged at LINK_BAND.
+DEFAULT_BAND = {"nccl": 0.2, "gloo": 0.6}
+LINK_BAND = {"nccl": 0.2, "gloo": 0.95}
+
+
+def link_band(value, band: float, backends=("nccl",)) -> float:
+    """The band for a single pair: the band asked for, or with 'auto' LINK_BAND's widest."""
+    text = str(value).strip().lower()
+    return max(LINK_BAND[b] for b in backends) if value is None or text == "auto" else band
+
+
 def parse_band(value, backends=("nccl",)) -> float:
     """A fraction from '20%', '0.2', or 'auto'/None (DEFAULT_BAND of the widest-noise backend
     among `backends`)."""
@@ -98,7 +110,8 @@ def check_inputs(a: dict, dist) -> dict:
     dims = resolve_groups(a["groups"])
     backends = {name: group_backend_name(dist, g) for name, g in dims}
     band = parse_band(a["band"], sorted(set(backends.values())))
-    return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band,
+    links = link_band(a["band"], band, sorted(set(backends.values())))
+    return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band, link_band=links,
                 collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
 
@@ -131,7 +144,7 @@ def parse_mesh(spec: str, world: int) -> list[tuple[str, list[list[int]]]]:
 def make_groups(mesh: str | None, host_of: list[str]) -> dict:
     """This rank's group of each dimension (every rank creates every group, in one order, as
     torch requires); without --mesh: the default group, and the ranks of each host when the
-    job spans several."""
+    job spans several with more than one rank on some host."""
     import torch.distributed as dist
 
     world, me = dist.get_world_size(), dist.get_rank()
@@ -140,7 +153,7 @@ def make_groups(mesh: str | None, host_of: list[str]) -> dict:
     else:
         hosts = sorted(set(host_of), key=host_of.index)
         layout = [("world", [list(range(world))])]
-        if len(hosts) > 1:
+        if len(hosts) > 1 and len(hosts) < world:  # one rank per host: one-rank groups cross no link
             layout.append(("node", [[r for r in range(world) if host_of[r] == h] for h in hosts]))
     mine = {}
     for name, groups in layout:

@@ -116,7 +116,7 @@ def short_reason(evidence: str) -> str:
     if evidence.startswith("alone"):
         return "is slow alone"
     if evidence.startswith("in "):
-        return "is slow with most of its partners in its group"
+        return "is slow with all its partners in its group"
     if evidence.startswith("with rank"):
         return "is slow with known-good partners"
     return "is in a slow group of every dimension"

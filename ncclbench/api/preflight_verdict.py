@@ -14,28 +14,57 @@ def group_name(instances: dict, dim: str, ranks: tuple) -> str:
     return f"{dim}[{index}] (ranks {ranks_text(ranks)})"
 
 
-def pair_kind(host: dict, topo: dict, facts: list, a: int, b: int) -> tuple:
-    """What a pair is compared with: pairs on one host or across hosts, of the same GPU
-    link type where the host's topology says (NVLink and PCIe pairs differ), and alike
-    in how NCCL spreads the exchange over its channels. NCCL places point-to-point
-    traffic by the distance between the two ranks in the communicator; at half the
-    communicator's size, sending and receiving share the same channels: on 4 H200s on
-    one NVSwitch ranks 0-2 and 1-3 exchanged at 157 GB/s per direction against 238 for
-    the other pairs, every time."""
+def pair_kind(host: dict, topo: dict, facts: list, a: int, b: int, nccl: bool = True) -> tuple:
+    """What a pair is compared with, the way NCCL carries it. On one host: the GPU link
+    type where the host's topology says (NVLink and PCIe pairs differ), and whether NCCL
+    spreads the exchange over shared channels: it places point-to-point traffic by the
+    distance between the two ranks in the communicator, and at half the communicator's
+    size sending and receiving share the same channels (on 4 H200s on one NVSwitch ranks
+    0-2 and 1-3 exchanged at 157 GB/s per direction against 238 for the other pairs,
+    every time). Across hosts: over the network, NIC to NIC; channel sharing is an
+    NVLink matter and plays no part, so every cross-host pair is of one kind unless the
+    two hosts' NICs differ in rate (the slower NIC of the two sets the pair's peak).
+    `nccl`: whether the pairs run on NCCL (gloo has no channels)."""
+    if host[a] != host[b]:
+        return False, "net", _nic_rate(topo, host[a], host[b])
     n = len(host)
-    shared_channels = 2 * ((b - a) % n) == n
-    same = host[a] == host[b]
-    codes = (topo.get(host[a]) or {}).get("codes") if same else None
+    shared_channels = nccl and 2 * ((b - a) % n) == n
+    codes = (topo.get(host[a]) or {}).get("codes")
     da, db = facts[a]["device"], facts[b]["device"]
     link = codes[da][db] if codes and da is not None and db is not None and max(da, db) < len(codes) else None
-    return same, link, shared_channels
+    return True, link, shared_channels
 
 
-def both(first, second):
-    """The findings flagged in both measurements (the second run's evidence)."""
-    from ncclbench.api.verdict import DimFindings
+def _nic_rate(topo: dict, *hosts: str) -> float | None:
+    """The slower of the hosts' fastest active RDMA ports (GB/s), or None where unknown."""
+    rates = []
+    for h in hosts:
+        mine = [n.get("rate_gbps") for n in (topo.get(h) or {}).get("nics", [])
+                if (n.get("state") or "").upper() == "ACTIVE" and n.get("rate_gbps")]
+        if not mine:
+            return None
+        rates.append(max(mine))
+    return min(rates)
 
-    return DimFindings(groups={g: h for g, h in second.groups.items() if g in first.groups})
+
+def kind_text(kind: tuple) -> str:
+    """A pair kind in words, for the note on pairs that were not judged."""
+    same, link, third = kind
+    if not same:
+        return "across hosts over the network" + (f" (NIC {third:g} GB/s)" if third else "")
+    return ("on one host" + (f" over {link}" if link else "")
+            + (" at half the communicator (shared NCCL channels)" if third else ""))
+
+
+def best_cells(first: list, second: list) -> list:
+    """Each group's cells at their best over two measurements (the higher busbw of each
+    collective, size and placement): one-sided noise does not make a group slow."""
+    best: dict = {}
+    for c in first + second:
+        key = (c.group, c.key)
+        if key not in best or c.busbw > best[key].busbw:
+            best[key] = c
+    return list(best.values())
 
 
 def slow_groups(rel: dict, absolute: dict, instances: dict, floor) -> tuple[dict, list[str]]:

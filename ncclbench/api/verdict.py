@@ -316,65 +316,74 @@ def group_pair_rounds(groups: list[tuple[int, ...]]) -> list[list[tuple[int, int
     return [sorted(p for rounds in per_group if k < len(rounds) for p in rounds[k]) for k in range(depth)]
 
 
+def best_of(repeats: list[dict]) -> dict:
+    """{key: the highest value over the repeats that have it}: what a pair reaches at best.
+    Noise on a shared host or fabric is one-sided (contention only slows), a fault is not."""
+    out: dict = {}
+    for values in repeats:
+        for key, v in values.items():
+            out[key] = max(out.get(key, v), v)
+    return out
+
+
 def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, band: float,
-                      margins: dict | None = None) -> tuple[dict, dict]:
-    """({rank: evidence} slow with most of its partners, {(a, b): evidence} slow links) inside
-    each group, from repeated pair sweeps ({(a, b): GB/s}). Pairs are compared only with the
-    group's pairs of the same `kind(a, b)` (same host, same link type, ...), and only in a
-    kind of three pairs or more. A rank is slow in a sweep when at least two thirds of its
-    judged pairs (two at the least) fall below the band under the median of the pairs of
-    their kind that it is not in (its own pairs never set its bar: in a group of three, two
-    of the three pairs are its own); slow in every sweep = slow. A pair below the band under
-    its kind's reference in every sweep, that no slow rank explains, is a slow link.
-    `margins` (optional) gets {judged pair: its smallest fraction below its kind's reference
-    over the sweeps}: how close each pair came to being flagged."""
-    slow_pairs: dict = {}
-    slow_ranks: dict = {}
-    below: dict = {}
-    for n, busbw in enumerate(repeats):
-        pairs_seen, ranks_seen = {}, {}
-        for g in groups:
-            kinds: dict = {}
-            for (a, b), v in busbw.items():
-                if a in g and b in g:
-                    kinds.setdefault(kind(a, b), {})[(a, b)] = v
-            judged = {p: v for values in kinds.values() if len(values) >= 3 for p, v in values.items()}
-            for values in (v for v in kinds.values() if len(v) >= 3):
-                ref, _ = reference(list(values.values()))
-                for pair, v in values.items():
-                    frac = max(0.0, 1.0 - v / ref) if ref > 0 else 0.0
-                    below[pair] = frac if n == 0 else min(below.get(pair, frac), frac)
-                for pair, frac in slow_outliers(values, band).items():
-                    pairs_seen[pair] = (values[pair], frac, ref)
-            for r in g:
-                found = _slow_with_partners(r, judged, kinds, kind, band)
-                if found:
-                    ranks_seen[r] = found
-        slow_pairs = pairs_seen if n == 0 else {p: v for p, v in pairs_seen.items() if p in slow_pairs}
-        slow_ranks = ranks_seen if n == 0 else {r: v for r, v in ranks_seen.items() if r in slow_ranks}
+                      margins: dict | None = None, link_band: float | None = None) -> tuple[dict, dict]:
+    """({rank: evidence} slow ranks, {(a, b): evidence} slow links) inside each group, from
+    pair sweeps ({(a, b): GB/s}) judged at their best: each pair by its best sweep, each
+    rank by its best pair. Pairs are compared only with the group's pairs of the same
+    `kind(a, b)` (one host or across hosts, link type, ...), in a kind of three pairs or
+    more. A rank (with two pairs or more in the kind) is slow when even its best pair falls
+    below the band under the median of the kind's pairs without it (a slow NIC or rank
+    slows every pair it is in; a healthy rank has at least one fast partner; its own pairs
+    never set its bar, and a slow rank's pairs pull the bar of the others down, not up). A pair is a slow
+    link when its best sweep falls below the band under its kind's pairs and no slow rank
+    explains it (`link_band`, default `band`: one pair is noisier than a rank's best of
+    several). `margins` (optional) gets {"ranks": {rank: fraction below}, "pairs": {pair:
+    fraction below}, "judged": {pairs in a kind large enough}} for everything judged: how close
+    each came to being flagged (the pairs of a slow rank are not in "pairs")."""
+    best = best_of(repeats)
+    bad: dict = {}
+    links: dict = {}
+    below: dict = {"ranks": {}, "pairs": {}, "judged": set()}
+    for g in groups:
+        kinds: dict = {}
+        for (a, b), v in best.items():
+            if a in g and b in g:
+                kinds.setdefault(kind(a, b), {})[(a, b)] = v
+        for values in (v for v in kinds.values() if len(v) >= 3):
+            below["judged"] |= set(values)
+            _judge_kind(values, (band, band if link_band is None else link_band), bad, links, below)
     if margins is not None:
         margins.update(below)
-    bad = {r: f"{line}, each time" for r, line in slow_ranks.items()}
-    links = {p: (f"{v:.3g} GB/s, {100 * frac:.0f}% below the group's reference {ref:.3g} GB/s, each time")
-             for p, (v, frac, ref) in slow_pairs.items() if not set(p) & set(bad)}
-    return bad, links
+    bad = {r: f"{line}, at best over {len(repeats)} sweep(s)" for r, line in bad.items()}
+    return bad, {p: line for p, line in links.items() if not set(p) & set(bad)}
 
 
-def _slow_with_partners(r: int, judged: dict, kinds: dict, kind, band: float) -> str | None:
-    """Evidence that rank `r` is slow with most of its judged pairs, each held against the
-    median of the pairs of its kind without `r`; None when it is not."""
-    mine = {p: v for p, v in judged.items() if r in p}
-    hits = []
-    for pair, v in mine.items():
-        others = [w for q, w in kinds[kind(*pair)].items() if r not in q]
+def _judge_kind(values: dict, bands: tuple, bad: dict, links: dict, below: dict) -> None:
+    """One kind of pairs of one group ({pair: best GB/s}): its slow ranks and slow links
+    (`bands`: for ranks, for links)."""
+    band, link_band = bands
+    ranks = sorted({r for p in values for r in p})
+    mine = {r: {p: v for p, v in values.items() if r in p} for r in ranks}
+    for r in (r for r in ranks if len(mine[r]) >= 2):
+        others = [v for p, v in values.items() if r not in p]
         ref = statistics.median(others) if others else 0.0
-        if ref > 0 and v < ref * (1.0 - band):
-            hits.append((1.0 - v / ref, pair, v, ref))
-    if len(hits) < 2 or 3 * len(hits) < 2 * len(mine):
-        return None
-    frac, (a, b), v, ref = max(hits)
-    return (f"slow with {len(hits)} of its {len(mine)} partners in its group (worst: with rank {b if a == r else a}, "
-            f"{v:.3g} GB/s, {100 * frac:.0f}% below {ref:.3g} GB/s, the pairs of its kind without it)")
+        if ref <= 0:
+            continue
+        best = max(mine[r].values())
+        frac = max(0.0, 1.0 - best / ref)
+        below["ranks"][r] = max(below["ranks"].get(r, 0.0), frac)
+        if frac > band:
+            worst = min(mine[r], key=mine[r].get)
+            bad[r] = (f"slow with all {len(mine[r])} of its partners in its group: its best pair {best:.3g} GB/s "
+                      f"is {100 * frac:.0f}% below {ref:.3g} GB/s, the median of the pairs without it "
+                      f"(worst: with rank {worst[0] if worst[1] == r else worst[1]}, {mine[r][worst]:.3g} GB/s)")
+    clean = {p: v for p, v in values.items() if not set(p) & set(bad)}
+    pref, _ = reference(list(clean.values())) if len(clean) >= 2 else (0.0, 0.0)
+    for p, v in clean.items():
+        below["pairs"][p] = max(0.0, 1.0 - v / pref) if pref > 0 else 0.0
+    for p, frac in (slow_outliers(clean, link_band) if len(clean) >= 3 else {}).items():
+        links[p] = (f"{clean[p]:.3g} GB/s at best, {100 * frac:.0f}% below the group's reference {pref:.3g} GB/s")
 
 
 # ---- the report -------------------------------------------------------------------------------------

@@ -10,16 +10,18 @@ from ncclbench.errors import BenchError, CollectiveError, first_line
 PAIR_ITERS = 20
 
 
-def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream) -> tuple[dict, list]:
+def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream,
+                   cap_s: float | None = None) -> tuple[dict, list]:
     """One pass of `rounds` on the default group under `call`'s guard (an api GroupCall) for
     `limit` seconds, the ops on the stream `own_stream(backend, stream_null)` gives; this
-    rank's ({peer: seconds per exchange}, [peers whose data arrived wrong])."""
+    rank's ({peer: seconds per exchange}, [peers whose data arrived wrong]). `cap_s`: the
+    seconds one pair may take per round (engine.pairs.pair_effort)."""
     from ncclbench.backends.torch_dist import TorchBackend
     from ncclbench.engine.pairs import PairsPlan, measure_rounds
     from ncclbench.engine.watchdog import SizeWatchdog
 
     backend = TorchBackend.adopt(None)
-    plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None)
+    plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None, cap_s)
     board = call.board("e")
     what = f"{len(rounds)} round(s) of pair exchanges"
     board.reach(1, what)

@@ -125,6 +125,7 @@ class PairsPlan:
     fail_below: float | None
     json_path: str | None
     csv_path: str | None
+    pair_cap_s: float | None = None  # seconds one pair may take per round (preflight); None: no cap
 
     def fingerprint(self) -> tuple:
         """What every rank must agree on, or the rounds would not line up."""
@@ -155,15 +156,38 @@ def pattern_byte(rank: int) -> int:
     return rank % 251 + 1
 
 
+MIN_PAIR_BYTES = 4096
+MIN_CAPPED_ITERS = 2
+OPS_AROUND = 5  # per pair and round, besides the timed ones: the timing engine's untimed op and its four aligning ops
+
+
+def pair_effort(probe_s: float, nbytes: int, iters: int, cap_s: float | None) -> tuple[int, int]:
+    """(bytes, timed iterations) for a pair whose first exchange of `nbytes` took `probe_s`,
+    so that its round fits `cap_s`: fewer iterations first, then (a pair far slower than
+    the cap allows) fewer bytes, halved down to MIN_PAIR_BYTES. Without a cap: unchanged."""
+    if cap_s is None or probe_s <= 0:
+        return nbytes, iters
+    per = probe_s
+    fit = int(cap_s / per) - OPS_AROUND
+    if fit >= MIN_CAPPED_ITERS:
+        return nbytes, min(iters, fit)
+    size = nbytes
+    while size // 2 >= MIN_PAIR_BYTES and (MIN_CAPPED_ITERS + OPS_AROUND) * per * size / nbytes > cap_s:
+        size //= 2
+    return size, MIN_CAPPED_ITERS
+
+
 def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], list[int]]:
     """This rank's seconds per exchange with each peer, and the peers whose data arrived
-    wrong. Every rank runs measure() once per round, idle or not: it holds a barrier."""
+    wrong. Every rank runs measure() once per round, idle or not: it holds a barrier. With
+    `plan.pair_cap_s`, each pair's first exchange is timed, every rank learns every probe,
+    and each pair runs the effort pair_effort gives it (the same on both sides); a pair run
+    on fewer bytes reports its time scaled to `plan.nbytes` (the same bytes per second),
+    and each pair's time is its fastest iteration's."""
     import torch.distributed as dist
 
-    from ncclbench.engine.timing import TimingSettings, measure
     from ncclbench.failpoints import failpoint
 
-    settings = TimingSettings(iters=plan.iters)
     send = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
     recv = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
     send.fill_(pattern_byte(backend.rank))
@@ -171,20 +195,66 @@ def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], 
     wrong: list[int] = []
     for pairs in rounds:
         peer = peer_in_round(pairs, backend.rank)
+        exchange = None
+        if peer is not None:
+            recv.zero_()
+            # a failpoint here can slow this rank's exchanges (a slow node, inside the timed region)
+            exchange = failpoint("pairs.exchange", PairExchange(backend, peer, send, recv), rank=backend.rank,
+                                 global_rank=dist.get_rank(), synchronize=backend.synchronize)
+        nbytes, iters, warmups = plan.nbytes, plan.iters, plan.warmup_iters
+        capped = plan.pair_cap_s is not None
+        if capped:
+            probe = _timed_once(backend, exchange)
+            everyone = backend.all_gather_object(probe)
+            warmups = 0  # the probe was the warm-up
+            if peer is not None:
+                nbytes, iters = pair_effort(max(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
         if peer is None:
-            measure(backend, lambda _i: None, settings)  # sit out, but keep the barriers in step
+            _timed(backend, lambda _i: None, iters, capped)  # sit out, but keep the barriers in step
             continue
-        recv.zero_()
-        # a failpoint here can slow this rank's exchanges (a slow node, inside the timed region)
-        exchange = failpoint("pairs.exchange", PairExchange(backend, peer, send, recv), rank=backend.rank,
-                             global_rank=dist.get_rank(), synchronize=backend.synchronize)
-        for _ in range(plan.warmup_iters):
+        exchange = _sliced(backend, exchange, peer, send, recv, nbytes, plan.nbytes)
+        for _ in range(warmups):
             exchange()
-        times[peer] = measure(backend, exchange, settings).device_s
+        times[peer] = _timed(backend, exchange, iters, capped) * plan.nbytes / nbytes
         backend.synchronize()
-        if not bool((recv == pattern_byte(peer)).all()):
+        if not bool((recv[:nbytes] == pattern_byte(peer)).all()):
             wrong.append(peer)
     return times, wrong
+
+
+def _sliced(backend, exchange, peer: int, send, recv, nbytes: int, full: int):
+    """The exchange on the first `nbytes` of the buffers (itself at `full`), through the
+    same failpoint."""
+    if nbytes >= full:
+        return exchange
+    import torch.distributed as dist
+
+    from ncclbench.failpoints import failpoint
+
+    return failpoint("pairs.exchange", PairExchange(backend, peer, send[:nbytes], recv[:nbytes]),
+                     rank=backend.rank, global_rank=dist.get_rank(), synchronize=backend.synchronize)
+
+
+def _timed_once(backend, exchange) -> float:
+    """Seconds of one exchange, host clock around it and the device (0.0 when idle)."""
+    import time
+
+    if exchange is None:
+        return 0.0
+    backend.synchronize()
+    start = time.perf_counter()
+    exchange()
+    backend.synchronize()
+    return time.perf_counter() - start
+
+
+def _timed(backend, exchange, iters: int, best: bool = False) -> float:
+    """Seconds per exchange: the mean over `iters`, or with `best` the fastest iteration
+    (what the pair reaches: noise on a shared host only ever slows an iteration)."""
+    from ncclbench.engine.timing import TimingSettings, measure
+
+    timing = measure(backend, exchange, TimingSettings(iters=iters, per_iter=best))
+    return min(timing.per_iter_s) if best and timing.per_iter_s else timing.device_s
 
 
 def first_collective(backend) -> None:
