@@ -223,8 +223,10 @@ class SimFleet:
             with self._inside(a) as ns:
                 eth0 = ns.link_lookup(ifname="eth0")[0]
                 ns.tc("add", "htb", index=eth0, handle="1:", default=0x10)
-                ns.tc("add-class", "htb", index=eth0, handle="1:10", parent="1:", rate="10gbit",
-                      burst=1 << 20, cburst=1 << 20)
+                # the rest unlimited in effect: 400 Gbit/s (a 64-bit rate), far above what a
+                # veth moves; a 10 Gbit/s class here capped the host's other traffic too
+                ns.tc("add-class", "htb", index=eth0, handle="1:10", parent="1:", rate="400gbit",
+                      ceil="400gbit", burst=1 << 22, cburst=1 << 22)
                 ns.tc("add-class", "htb", index=eth0, handle="1:20", parent="1:", rate=rate)
                 ns.tc("add-filter", "u32", index=eth0, handle=0, parent="1:", prio=1, protocol=0x0800,
                       target="1:20", keys=[f"0x{dst}/0xffffffff+16"])

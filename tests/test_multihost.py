@@ -85,7 +85,7 @@ def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
         capped_nic = _throughput(fleet, 0, 1, 5103, 8)
     limit = 80e6 / 8 * 2  # the cap, with room for what sits in socket buffers
     assert capped_link < limit and capped_nic < limit, (capped_link, capped_nic)
-    assert free > 3 * limit and other > 3 * limit, (free, other)
+    assert free > 3 * limit and other > 0.5 * free, (free, other)  # the link's cap is the link's alone
 
 
 @rig

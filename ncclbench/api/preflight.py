@@ -172,7 +172,10 @@ class Preflight:
         from ncclbench.api import within
 
         plans = self.plans.values()
-        alone = within.judge_alone(self, max(p["max_bytes"] for p in plans), max(p["iters"] for p in plans))
+        solo_bytes = max(p["max_bytes"] for p in plans)
+        if "nccl" in self.backends.values():  # a GPU's op alone must outlast its host's call (~20 us)
+            solo_bytes = max(solo_bytes, within.SOLO_MIN_BYTES_GPU)
+        alone = within.judge_alone(self, solo_bytes, max(p["iters"] for p in plans))
         paired, links = within.judge_inside_pairs(self, self.pair_bytes(), PAIR_SHARE * self.setup["budget"])
         self._phase("ranks alone and in pairs")
         for r, line in paired.items():

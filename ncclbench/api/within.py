@@ -25,6 +25,11 @@ from ncclbench.engine.collectives import ALL_GATHER
 MAX_SWEEPS = 3
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
 SOLO_COLLECTIVE = ALL_GATHER
+# A one-rank op on a GPU is a copy in its own memory: at the groups' sizes (chosen by the
+# network's time: 4-16 MiB across hosts) it takes 8-20 us, less than torch's host cost per
+# call, so its per-iteration time measured the host (a healthy rank 39% "slow" alone on 4
+# one-GPU hosts over sockets). At 256 MiB the copy takes ~150 us and the device times it.
+SOLO_MIN_BYTES_GPU = 256 << 20
 
 
 def solo_times(pf, nbytes: int, iters: int) -> dict:

@@ -53,7 +53,7 @@ def read_for_run(plan, backend, runner, buffers) -> Path | None:
 def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:
     """(a verdict's transport lines, the peak of the path) from the path NCCL's log named, or
     None when it was not read (then the verdict says what it inferred)."""
-    from ncclbench.topology.pathexplain import causes, path_peak
+    from ncclbench.topology.pathexplain import against_peak, causes, path_peak
 
     view = Path.from_dict(path)
     if view is None or view.empty:
@@ -61,7 +61,7 @@ def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None)
     peak, what = path_peak(view, nvlink_peak)
     lines = [line.strip() for line in view.lines()]
     if best is not None:
-        lines.append(f"best busbw {best:.4g} GB/s" + (f" = {100 * best / peak:.1f} % of {what}" if peak else f" ({what})"))
+        lines.append(f"best busbw {best:.4g} GB/s{against_peak(best, peak, what)}")
     return lines + [f"cause: {c}" for c in causes(view, None, None)], peak
 
 

@@ -57,14 +57,19 @@ def path_peak(path: Path | None, nvlink_peak: float | None) -> tuple[float | Non
     return None, f"no link peak is known for {kind or 'this path'}"
 
 
+def against_peak(best: float, peak: float | None, what: str) -> str:
+    """What follows a best busbw: `= N % of <peak>`, or why no percentage is given."""
+    if peak and best > 1.1 * peak:  # a virtual NIC's nominal speed (veth says 10000 Mb/s) bounds nothing
+        return f", above {what}: that rate is not this path's real bound"
+    if peak:
+        return f" = {100.0 * best / peak:.1f} % of {what}"
+    return f" ({what})"
+
+
 def peak_line(best: float, path: Path | None, nvlink_peak: float | None) -> str:
     """The trailer's '# Best busbw ...' line, against the peak of the path actually used."""
     peak, what = path_peak(path, nvlink_peak)
-    if peak and best > 1.1 * peak:  # a virtual NIC's nominal speed (veth says 10000 Mb/s) bounds nothing
-        return f"# Best busbw {best:.2f} GB/s, above {what}: that rate is not this path's real bound"
-    if peak:
-        return f"# Best busbw {best:.2f} GB/s = {100.0 * best / peak:.1f} % of {what}"
-    return f"# Best busbw {best:.2f} GB/s ({what})"
+    return f"# Best busbw {best:.2f} GB/s{against_peak(best, peak, what)}"
 
 
 def causes(path: Path, facts: dict | None = None, environ: dict | None = None) -> list[str]:
