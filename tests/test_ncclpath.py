@@ -380,3 +380,31 @@ def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["nccl_path"]["label"] == "NET/Socket + P2P/CUMEM"
     assert {(p["rank_a"], p["rank_b"]): p["path"] for p in doc["pairs"]}[(0, 1)] == "P2P/CUMEM"
+
+
+# ---- logs NCCL 2.28.9 wrote on 4 H100s (one host; 2 and 4 simulated hosts over sockets) --------
+@pytest.mark.parametrize("case, transports, hosts, network_used", [
+    ("h100-one-host-default", {"P2P/CUMEM"}, ["vm"], False),
+    ("h100-one-host-p2p-disabled", {"SHM"}, ["vm"], False),
+    ("h100-one-host-sockets", {"NET/Socket"}, ["vm"], True),
+    ("h100-two-hosts-socket", {"NET/Socket", "P2P/CUMEM"}, ["simnode0", "simnode1"], True),
+    ("h100-four-hosts-socket", {"NET/Socket"}, [f"simnode{i}" for i in range(4)], True),
+])
+def test_real_logs_read_as_the_path_nccl_took(case, transports, hosts, network_used):
+    path = path_of(case)
+    assert set(path.transports()) == transports
+    assert sorted({p.get("host") for p in path.processes}) == hosts and len(path.processes) == 4
+    assert path.uses_network == network_used
+    if network_used:
+        assert path.network == "Socket" and path.gdr == 0 and path.pxn == 0
+    if case == "h100-two-hosts-socket":  # between hosts over the network, within one over NVLink
+        assert path.transports()["NET/Socket"] == {(0, 2), (1, 2), (2, 0), (3, 0)}
+        assert path.transports()["P2P/CUMEM"] == {(0, 1), (1, 0), (2, 3), (3, 2)}
+
+
+def test_explain_names_the_cause_in_real_logs():
+    r = run_cli(["explain", str(LOGS / "h100-one-host-p2p-disabled")], timeout=60)
+    assert r.returncode == 0 and "SHM" in r.stdout and "NCCL_P2P_DISABLE=1" in r.stdout, r.stdout + r.stderr
+    r = run_cli(["explain", str(LOGS / "h100-two-hosts-socket")], timeout=60)
+    assert r.returncode == 0 and "NET/Socket" in r.stdout and "P2P/CUMEM" in r.stdout, r.stdout + r.stderr
+    assert "network Socket" in r.stdout and "NCCL_IB_DISABLE=1" in r.stdout
