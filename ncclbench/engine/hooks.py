@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+import time
 
 from ncclbench.engine import hang, peers
 from ncclbench.engine.guard import CAUSE_GRACE_S, CAUSE_KEY, lost_peer, post_cause, read_cause
@@ -14,6 +16,9 @@ from ncclbench.engine.signals import _held_signals, hold_termination_signals, st
 from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
 from ncclbench.errors import ExitCode, RankFailures, error_line, first_line, ranks_list
 from ncclbench.launch import stop as rank_stop
+
+
+_TIMING_OUT = threading.Event()  # set once this rank's -T verdict is being written
 
 
 class RankHooks:
@@ -58,6 +63,9 @@ class RankHooks:
         launcher (which told this rank); under other launchers rank 0 names it when it finds
         it dead (engine.peers), else says that it lost a peer, and the launcher's own report
         names which."""
+        if _TIMING_OUT.is_set():  # the -T verdict is being written on the watchdog's thread,
+            _TIMING_OUT.wait()     # which ends the process: a peer lost after it is no cause
+            time.sleep(30)
         host = socket.gethostname()
         store = getattr(board, "store", None)
         if rank_stop.death() is None and not lost_peer(f"{type(exc).__name__}: {exc}"):  # the whole text
@@ -91,8 +99,12 @@ class RankHooks:
         leaves, and its peers wait inside NCCL until -T). `finish(message)` (rank 0 once its
         report began, else None) writes the report's trailer. A rank stopping because a peer
         died leaves the outcome to its stop thread: that is no timeout."""
-        if rank_stop.stopping():
+        if rank_stop.stopping() or not rank_stop.take_outcome():
             return
+        _TIMING_OUT.set()
+        # this thread writes the outcome from here: a peer that ends after the verdict (a
+        # launcher's SIGTERM, the hung rank killed) is no second cause for the stop thread
+        rank_stop.outcome_code(ExitCode.TIMEOUT)
         if rank != 0:
             rank0_stopped = census.reporter_stopped()  # rank 0 decides: stopped, it never will
             if rank0_stopped and one_node_spawn():
