@@ -189,9 +189,16 @@ def test_exit_code_of_failures_prefers_the_run_verdict():
 
 
 def test_buffers_that_cannot_be_allocated_end_in_one_line():
-    """1 PB of host buffers (beyond any address space): every rank fails to allocate, the
-    run ends with one error line and exit 2, no traceback."""
-    r = run_cli(["allreduce", "-g", "2", "--backend", "gloo", "-b", str(10**15), "-e", str(10**15), "--no-save"])
+    """1 PB of host buffers (beyond any address space). With -g the launcher refuses it
+    before any rank starts (host memory, exit 5); a rank started by an outside launcher
+    fails to allocate: one error line and exit 2. No traceback either way."""
+    args = ["allreduce", "--backend", "gloo", "-b", str(10**15), "-e", str(10**15), "--no-save"]
+    r = run_cli([*args, "-g", "2"])
+    assert r.returncode == 5, r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "of host memory" in errors[0] and "Traceback" not in r.stderr, r.stderr
+    r = run_cli(args, env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731"})
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and errors[0].startswith("ncclbench: error: cannot allocate the buffers"), r.stderr
