@@ -253,12 +253,7 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
     with its state, which rank 2, its host mate, read and posted in the store; the ranks on
     simnode1 end it. (With one rank per host the frozen rank is named as silent instead.)"""
     with netsim.SimFleet(2) as fleet:
-        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
-        nodes = [fleet.start(i, cmd, nproc=2, port=29571) for i in range(2)]
-        run = Run.__new__(Run)
-        run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
-        threading.Thread(target=run._err, daemon=True).start()
-        threading.Thread(target=nodes[1].communicate, daemon=True).start()
+        nodes, run = _two_hosts(fleet, tmp_path, 29571)
         try:
             run.wait_rows(4)
             time.sleep(0.3)
@@ -272,12 +267,16 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
 
 
 
-def _link_down(fleet, i: int) -> None:
-    """Node i's network gone (its one interface down); netsim's own link_down where it has one."""
-    if hasattr(fleet, "link_down"):
-        fleet.link_down(i)
-        return
-    subprocess.run(["ip", "-n", fleet.spaces[i], "link", "set", "eth0", "down"], check=True, capture_output=True)
+def _two_hosts(fleet, tmp_path, port: int):
+    """2 ranks on each of two simulated hosts; host 0's launcher read as a Run (its ranks'
+    pids, rows and error lines), host 1's output drained."""
+    cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
+    nodes = [fleet.start(i, cmd, nproc=2, port=port) for i in range(2)]
+    run = Run.__new__(Run)
+    run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
+    threading.Thread(target=run._err, daemon=True).start()
+    threading.Thread(target=nodes[1].communicate, daemon=True).start()
+    return nodes, run
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -285,16 +284,11 @@ def test_a_host_whose_network_is_gone_is_named_as_not_answering(tmp_path):
     """Two simulated hosts x 2 ranks, simnode1's interface taken down mid-sweep: ranks 2,3
     (simnode1) did not answer, ranks 0,1 waited for them; every process of both hosts ends."""
     with netsim.SimFleet(2) as fleet:
-        cmd = cli_command() + ARGS + ["--csv", str(tmp_path / "r.csv")]
-        nodes = [fleet.start(i, cmd, nproc=2, port=29572) for i in range(2)]
-        run = Run.__new__(Run)
-        run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
-        threading.Thread(target=run._err, daemon=True).start()
-        threading.Thread(target=nodes[1].communicate, daemon=True).start()
+        nodes, run = _two_hosts(fleet, tmp_path, 29572)
         try:
             run.wait_rows(4)
             time.sleep(0.3)
-            _link_down(fleet, 1)
+            fleet.link_down(1)
             down = time.monotonic()
             gone = run.finish()
             nodes[1].wait(timeout=60)
