@@ -64,8 +64,7 @@ class RankHooks:
         it dead (engine.peers), else says that it lost a peer, and the launcher's own report
         names which."""
         if _TIMING_OUT.is_set():  # the -T verdict is being written on the watchdog's thread,
-            _TIMING_OUT.wait()     # which ends the process: a peer lost after it is no cause
-            time.sleep(30)
+            time.sleep(30)         # which ends the process: a peer lost after it is no cause
         host = socket.gethostname()
         store = getattr(board, "store", None)
         if rank_stop.death() is None and not lost_peer(f"{type(exc).__name__}: {exc}"):  # the whole text
