@@ -10,7 +10,8 @@ judged is what a node or a pair reaches at best, never an average:
 
 - **Each node alone**: too few GPUs (against --gpus-per-node or the most common count), a
   GPU model other than the most common, or its node-local all_reduce / all_gather busbw slow
-  against the other nodes' (the robust reference of ncclbench.api.verdict).
+  against the other nodes' (the robust reference of ncclbench.api.verdict), at its best over
+  up to 1 + CONFIRM readings (a node slow in one is measured again).
 - **The cut** of each rail: the reference is the median of the better half of the screening
   tests; the healthy spread is read from the values above it only (the top quarter of the
   tests, which contention does not reach); the cut lies max(band, 5 healthy standard
