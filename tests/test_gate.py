@@ -4,8 +4,10 @@ and a run that never takes the host down (-g checked against its memory)."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -73,6 +75,106 @@ def test_host_bound_rows_are_judged_against_the_host_cost():
     assert noise.judge(base, late, 0.05).slower
 
 
+def test_host_bound_is_read_from_the_fastest_block():
+    """With samples, a row is host-bound when even its fastest block of iterations was not
+    held back by the GPU (faster than HOST_PACED x the host's cost per call)."""
+    paced = _side(50.0, spread=0.1, host_us=48.0, eager=True)       # fastest ~45 us < 1.1 x 48
+    device = _side(65.0, spread=0.02, host_us=50.0, eager=True)     # fastest ~64 us > 1.1 x 50
+    assert paced.host_bound and not device.host_bound
+    assert not _side(50.0, spread=0.1, host_us=48.0, eager=False).host_bound  # gloo, graphs: never
+
+
+def _floor_sides(times, on_host=True):
+    return [noise.Side(time_us=t, samples_us=(t,) * 20, summary=noise.summarise([t] * 20), on_host=on_host,
+                       size_bytes=8 << i) for i, t in enumerate(times)]
+
+
+def test_level_spread_reads_the_latency_floor_only():
+    rng = random.Random(4)
+    floor = [50.0 * math.exp(rng.gauss(0, 0.2)) for _ in range(12)]
+    big = [400.0, 1600.0, 6400.0]  # rows whose time grows with the size: not the floor
+    spread = noise.level_spread(_floor_sides(floor + big))
+    assert 0.1 < spread < 0.35  # ~0.2, the spread planted, whatever the large rows do
+    assert math.isnan(noise.level_spread(_floor_sides(floor[:5] + big)))  # too few rows on the floor
+    assert math.isnan(noise.level_spread(_floor_sides(floor, on_host=False)))  # device-paced rows carry none
+
+
+def _floor_doc(times: list, seed: int, spread=0.02, backend="gloo"):
+    """An ncclbench JSON document of one sweep whose rows take `times` us, tight iterations."""
+    rng = random.Random(seed)
+    results = []
+    for i, t in enumerate(times):
+        size = 8 << (2 * i)
+        row = {"size": size, "count": max(1, size // 4), "type": "float", "redop": "sum", "root": "    -1"}
+        for placement in ("out_of_place", "in_place"):
+            samples = [t * (1 + rng.uniform(-spread, spread)) for _ in range(20)]
+            mean = sum(samples) / 20
+            row[placement] = {"time": mean, "alg_bw": size / mean / 1e3, "bus_bw": size / mean / 1e3, "nwrong": 0.0}
+            row[f"{placement}_noise"] = noise.summarise(samples)
+        results.append(row)
+    return {"version": 3, "args": ["all_reduce"], "results": results,
+            "ncclbench": {"collective": "all_reduce", "backend": backend, "mode": "eager", "ranks": 2}}
+
+
+def test_a_row_moved_by_the_hosts_pace_passes_a_late_rank_does_not(tmp_path):
+    """Two gloo runs whose floor rows (8 B-8 KiB) are each tight but spread 25% apart from
+    each other, as a busy host leaves them: one row 1.6x slower in NEW is within the runs'
+    level spread (the old rule failed it: all its iterations moved); a rank 2 ms late per
+    call moves every row far beyond it; in runs whose floors are tight, the same 1.6x fails."""
+    pattern = [-0.3, 0.2, 0.0, -0.15, 0.35, -0.25]  # log spread 0.3 (1.4826 x its median deviation)
+    base_times = [60.0 * math.exp(v) for v in pattern]
+    new_times = [60.0 * math.exp(v) for v in reversed(pattern)]
+    new_times[2] = base_times[2] * 1.6
+    base = _write(tmp_path / "a.json", _floor_doc(base_times, seed=1))
+    new = _write(tmp_path / "b.json", _floor_doc(new_times, seed=2))
+    moved = _compare(base, new)
+    assert moved.exit_code == 0 and "level spread allows" in moved.output, moved.output
+    late = _write(tmp_path / "late.json", _floor_doc([t + 2000.0 for t in base_times], seed=3))
+    caught = _compare(base, late)
+    assert caught.exit_code == 1 and caught.output.count("REGRESSION") == 12, caught.output
+    tight = [60.0 * (1 + 0.01 * i) for i in range(6)]
+    tight_new = list(tight)
+    tight_new[2] *= 1.6
+    shown = _compare(_write(tmp_path / "c.json", _floor_doc(tight, seed=4)),
+                     _write(tmp_path / "d.json", _floor_doc(tight_new, seed=5)))
+    assert shown.exit_code == 1 and shown.output.count("REGRESSION") == 2, shown.output
+
+
+# ---- recorded GPU runs ----------------------------------------------------------------------------------
+H200 = Path(__file__).parent / "fixtures" / "gate" / "h200-4gpu"
+
+
+def _regressed(base, new) -> list:
+    c = compare_frames(read_results(base), read_results(new))
+    rows = c.rows[c.rows["status"] == "regression"]
+    return sorted({int(v) for v in rows["size_bytes"]})
+
+
+def test_recorded_h200_healthy_pairs_pass_and_every_plant_is_caught(tmp_path):
+    """11 back-to-back healthy runs and 3 planted ones on 4 H200 (fixtures/gate/h200-4gpu):
+    every healthy pair and every run against a baseline of the first three pass; fewer
+    channels, another protocol and a late rank fail at the sizes they slow."""
+    healthy = [H200 / f"healthy{i:02d}.json" for i in range(11)]
+    assert [_regressed(a, b) for a, b in zip(healthy, healthy[1:])] == [[]] * 10
+    base = tmp_path / "base.json"
+    made = CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)])
+    assert made.exit_code == 0, made.output
+    assert [_regressed(base, h) for h in healthy[3:]] == [[]] * 8
+    for against in (healthy[-1], base):
+        assert _regressed(against, H200 / "planted-nchannels2.json") == [2 << 20, 8 << 20, 32 << 20, 128 << 20]
+        assert _regressed(against, H200 / "planted-proto-simple.json") == [8 << 20]
+        assert len(_regressed(against, H200 / "planted-late-rank.json")) == 13  # every size
+
+
+def test_recorded_h200_pairs_fail_without_the_level_rule(monkeypatch):
+    """The same healthy pairs under the rule without the level spread (LEVEL_Z = 0): most
+    fail, as they did before it (7 of 10), so the rule above is what passes them."""
+    monkeypatch.setattr(noise, "LEVEL_Z", 0.0)
+    healthy = [H200 / f"healthy{i:02d}.json" for i in range(11)]
+    failed = sum(1 for a, b in zip(healthy, healthy[1:]) if _regressed(a, b))
+    assert failed >= 5
+
+
 # ---- compare on files ------------------------------------------------------------------------------
 def _doc(times: dict, seed: int, spread=0.03, noise_kept=True, wrong=0.0, ranks=4):
     """An ncclbench JSON document: all_reduce rows with samples around `times[size]` us."""
@@ -128,7 +230,9 @@ def test_planted_regressions_are_caught(tmp_path):
     assert result.exit_code == 1 and result.output.count("REGRESSION") == 4, result.output
     late = {s: t + 2000.0 for s, t in BASE_TIMES.items()}  # a rank 2 ms late per call
     result = _compare(base, _write(tmp_path / "c.json", _doc(late, seed=3, spread=0.1)))
-    assert result.exit_code == 1 and result.output.count("REGRESSION") == 10, result.output
+    # every row up to 1 MiB; the 16 MiB row, 17% slower, stays within six level spreads of
+    # the late run's floor (its rows, all ~2 ms, spread 3%)
+    assert result.exit_code == 1 and result.output.count("REGRESSION") == 8, result.output
 
 
 def test_tiny_busbw_is_never_judged_by_rounded_numbers(tmp_path):

@@ -32,6 +32,7 @@ WITHIN_NOISE, HOST_COST = "within_noise", "host_cost"  # slower than the thresho
 FAILING_STATUSES = (REGRESSION, WRONG)
 ALL_STATUSES = (REGRESSION, WRONG, IMPROVED, OK, WITHIN_NOISE, HOST_COST, NOT_COMPARABLE)
 TINY_BUSBW = 0.05  # GB/s: printed with two decimals it keeps no digit worth a ratio
+CPU_BACKENDS = ("gloo",)  # the host runs the collective itself: every row is level-noisy (results.noise)
 
 # Ratios exactly at the threshold (0.95 for 5%) must not flip on float rounding.
 _RATIO_EPSILON = 1e-9
@@ -135,6 +136,9 @@ def _sides(frame: pd.DataFrame) -> dict:
     host_possible = pd.Series(False, index=frame.index)
     if "backend" in frame.columns and "mode" in frame.columns:
         host_possible = (frame["backend"].astype(str) == "nccl") & (frame["mode"].astype(str) == "eager")
+    on_host = pd.Series(False, index=frame.index)
+    if "backend" in frame.columns:
+        on_host = frame["backend"].astype(str).isin(CPU_BACKENDS)
     columns = {c: frame[c] if c in frame.columns else pd.Series(math.nan, index=frame.index, dtype=object)
                for c in ("host_us", "noise_samples_us", "noise_run_medians_us", *noise.CSV_COLUMNS)}
     sides: dict[tuple, list] = {}
@@ -147,7 +151,8 @@ def _sides(frame: pd.DataFrame) -> dict:
             samples_us=tuple(samples) if isinstance(samples, tuple) else (),
             summary=summary if not math.isnan(summary["median_us"]) else None,
             run_medians_us=tuple(medians) if isinstance(medians, tuple) else (),
-            host_us=_float(columns["host_us"][i]), host_bound_possible=bool(host_possible[i])))
+            host_us=_float(columns["host_us"][i]), host_bound_possible=bool(host_possible[i]),
+            on_host=bool(on_host[i]), size_bytes=int(key[MATCH_KEYS.index("size_bytes")])))
     out = {}
     for key, group in sides.items():
         if len(group) == 1:
@@ -155,8 +160,21 @@ def _sides(frame: pd.DataFrame) -> dict:
         else:
             one = noise.pooled(group)
             one.time_us, one.host_us = group[-1].time_us, group[-1].host_us
+            one.size_bytes, one.on_host = group[-1].size_bytes, group[-1].on_host
             out[key] = one
+    for part in _by_collective(out):
+        level = noise.level_spread(part)
+        for side in part:
+            side.level = level
     return out
+
+
+def _by_collective(sides: dict) -> list[list]:
+    """The sides of each (collective, dtype, op, root): one sweep's rows."""
+    groups: dict[tuple, list] = {}
+    for key, side in sides.items():
+        groups.setdefault(key[:4], []).append(side)
+    return list(groups.values())
 
 
 def _float(value) -> float:
@@ -248,10 +266,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     new_only = merged[merged["_merge"] == "right_only"]
 
     by_time = _same_ranks(base_rows, new_rows)
-    judged = []
-    for record in matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records"):
-        key = tuple(record[k] for k in MATCH_KEYS)
-        judged.append(_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time))
+    records = matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records")
+    keys = [tuple(record[k] for k in MATCH_KEYS) for record in records]
+    judged = [_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time)
+              for record, key in zip(records, keys)]
     status, ratio, noise_text, host_bound = (list(column) for column in zip(*judged)) if judged else ([], [], [], [])
     ratio = pd.Series(ratio, index=matched.index, dtype=float)
     matched = matched.assign(ratio=ratio, change_pct=(ratio - 1) * 100, status=status, noise=noise_text,

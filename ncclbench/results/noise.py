@@ -17,6 +17,17 @@ show (docs/results.md, "How compare judges a row"):
 
 A baseline from several runs (`ncclbench baseline`) pools their samples, so its middle half
 holds the spread between runs too, and NEW must also be slower than its slowest run's median.
+
+Rows whose pace the host can set (host-bound rows of eager torch NCCL; every row of a CPU
+backend: "level-noisy") also shift as a whole between runs: a small row lasts a millisecond
+or two, and a slower or faster spell of the host moves all of its iterations, which no test
+on that row's samples can tell from a real change. The same spell moves the rows of one run
+apart from each other, and on the latency floor (rows whose time does not grow with the
+size) they would otherwise take the same time: `level_spread` reads each file's spread
+there. A level-noisy row must also be slower than LEVEL_Z of the two files' spreads
+combined. A change of every row (a late rank) moves the whole floor, not its spread, and
+stays far beyond it; device-paced rows (the GPU, not the host, set their time) are judged
+without it.
 """
 
 from __future__ import annotations
@@ -27,7 +38,12 @@ from typing import Sequence
 
 MIN_SAMPLES = 5     # fewer samples on a side: no rank test, no spread of iterations
 ALPHA = 0.01        # one-sided significance of the Mann-Whitney test
-HOST_BOUND = 1.2    # a row whose time is within this factor of its host cost per call is host-bound
+HOST_BOUND = 1.2    # without samples: a row whose time is within this factor of its host cost per call is host-bound
+HOST_PACED = 1.1    # with samples: a row whose fastest block of iterations took less than this factor of the
+                    # host's cost per call per op is host-bound (the GPU did not hold the host back even then)
+LEVEL_Z = 6.0       # a level-noisy row regresses beyond this many level spreads (of its two files, combined)
+LEVEL_MIN_ROWS = 6  # fewer level-noisy rows on a file's latency floor: no level spread is read from it
+LEVEL_FLOOR = 2.0   # the latency floor: rows within this factor of the smallest size's time
 
 # CSV columns, in order; the JSON's `<placement>_noise` object holds the same keys without
 # the `noise_` prefix, plus `samples_us`.
@@ -119,6 +135,9 @@ class Side:
     run_medians_us: tuple[float, ...] = ()  # one per run or repeat pooled into it (several: a baseline)
     host_us: float = math.nan          # host time per call; NaN when the file lacks it
     host_bound_possible: bool = False  # eager torch NCCL: a row can be set by the host's cost per call
+    on_host: bool = False              # a CPU backend (gloo): the host does the collective itself
+    size_bytes: int = 0
+    level: float = math.nan            # its file's level_spread
 
     @property
     def has_summary(self) -> bool:
@@ -130,8 +149,24 @@ class Side:
 
     @property
     def host_bound(self) -> bool:
-        return (self.host_bound_possible and self.host_us > 0 and math.isfinite(self.host_us)
-                and 0 < self.time_us <= HOST_BOUND * self.host_us)
+        """The host's cost per call can have set this row's time: its fastest block of
+        iterations ran faster than HOST_PACED x that cost per op (with samples), or its
+        time is within HOST_BOUND x that cost (without)."""
+        if not (self.host_bound_possible and self.host_us > 0 and math.isfinite(self.host_us)):
+            return False
+        fastest = (self.summary or {}).get("min_us")
+        if self.has_summary and fastest is not None and math.isfinite(fastest):
+            return fastest < HOST_PACED * self.host_us
+        return 0 < self.time_us <= HOST_BOUND * self.host_us
+
+    @property
+    def level_noisy(self) -> bool:
+        """Its time moves with the host's pace from run to run (see the module's text)."""
+        return self.on_host or self.host_bound
+
+    @property
+    def median_us(self) -> float:
+        return self.summary["median_us"] if self.has_summary else self.time_us
 
 
 @dataclass
@@ -141,6 +176,25 @@ class Verdict:
     detail: str       # the numbers the decision read, for the report
     host_bound: bool = False  # set by the host's cost per call in BASE or NEW
     p_value: float = math.nan
+
+
+def level_spread(sides: Sequence[Side]) -> float:
+    """The level spread of one file: 1.4826 x the median absolute deviation of the log median
+    time of its level-noisy rows on the latency floor (a standard deviation for normal noise,
+    unmoved by a few outliers). The floor: rows within LEVEL_FLOOR x the median time of the
+    level-noisy rows of the file's smallest size, whose time does not grow with the size, so
+    that they differ only by the host's pace while each ran. NaN with fewer than
+    LEVEL_MIN_ROWS such rows (the other checks decide alone)."""
+    noisy = [s for s in sides if s.level_noisy and s.median_us > 0 and s.size_bytes > 0]
+    if len(noisy) < LEVEL_MIN_ROWS:
+        return math.nan
+    smallest = min(s.size_bytes for s in noisy)
+    floor = quantile(sorted(s.median_us for s in noisy if s.size_bytes == smallest), 0.5)
+    logs = sorted(math.log(s.median_us) for s in noisy if s.median_us <= LEVEL_FLOOR * floor)
+    if len(logs) < LEVEL_MIN_ROWS:
+        return math.nan
+    mid = quantile(logs, 0.5)
+    return 1.4826 * quantile(sorted(abs(v - mid) for v in logs), 0.5)
 
 
 def judge(base: Side, new: Side, threshold: float) -> Verdict:
@@ -166,6 +220,11 @@ def judge(base: Side, new: Side, threshold: float) -> Verdict:
         checks.append(n["median_us"] > max(base.run_medians_us) + shift)
     detail = (f"median {b['median_us']:.4g} -> {n['median_us']:.4g} us, "
               f"NEW p25 {n['p25_us']:.4g} vs BASE p75 {b['p75_us']:.4g} us")
+    level = math.hypot(*(v for v in (base.level, new.level) if math.isfinite(v)))
+    if (base.level_noisy or new.level_noisy) and level > 0:
+        allowed = math.exp(LEVEL_Z * level)
+        checks.append(n["median_us"] > (b["median_us"] + shift) * allowed)
+        detail += f", level spread allows x{allowed:.3g}"
     if shift:
         detail += f", host cost per call up {shift:.3g} us"
     p = math.nan
@@ -189,7 +248,8 @@ def pooled(sides: Sequence[Side]) -> Side:
     hosts = [s.host_us for s in sides if math.isfinite(s.host_us)]
     return Side(time_us=min(s.time_us for s in sides), samples_us=samples, summary=summary,
                 run_medians_us=medians, host_us=min(hosts) if hosts else math.nan,
-                host_bound_possible=any(s.host_bound_possible for s in sides))
+                host_bound_possible=any(s.host_bound_possible for s in sides),
+                on_host=any(s.on_host for s in sides), size_bytes=sides[0].size_bytes if sides else 0)
 
 
 def _pooled_summaries(summaries: list[dict]) -> dict:
