@@ -300,6 +300,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "kill": (("engine.before_size", kill, "rank"),),
     "kill_held": (("engine.before_size", kill_held, "rank"),),
     "stall": (("engine.before_size", sleep, "rank"),),
+    "pair_stall": (("fleet.pair", sleep, "rank"),),
     "gpu_sleep": (("engine.before_size", gpu_sleep, "rank"),),
     "terms": (("engine.before_size", signal_burst("TERM"), "rank"),),
     "ints": (("engine.before_size", signal_burst("INT"), "rank"),),

@@ -293,6 +293,82 @@ def test_simulated_node_killed_mid_run_is_named_and_the_run_ends(tmp_path):
     assert time.monotonic() - start < 200
 
 
+@sim
+@pytest.mark.slow
+def test_simulated_rank_stuck_in_its_exchange_is_named_and_the_run_ends(tmp_path):
+    """Node 2's rank never comes back from its first pair (pair_stall: its task thread
+    sleeps for an hour, as a host blocked behind a GPU whose exchange never ends): it says
+    so once its task limit (2 x -T + 5 s) passes, its partner answered (its wait timed out),
+    so node 2 is drained as stuck, the others are judged, and every process ends."""
+    start = time.monotonic()
+    with netsim.SimFleet(4) as fleet:
+        code, stdout, report, _ = _run(fleet, tmp_path, extra=["-T", "8"],
+                                       env=lambda i: dict(os.environ, NCCLBENCH_FAULT="pair_stall:rank=2"))
+    took = time.monotonic() - start
+    assert code == 1, stdout
+    assert [d["host"] for d in report["drain"]] == ["simnode2"], report["drain"]
+    assert "stuck in the exchange with rank" in report["drain"][0]["reason"], report["drain"]
+    assert "answered" in report["drain"][0]["reason"]
+    assert took < 150, took
+
+
+class _Layout:
+    names = ["n0", "n1", "n2", "n3"]
+    node_of = {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def _stuck_verdicts(results: dict, missing: list, tasks: dict) -> tuple[dict, dict]:
+    from ncclbench.api.fleet_run import Coordinator
+
+    c = Coordinator.__new__(Coordinator)
+    c.layout, c.dead, c.lost = _Layout(), {}, {}
+    for r in missing:
+        c.dead[r] = "stopped answering"
+    c._judge_stuck(tasks, results, missing)
+    return c.dead, c.lost
+
+
+def test_a_stuck_rank_is_blamed_only_when_its_partner_answered():
+    stuck = {"stuck": "stuck in the exchange with rank 1 (step 3) for more than 45 s"}
+    tasks = {0: {"peer": 1}, 1: {"peer": 0}, 2: {"peer": 3}, 3: {"peer": 2}}
+    # its partner answered (an error: the wait timed out): the stuck rank is the culprit
+    dead, lost = _stuck_verdicts({0: stuck, 1: {"error": "timed out"}, 2: {"pair": {}}, 3: {"pair": {}}}, [], tasks)
+    assert list(dead) == [0] and "rank 1 of n1 answered" in dead[0] and not lost
+    # its partner stopped answering: it waited for a lost node; not judged, not drained
+    dead, lost = _stuck_verdicts({0: stuck, 2: {"pair": {}}, 3: {"pair": {}}}, [1], tasks)
+    assert list(dead) == [1] and list(lost) == [0] and "n1, which stopped answering" in lost[0]
+    # both stuck with each other: neither is blamed
+    dead, lost = _stuck_verdicts({0: stuck, 1: stuck, 2: {"pair": {}}, 3: {"pair": {}}}, [], tasks)
+    assert not dead and sorted(lost) == [0, 1]
+    # stuck in its node's own collectives: the node
+    dead, lost = _stuck_verdicts({0: stuck, 1: {}, 2: {}, 3: {}}, [], {0: {"node": [0]}})
+    assert list(dead) == [0] and not lost
+
+
+def test_a_task_past_its_limit_leaves_the_rank_stuck_and_answering():
+    import threading
+
+    from ncclbench.api import fleet as fl
+
+    plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=0.05, band=0.6)
+    worker = fl.Worker.__new__(fl.Worker)
+    worker.plan, worker.thread, worker.stuck = plan, None, None
+    release = threading.Event()
+    worker.do = lambda task, step: (release.wait(60), {"pair": {"s": 1.0}})[1]
+    limit = fl.task_limit_s(plan.timeout_s)
+    start = time.monotonic()
+    first = worker.bounded({"peer": 3}, 5)
+    assert limit <= time.monotonic() - start < limit + 2
+    assert first == {"stuck": f"stuck in the exchange with rank 3 (step 5) for more than {limit:g} s"}
+    start = time.monotonic()
+    assert worker.bounded({"peer": 1}, 6) == first and time.monotonic() - start < 0.5  # answers at once
+    release.set()
+    healthy = fl.Worker.__new__(fl.Worker)
+    healthy.plan, healthy.thread, healthy.stuck = plan, None, None
+    healthy.do = lambda task, step: {"pair": {"s": 1.0}}
+    assert healthy.bounded({"peer": 1}, 0) == {"pair": {"s": 1.0}} and healthy.stuck is None
+
+
 def test_a_node_slow_once_is_retested_and_its_best_pair_decides():
     """4 nodes, all pairs: node 0's pairs slow in screening only (as a measuring artefact of
     one round would be): retested, fine, nothing named. Slow with every partner every time:

@@ -15,6 +15,12 @@ Phases: (1) the inventory (ranks and GPU model per node) and each node's ranks a
 rounds then localisation rounds (ncclbench.engine.fleet_schedule, ncclbench.api.fleet_verdict);
 (3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code.
 
+A rank never waits on its own task without a bound: each task runs on a task thread, and a
+task still running TASK_LIMIT later (the host blocked in a wait on a GPU whose exchange never
+ends, as behind a lost NCCL peer) is reported as stuck; that rank gets no more tasks and
+answers each round at once, so the rounds, rank 0's among them, go on. Rank 0 blames a stuck
+rank only when its partner answered (ncclbench.api.fleet_run).
+
 Here: what every rank shares (the plan, the store keys, the layout, the Worker that does the
 tasks); ncclbench.api.fleet_run starts a rank and runs rank 0's rounds on top of it."""
 
@@ -36,6 +42,10 @@ KEY_PREFIX = "ncclbench-fleet"
 FLEET_BAND = {"nccl": 0.2, "gloo": 0.6}
 SLACK_S = 10.0        # a round's deadline: twice the exchange bound (group set-up, exchange) plus this
 NODE_ITERS = 10
+# A task still running this long after it began is stuck: the exchange bound (-T) twice plus
+# half the round's slack, so that the rank says so before rank 0's deadline for the round.
+def task_limit_s(timeout_s: float) -> float:
+    return 2 * timeout_s + SLACK_S / 2
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,8 @@ class Worker:
         self.plan, self.ctl, self.facts = plan, ctl, facts
         self.buffers: dict = {}
         self.base = groups_made()
+        self.thread: TaskThread | None = None
+        self.stuck: str | None = None  # why this rank takes no more tasks
 
     def run(self) -> int:
         step = 0
@@ -164,8 +176,25 @@ class Worker:
             if "end" in task:
                 self.ctl.post(f"s{step}", {})  # the store's host waits for this before it leaves
                 return int(task["end"])
-            self.ctl.post(f"s{step}", self.do(task, step))
+            self.ctl.post(f"s{step}", self.bounded(task, step))
             step += 1
+
+    def bounded(self, task: dict, step: int) -> dict:
+        """do(task) on the task thread, waited for task_limit_s at most: past it, this rank
+        is stuck (the thread may never come back) and answers every later task with that."""
+        if self.stuck:
+            return {"stuck": self.stuck}
+        if not task:  # nothing to measure: only the one process group every step makes
+            return self.do(task, step)
+        if self.thread is None:
+            self.thread = TaskThread()
+        limit = task_limit_s(self.plan.timeout_s)
+        done, result = self.thread.run(lambda: self.do(task, step), limit)
+        if done:
+            return result
+        what = f"the exchange with rank {task['peer']}" if "peer" in task else "its node's collectives"
+        self.stuck = f"stuck in {what} (step {step}) for more than {limit:g} s"
+        return {"stuck": self.stuck}
 
     def do(self, task: dict, step: int) -> dict:
         """Run one task: {"node": [ranks]} the node's ranks alone, {"peer": r} a pair, {} rest.
@@ -188,6 +217,50 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the failure is the result: rank 0 judges it
             return {"error": f"{type(exc).__name__}: {first_line(exc, 160)}"}
         return {}
+
+
+class TaskThread:
+    """One thread that runs a rank's tasks, one at a time, on the CUDA device the rank chose
+    (the current device is per thread)."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.device = _current_device()
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve, name="ncclbench-fleet-task", daemon=True).start()
+
+    def _serve(self) -> None:
+        if self.device is not None:
+            import torch
+
+            torch.cuda.set_device(self.device)
+        while True:
+            job, box, done = self.jobs.get()
+            try:
+                box.append(job())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                box.append({"error": f"{type(exc).__name__}: {first_line(exc, 160)}"})
+            done.set()
+
+    def run(self, job, limit_s: float) -> tuple[bool, dict | None]:
+        """(finished within limit_s, its result)."""
+        import threading
+
+        box: list = []
+        done = threading.Event()
+        self.jobs.put((job, box, done))
+        if not done.wait(limit_s):
+            return False, None
+        return True, box[0]
+
+
+def _current_device() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
 
 
 def pair_path(backend: str) -> str | None:

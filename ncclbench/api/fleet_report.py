@@ -6,7 +6,8 @@ The drain list holds the nodes to take out of service: short of GPUs or another 
 alone, slow with partners that tested clean, or dead/hung during the run. A slow link names
 its two nodes and is not a drain (neither node is at fault alone; the cable or switch port
 between them is) but it fails the run like a drain. Suspects (slow once, not settled within
-the localisation rounds) are listed and fail nothing."""
+the localisation rounds, or not judged further after a rank got stuck waiting for a lost
+partner) are listed and fail nothing."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class FleetReport:
 
     # ---- building ----
     @classmethod
-    def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs):
+    def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs, lost=None):
         name = lambda n: layout.names[n]  # noqa: E731 - the verdict's text names nodes by host
         bad, links, suspects = loc.verdict(name)
         report = cls(plan={k: v for k, v in vars(plan).items()})
@@ -54,6 +55,8 @@ class FleetReport:
                 verdict, reasons = "link", [f"slow link: {line}" for line in link_lines]
             elif verdict == "ok" and n in suspects:
                 verdict, reasons = "suspect", [suspects[n]]
+            elif verdict == "ok" and lost and n in lost:
+                verdict, reasons = "suspect", [lost[n]]
             report.nodes.append({"host": host, "ranks": layout.ranks[n], "gpus": layout.gpus[n],
                                  "model": layout.models[n], "verdict": verdict, "reasons": reasons,
                                  "alone_busbw_gbps": busbw.get(n)})

@@ -21,9 +21,15 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
 
     launch.prepare_environ(info)
     if plan.backend != "gloo":
+        import os
+
         from ncclbench.topology import nccldebug
 
         nccldebug.arm()  # NCCL's log on (unless the user set it): each pair's path is read from it
+        # A pair whose partner is lost times out (-T) in torch's watchdog: abort that pair's
+        # communicator and keep the process (2: CleanUpOnly), never tear the healthy rank
+        # down (1, 3) with it. Read by each communicator as it is made.
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
     facts = my_facts(plan, info)
     dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=plan.timeout_s + 30))
@@ -33,10 +39,16 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     started = time.monotonic()
     ctl.post("facts", facts)
     if info.rank == 0:
-        code = Coordinator(plan, ctl, started).run()
+        coordinator = Coordinator(plan, ctl, started)
+        code, worker = coordinator.run(), coordinator.worker
     else:
-        code = Worker(plan, ctl, facts).run()
+        worker = Worker(plan, ctl, facts)
+        code = worker.run()
     sys.stdout.flush()
+    if worker.stuck:  # its task thread may sit in a wait that never ends: no clean-up can finish
+        from ncclbench.engine.watchdog import hard_exit
+
+        hard_exit(code)
     return code
 
 
@@ -45,7 +57,8 @@ class Coordinator:
         self.plan, self.ctl, self.started = plan, ctl, started
         self.worker = Worker(plan, ctl, None)
         self.step_no = 0
-        self.dead: dict = {}          # node -> what it stopped answering in
+        self.dead: dict = {}          # node -> what it stopped answering in, or where its rank got stuck
+        self.lost: dict = {}          # node -> why it is not judged further (stuck behind a dead partner)
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
@@ -56,14 +69,40 @@ class Coordinator:
         self.step_no += 1
         self.ctl.assign(label, {r: tasks.get(r, {}) for r in self.alive})
         begun = time.monotonic()
-        self.ctl.post(label, self.worker.do(tasks.get(0, {}), self.step_no - 1))
+        self.ctl.post(label, self.worker.bounded(tasks.get(0, {}), self.step_no - 1))
         results, missing = self.ctl.collect(label, self.alive, begun + 2 * self.plan.timeout_s + SLACK_S)
         for r in missing:
             node = self.layout.node_of[r]
             self.dead.setdefault(node, f"rank {r} stopped answering during {what} (no result within "
                                        f"{2 * self.plan.timeout_s + SLACK_S:.0f} s)")
         self.alive = [r for r in self.alive if r not in missing]
+        self._judge_stuck(tasks, results, missing)
         return results
+
+    def _judge_stuck(self, tasks: dict, results: dict, missing: list) -> None:
+        """A rank newly stuck in its task: to blame when its partner answered (the exchange
+        waited on it); not judged further when the partner is dead or stuck too (it waited
+        on the partner). Either way its node takes part in no more pairs."""
+        node_of = self.layout.node_of
+        for r, result in results.items():
+            node = node_of[r]
+            if "stuck" not in result or node in self.dead or node in self.lost:
+                continue
+            peer = tasks.get(r, {}).get("peer")
+            name = self.layout.names
+            if peer is None:
+                self.dead[node] = f"rank {r} {result['stuck']}"
+            elif peer in missing or node_of[peer] in self.dead:
+                self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer} "
+                                   f"({name[node_of[peer]]}, which stopped answering)")
+            elif "stuck" in results.get(peer, {}):
+                self.lost[node] = f"not judged further: rank {r} {result['stuck']} (rank {peer} stuck too)"
+            else:
+                self.dead[node] = f"rank {r} {result['stuck']} (rank {peer} of {name[node_of[peer]]} answered)"
+
+    @property
+    def out_of_pairs(self) -> set:
+        return set(self.dead) | set(self.lost)
 
     def _phase(self, name: str, since: float) -> float:
         now = time.monotonic()
@@ -83,12 +122,12 @@ class Coordinator:
         inventory = judge_inventory(self.layout.gpus, self.layout.models, p.gpus_per_node)
         alone, busbw, errors = self.nodes_alone(inventory)
         clock = self._phase("nodes alone", clock)
-        out = set(inventory) | set(alone) | set(errors) | set(self.dead)
+        out = set(inventory) | set(alone) | set(errors) | self.out_of_pairs
         active = [n for n in range(len(self.layout.names)) if n not in out]
         loc, schedule = self.pairs(active)
         self._phase("pairs", clock)
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
-                                   self.rounds, self.costs)
+                                   self.rounds, self.costs, lost=self.lost)
         report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
         report.emit()
         code = report.exit_code
@@ -112,10 +151,10 @@ class Coordinator:
             label = "the node-alone tests" if attempt == 0 else f"node-alone re-test {attempt}"
             results = self.step({r: {"node": lay.ranks[n]} for n in judged for r in lay.ranks[n]}, label)
             for n in judged:
-                if n in self.dead or n in errors:
+                if n in self.out_of_pairs or n in errors:
                     continue
                 mine = [results[r] for r in lay.ranks[n] if r in results]
-                failed = [x["error"] for x in mine if "error" in x]
+                failed = [x["error"] for x in mine if "error" in x] + [x["stuck"] for x in mine if "stuck" in x]
                 if failed:
                     errors[n] = f"node-local collectives failed: {failed[0]}"
                     busbw.pop(n, None)
@@ -126,7 +165,7 @@ class Coordinator:
                     algbw = self.plan.node_bytes / seconds / 1e9 if seconds > 0 else 0.0
                     best[coll.name] = max(best.get(coll.name, 0.0), algbw * coll.bus_factor(len(lay.ranks[n])))
             slow = judge_alone(busbw, self.plan.band)
-            judged = [n for n in slow if n not in self.dead]
+            judged = [n for n in slow if n not in self.out_of_pairs]
             if not judged:
                 break
         return judge_alone(busbw, self.plan.band), busbw, errors
@@ -146,10 +185,10 @@ class Coordinator:
             node_pairs = [(active[a], active[b], "screen") for a, b in pairs]
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
-        loc.dead |= set(self.dead)
+        loc.dead |= self.out_of_pairs
         loc.set_reference()
         for k in range(p.max_localise):
-            loc.dead |= set(self.dead)
+            loc.dead |= self.out_of_pairs
             node_pairs = localisation_round(loc, p.seed + k)
             if not any(kind != "spare" for _a, _b, kind in node_pairs):
                 break
@@ -157,7 +196,7 @@ class Coordinator:
             say(f"localisation round {k + 1} (at most {p.max_localise}): {asked} node pairs to settle, "
                 f"{len(node_pairs) - asked} spare")
             self.pair_round(loc, node_pairs, clock)
-        loc.dead |= set(self.dead)
+        loc.dead |= self.out_of_pairs
         return loc, name
 
     def pair_round(self, loc: Localiser, node_pairs: list, clock: "PairClock") -> None:

@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
+from ncclbench.failpoints import failpoint
 from ncclbench.engine.pairs import pattern_byte
 
 NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these
@@ -118,6 +119,7 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
     deadline = begun + timeout_s
     me = dist.get_rank()
     group = pair_group(dist, me, peer, backend_name, timeout_s)
+    failpoint("fleet.pair", rank=me)
     backend = TorchBackend.adopt(group)
     if "send" not in buffers:
         buffers["send"] = backend.alloc_bytes(nbytes)[:nbytes]
