@@ -220,6 +220,22 @@ def test_causes_name_what_the_log_and_the_host_show():
     assert any("NCCL_MAX_NCHANNELS=1" in c for c in gdr)
 
 
+def test_gdr_and_pxn_are_read_from_the_communicators_that_crossed_a_network():
+    """A process with a communicator within its host (NCCL prints `GDR 1` there) and one
+    across hosts over sockets (`GDR 0`): the facts and the cause line both say GDR 0."""
+    sock = path_of("two-hosts-socket")
+    local = {"rank": 0, "nranks": 2, "nnodes": 1, "channels": 24, "pxn": 0, "gdr": 1,
+             "links": [[0, 1, "P2P/CUMEM", ["00/0"]]]}
+    for p in sock.processes:
+        p["comms"] = [dict(local)] + p["comms"]
+    assert sock.gdr == 0 and "GDR 0" in sock.facts()
+    assert "GDR 0" in pathexplain.causes(sock)[0]
+    one_host = Path([{"host": "a", "comms": [local]}])
+    assert one_host.gdr == 1  # no network: what NCCL printed, the facts line leaves it out
+    assert "between the GPUs of one host" in pathexplain.causes(path_of("h100-one-host-sockets"))[0]
+    assert "between hosts" in pathexplain.causes(path_of("two-hosts-socket"))[0]
+
+
 # ---- the command line ----
 def test_explain_reads_saved_logs_without_a_gpu():
     r = run_cli(["explain", str(LOGS / "one-host-shm")], timeout=60)

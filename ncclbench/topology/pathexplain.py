@@ -101,7 +101,8 @@ def _network_causes(path: Path, facts: dict, env: dict) -> list[str]:
     if path.network == "Socket":
         why = [f"{n}={env[n]}" for n in ("NCCL_IB_DISABLE", "NCCL_NET") if n in env]
         where = f" while this host has RDMA devices ({', '.join(devices)})" if devices else ""
-        out.append(f"network Socket: TCP sockets between hosts{where}; GDR 0 (sockets never use GPUDirect RDMA)"
+        between = "between hosts" if len(path.hosts) != 1 else "between the GPUs of one host (no P2P or SHM)"
+        out.append(f"network Socket: TCP sockets {between}{where}; GDR 0 (sockets never use GPUDirect RDMA)"
                    + (f"; set: {' '.join(why)}" if why else
                       "; no InfiniBand/RoCE device or network plugin was usable (NCCL_IB_HCA, rdma-core, NCCL_NET_PLUGIN)"
                       if devices else ""))

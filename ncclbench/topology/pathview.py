@@ -96,17 +96,30 @@ class Path:
             return "RoCE"
         return net
 
+    def network_comms(self) -> list:
+        """The communicators that crossed a network (NET/COLLNET links, or several nodes),
+        or every communicator when none did: NCCL prints PXN and GDR for a communicator
+        within one host too (GDR 1 there says nothing of the network)."""
+        comms = list(self.comms())
+        net = [c for c in comms if (c.get("nnodes") or 1) > 1
+               or any(str(link[2]).startswith(("NET", "COLLNET")) for link in c.get("links", []))]
+        return net or comms
+
     @property
     def gdr(self) -> int | None:
-        values = {c.get("gdr") for c in self.comms() if c.get("gdr") is not None}
+        values = {c.get("gdr") for c in self.network_comms() if c.get("gdr") is not None}
         if any("GDRDMA" in k for k in self.transports()):
             values.add(1)
         return max(values) if values else None
 
     @property
     def pxn(self) -> int | None:
-        values = {c.get("pxn") for c in self.comms() if c.get("pxn") is not None}
+        values = {c.get("pxn") for c in self.network_comms() if c.get("pxn") is not None}
         return max(values) if values else None
+
+    @property
+    def hosts(self) -> list:
+        return sorted({p.get("host") for p in self.processes if p.get("host")})
 
     @property
     def channels(self) -> int | None:
