@@ -359,6 +359,44 @@ def test_preflight_groups_take_the_path_their_log_named():
     assert path_notes(None, 478.1, 28.3) is None  # not read: the inferred lines stay
 
 
+def test_a_groups_path_is_its_own_communicators(monkeypatch):
+    """A process that holds a 4-rank communicator across hosts (NET/Socket) and then a 2-rank
+    one within its host: the 2-rank group's path names P2P only."""
+    from ncclbench.engine import pathread
+    from ncclbench.topology import nccldebug
+
+    sock = path_of("h100-two-hosts-socket")
+    summary = copy.deepcopy(sock.processes[0])
+    local = {"rank": 0, "nranks": 2, "nnodes": 1, "channels": 24, "pxn": 0, "gdr": 1,
+             "links": [[0, 1, "P2P/CUMEM", ["00/0"]]]}
+    before = len(summary["comms"])
+    summary["comms"] = summary["comms"] + [local]
+    monkeypatch.setattr(nccldebug, "own_summary", lambda rank=None: (copy.deepcopy(summary), None))
+
+    class Backend:
+        rank, group_size = 0, 2
+
+        def all_gather_object(self, obj):
+            return [obj]
+
+    mine = pathread.gather(Backend(), since=before)  # the group's connecting op made the 2-rank one
+    assert mine.label == "P2P/CUMEM" and not mine.uses_network
+    whole = pathread.gather(Backend())
+    assert "NET/Socket" in whole.label  # the process's every communicator (`ncclbench pairs`)
+    assert pathread.gather(Backend(), since=before + 1).label == whole.label  # none new: all of them
+
+    class Runner:
+        def connect(self, _buffers):
+            summary["comms"].append(dict(local, nranks=2))
+
+    class Plan:
+        backend = "nccl"
+
+    summary["comms"] = summary["comms"][:before]
+    read = pathread.read_for_run(Plan(), Backend(), Runner(), None)
+    assert read.label == "P2P/CUMEM"
+
+
 def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
     from ncclbench.topology.ncclpath import pci_address
 

@@ -9,13 +9,18 @@ from ncclbench.topology.pathview import Path
 GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack, no NCCL)"
 
 
-def gather(backend) -> Path | None:
+def gather(backend, since: int | None = None) -> Path | None:
     """Every rank: its log's summary, gathered through the backend's small-object exchange;
-    rank 0 gets the merged Path, the others None."""
+    rank 0 gets the merged Path, the others None. `since`: only the communicators the log
+    named after its first `since` (those a connecting op just made: the process may hold
+    others, e.g. preflight's groups across hosts beside one within a host); all of them when
+    none came after."""
     from ncclbench.topology import nccldebug
 
     try:
         mine = nccldebug.own_summary(backend.rank)
+        if since is not None and mine[0] is not None:
+            mine = (comms_after(mine[0], since), mine[1])
     except Exception as exc:  # noqa: BLE001 - a log that cannot be parsed costs the path, never the run
         mine = (None, f"NCCL's log could not be read: {type(exc).__name__}: {exc}")
     everyone = backend.all_gather_object(mine)
@@ -46,8 +51,26 @@ def read_for_run(plan, backend, runner, buffers) -> Path | None:
         return None
     if backend.group_size < 2:  # NCCL connects a rank to no peer: nothing to read
         return Path([], {}) if backend.rank == 0 else None
+    before = comms_named()
     runner.connect(buffers)
-    return gather(backend)
+    return gather(backend, since=before)
+
+
+def comms_named() -> int | None:
+    """How many communicators this process's NCCL log has named so far (None: unreadable)."""
+    from ncclbench.topology import nccldebug
+
+    try:
+        summary, _why = nccldebug.own_summary()
+    except Exception:  # noqa: BLE001 - context only
+        return None
+    return len(summary.get("comms", [])) if summary else 0
+
+
+def comms_after(summary: dict, since: int) -> dict:
+    """`summary` with the communicators named after its first `since`; unchanged when none was."""
+    newer = summary.get("comms", [])[since:]
+    return dict(summary, comms=newer) if newer else summary
 
 
 def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:
