@@ -333,9 +333,6 @@ def _busy() -> str | None:
     return f"load average {load:.1f} on {cpus} CPU(s)" if load > 3 * cpus else None
 
 
-@pytest.mark.xfail(reason="healthy pairs still fail at times: whole runs shift at a few sizes while each run's "
-                          "own iterations spread less (7 of 10 healthy GPU pairs failed, docs/BENCHMARKS.md; "
-                          "failed on an idle 2-core CI host too)", strict=False)
 def test_healthy_gloo_pairs_pass_and_a_late_rank_fails(tmp_path):
     """With compare's defaults: three healthy pairs pass, a rank 2 ms late per call fails.
     On a shared host other work can make one run ten times slower than the next (seen on a

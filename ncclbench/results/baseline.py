@@ -3,7 +3,7 @@
 Per row (collective, dtype, op, root, size, placement): the best run's numbers (the shortest
 time, so the highest bandwidth) as the headline, and the spread of all of them as its noise:
 every run's samples pooled (so the middle half holds the spread between runs too), each
-run's median (`run_medians_us`) and the spread of the headline times (`time_spread_us`:
+run's median (`run_medians_us`) and fastest block (`run_fastest_us`) and the spread of the headline times (`time_spread_us`:
 min, median, max over the runs). The file is an ncclbench JSON document like any run's, so
 `compare`, `show` and `plot` read it; compare judges NEW against it as results.noise says."""
 
@@ -51,6 +51,7 @@ def _cell(records: list[dict]) -> tuple[dict, dict, float]:
     block = dict(pooled.summary or {"n": 0})
     block["samples_us"] = list(pooled.samples_us)
     block["run_medians_us"] = list(pooled.run_medians_us)
+    block["run_fastest_us"] = list(pooled.run_fastest_us)
     times = sorted(_value(r, "time_us") for r in records)
     block["runs"] = len(records)
     block["time_spread_us"] = [times[0], noise.quantile(times, 0.5), times[-1]]

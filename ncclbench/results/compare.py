@@ -140,17 +140,20 @@ def _sides(frame: pd.DataFrame) -> dict:
     if "backend" in frame.columns:
         on_host = frame["backend"].astype(str).isin(CPU_BACKENDS)
     columns = {c: frame[c] if c in frame.columns else pd.Series(math.nan, index=frame.index, dtype=object)
-               for c in ("host_us", "noise_samples_us", "noise_run_medians_us", *noise.CSV_COLUMNS)}
+               for c in ("host_us", "noise_samples_us", "noise_run_medians_us", "noise_run_fastest_us",
+                         *noise.CSV_COLUMNS)}
     sides: dict[tuple, list] = {}
     for i, key in zip(frame.index, frame[MATCH_KEYS].itertuples(index=False, name=None)):
         summary = {k: _float(columns[c][i]) for k, c in zip(noise.SUMMARY_KEYS, noise.CSV_COLUMNS)}
         samples = columns["noise_samples_us"][i]
         medians = columns["noise_run_medians_us"][i]
+        fastest = columns["noise_run_fastest_us"][i]
         sides.setdefault(key, []).append(noise.Side(
             time_us=_float(frame.at[i, "time_us"]),
             samples_us=tuple(samples) if isinstance(samples, tuple) else (),
             summary=summary if not math.isnan(summary["median_us"]) else None,
             run_medians_us=tuple(medians) if isinstance(medians, tuple) else (),
+            run_fastest_us=tuple(fastest) if isinstance(fastest, tuple) else (),
             host_us=_float(columns["host_us"][i]), host_bound_possible=bool(host_possible[i]),
             on_host=bool(on_host[i]), size_bytes=int(key[MATCH_KEYS.index("size_bytes")])))
     out = {}

@@ -19,15 +19,15 @@ A baseline from several runs (`ncclbench baseline`) pools their samples, so its 
 holds the spread between runs too, and NEW must also be slower than its slowest run's median.
 
 Rows whose pace the host can set (host-bound rows of eager torch NCCL; every row of a CPU
-backend: "level-noisy") also shift as a whole between runs: a small row lasts a millisecond
-or two, and a slower or faster spell of the host moves all of its iterations, which no test
-on that row's samples can tell from a real change. The same spell moves the rows of one run
-apart from each other, and on the latency floor (rows whose time does not grow with the
-size) they would otherwise take the same time: `level_spread` reads each file's spread
-there. A level-noisy row must also be slower than LEVEL_Z of the two files' spreads
-combined. A change of every row (a late rank) moves the whole floor, not its spread, and
-stays far beyond it; device-paced rows (the GPU, not the host, set their time) are judged
-without it.
+backend: "level-noisy") also move as a whole between runs: a small row lasts a millisecond
+or two, and a slower spell of the host stretches most of its iterations, which no test on
+that row's samples can tell from a real change. Such noise only ever slows: a row's fastest
+block of iterations is its speed when nothing got in the way, and on the latency floor
+(rows whose time does not grow with the size) those fastest blocks would be alike but for
+the run's own state. `level_spread` reads each file's spread of them there; a level-noisy
+row must also have its fastest block slower than BASE's by the threshold and by LEVEL_Z of
+the two files' spreads combined. A late rank or a slower launch path slows every block, the
+fastest too; a busy host slows some.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ ALPHA = 0.01        # one-sided significance of the Mann-Whitney test
 HOST_BOUND = 1.2    # without samples: a row whose time is within this factor of its host cost per call is host-bound
 HOST_PACED = 1.1    # with samples: a row whose fastest block of iterations took less than this factor of the
                     # host's cost per call per op is host-bound (the GPU did not hold the host back even then)
-LEVEL_Z = 6.0       # a level-noisy row regresses beyond this many level spreads (of its two files, combined)
+LEVEL_Z = 6.0       # a level-noisy row's fastest block must be slower beyond this many level spreads
 LEVEL_MIN_ROWS = 6  # fewer level-noisy rows on a file's latency floor: no level spread is read from it
-LEVEL_FLOOR = 2.0   # the latency floor: rows within this factor of the smallest size's time
+LEVEL_FLOOR = 2.0   # the latency floor: rows whose fastest block is within this factor of the smallest size's
 
 # CSV columns, in order; the JSON's `<placement>_noise` object holds the same keys without
 # the `noise_` prefix, plus `samples_us`.
@@ -89,7 +89,7 @@ def noise_columns(block) -> dict:
         value = block.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[column] = float(value)
-    for key in ("samples_us", "run_medians_us"):
+    for key in ("samples_us", "run_medians_us", "run_fastest_us"):
         values = block.get(key)
         if isinstance(values, list):
             out[f"noise_{key}"] = tuple(float(v) for v in values if isinstance(v, (int, float)))
@@ -136,6 +136,7 @@ class Side:
     host_us: float = math.nan          # host time per call; NaN when the file lacks it
     host_bound_possible: bool = False  # eager torch NCCL: a row can be set by the host's cost per call
     on_host: bool = False              # a CPU backend (gloo): the host does the collective itself
+    run_fastest_us: tuple[float, ...] = ()  # each run's fastest block (several: a baseline)
     size_bytes: int = 0
     level: float = math.nan            # its file's level_spread
 
@@ -165,8 +166,12 @@ class Side:
         return self.on_host or self.host_bound
 
     @property
-    def median_us(self) -> float:
-        return self.summary["median_us"] if self.has_summary else self.time_us
+    def fastest_us(self) -> float:
+        """Its fastest block of iterations; of a baseline, the slowest run's fastest block
+        (the pooled samples' fastest is the luckiest run's)."""
+        if len(self.run_fastest_us) > 1:
+            return max(self.run_fastest_us)
+        return (self.summary or {}).get("min_us", math.nan) if self.has_summary else math.nan
 
 
 @dataclass
@@ -179,18 +184,18 @@ class Verdict:
 
 
 def level_spread(sides: Sequence[Side]) -> float:
-    """The level spread of one file: 1.4826 x the median absolute deviation of the log median
-    time of its level-noisy rows on the latency floor (a standard deviation for normal noise,
-    unmoved by a few outliers). The floor: rows within LEVEL_FLOOR x the median time of the
-    level-noisy rows of the file's smallest size, whose time does not grow with the size, so
-    that they differ only by the host's pace while each ran. NaN with fewer than
-    LEVEL_MIN_ROWS such rows (the other checks decide alone)."""
-    noisy = [s for s in sides if s.level_noisy and s.median_us > 0 and s.size_bytes > 0]
+    """The level spread of one file: 1.4826 x the median absolute deviation of the log
+    fastest block of its level-noisy rows on the latency floor (a standard deviation for
+    normal noise, unmoved by a few outliers). The floor: rows whose fastest block is within
+    LEVEL_FLOOR x the median fastest block of the file's smallest size, whose time does not
+    grow with the size. NaN with fewer than LEVEL_MIN_ROWS such rows."""
+    noisy = [(s.size_bytes, s.fastest_us) for s in sides if s.level_noisy and s.size_bytes > 0]
+    noisy = [(size, v) for size, v in noisy if math.isfinite(v) and v > 0]
     if len(noisy) < LEVEL_MIN_ROWS:
         return math.nan
-    smallest = min(s.size_bytes for s in noisy)
-    floor = quantile(sorted(s.median_us for s in noisy if s.size_bytes == smallest), 0.5)
-    logs = sorted(math.log(s.median_us) for s in noisy if s.median_us <= LEVEL_FLOOR * floor)
+    smallest = min(size for size, _ in noisy)
+    floor = quantile(sorted(v for size, v in noisy if size == smallest), 0.5)
+    logs = sorted(math.log(v) for _, v in noisy if v <= LEVEL_FLOOR * floor)
     if len(logs) < LEVEL_MIN_ROWS:
         return math.nan
     mid = quantile(logs, 0.5)
@@ -220,13 +225,13 @@ def judge(base: Side, new: Side, threshold: float) -> Verdict:
         checks.append(n["median_us"] > max(base.run_medians_us) + shift)
     detail = (f"median {b['median_us']:.4g} -> {n['median_us']:.4g} us, "
               f"NEW p25 {n['p25_us']:.4g} vs BASE p75 {b['p75_us']:.4g} us")
-    level = math.hypot(*(v for v in (base.level, new.level) if math.isfinite(v)))
-    if (base.level_noisy or new.level_noisy) and level > 0:
-        allowed = math.exp(LEVEL_Z * level)
-        checks.append(n["median_us"] > (b["median_us"] + shift) * allowed)
-        detail += f", level spread allows x{allowed:.3g}"
-    if shift:
-        detail += f", host cost per call up {shift:.3g} us"
+    if base.level_noisy or new.level_noisy:
+        level = math.hypot(*(v for v in (base.level, new.level) if math.isfinite(v)))
+        allowed = max(1 + threshold, math.exp(LEVEL_Z * level))
+        fastest_base, fastest_new = base.fastest_us, new.fastest_us
+        if math.isfinite(fastest_base) and math.isfinite(fastest_new):
+            checks.append(fastest_new > (fastest_base + shift) * allowed)
+            detail += f", fastest block {fastest_base:.4g} -> {fastest_new:.4g} us (level spread allows x{allowed:.3g})"
     p = math.nan
     basis = "summaries"
     if base.has_samples and new.has_samples:
@@ -246,8 +251,9 @@ def pooled(sides: Sequence[Side]) -> Side:
     if summary is None and medians:
         summary = _pooled_summaries([s.summary for s in sides if s.summary])
     hosts = [s.host_us for s in sides if math.isfinite(s.host_us)]
+    fastest = tuple(s.fastest_us for s in sides if math.isfinite(s.fastest_us))
     return Side(time_us=min(s.time_us for s in sides), samples_us=samples, summary=summary,
-                run_medians_us=medians, host_us=min(hosts) if hosts else math.nan,
+                run_medians_us=medians, run_fastest_us=fastest, host_us=min(hosts) if hosts else math.nan,
                 host_bound_possible=any(s.host_bound_possible for s in sides),
                 on_host=any(s.on_host for s in sides), size_bytes=sides[0].size_bytes if sides else 0)
 
