@@ -7,17 +7,29 @@ output. Needs root; makes network namespaces, veths and a bridge, and removes th
     python benchmarks/multihost.py --hosts 4 --gpus 0 1 2 3 --slow-link 1-3=2gbit -- fleet -b 64M
     python benchmarks/multihost.py --hosts 2 --gpus 0,1 2,3 --launcher slurm -- allgather -b 1M -e 64M
     python benchmarks/multihost.py --hosts 2 --gpus 0,1 2,3 --nccl-log DIR -- allreduce ...
+    python benchmarks/multihost.py --hosts 4 --gpus 0 1 2 3 --slow-nic 2=2gbit --summary \
+        -- preflight --budget 10 -T 60 --json /tmp/pre.json
+    python benchmarks/multihost.py --hosts 2 --gpus 0,1 2,3 \
+        --then "tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --verify /tmp/t/nccl_tuner.conf --plugin P" \
+        -- tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --repeat 3 -o /tmp/t
 
 `--gpus` gives each host's CUDA_VISIBLE_DEVICES (omit for gloo ranks: then `--per-host`).
 Host 0's first process prints to stdout/stderr here; every process's output is also written
 to `--logs DIR` (host<i>.<k>.out/.err). `--freeze I@S` stops every process of host I with
 SIGSTOP S seconds after the start, `--kill I@S` kills them, `--link-down I@S` pulls host I's
-cable. The exit code is host 0's first process's; the wall time is printed on stderr.
+cable. `--then "ARGS"` runs another ncclbench command on the same hosts once the first has
+ended (each in turn, on a port of its own: e.g. tune, then --verify of the file it wrote).
+`--summary` prints one JSON line per command at the end: its exit code, wall time and, when
+it wrote `--json FILE`, the file's cost per phase and verdict (drain, bad ranks and links,
+notes, margins). The exit code is host 0's first process's (the first failing command's);
+the wall time is printed on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
 import threading
 import time
@@ -60,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="folder for every process's stdout and stderr")
     parser.add_argument("--nccl-log", type=Path, help="NCCL_DEBUG=INFO into this folder, one file per process")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--then", action="append", default=[], metavar="ARGS",
+                        help="another ncclbench command (one string) run on the same hosts afterwards")
+    parser.add_argument("--summary", action="store_true", help="one JSON line per command at the end")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the ncclbench command and options")
     opts = parser.parse_args(argv)
     args = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
@@ -87,15 +102,41 @@ def main(argv: list[str] | None = None) -> int:
             pair, rate = spec.split("=")
             a, b = pair.split("-")
             fleet.slow_link(int(a), int(b), rate)
-        t0 = time.monotonic()
-        procs = fleet.launch(opts.launcher, args, per_host, port=opts.port, env=env)
-        for action, specs in (("freeze", opts.freeze), ("kill_node", opts.kill), ("link_down", opts.link_down)):
-            for spec in specs:
-                _arm(fleet, action, spec, t0)
-        return _collect(procs, per_host, opts, t0)
+        code, summaries = 0, []
+        for k, command in enumerate([args] + [shlex.split(text) for text in opts.then]):
+            t0 = time.monotonic()
+            procs = fleet.launch(opts.launcher, command, per_host, port=opts.port + 10 * k, env=env)
+            if k == 0:
+                for action, specs in (("freeze", opts.freeze), ("kill_node", opts.kill),
+                                      ("link_down", opts.link_down)):
+                    for spec in specs:
+                        _arm(fleet, action, spec, t0)
+            rc = _collect(procs, per_host, opts, t0, f"cmd{k}." if opts.then else "")
+            summaries.append(_summary(command, rc, time.monotonic() - t0))
+            code = code or rc
+    if opts.summary:
+        for line in summaries:
+            print(json.dumps(line), flush=True)
+    return code
 
 
-def _collect(procs, per_host: int, opts, t0: float) -> int:
+def _summary(command: list[str], code: int, wall_s: float) -> dict:
+    """A command's exit code and wall time, and what its --json file says (when it wrote one):
+    preflight's and fleet's cost per phase and verdict."""
+    out = {"command": " ".join(command), "exit": code, "wall_s": round(wall_s, 1)}
+    path = next((command[i + 1] for i, a in enumerate(command[:-1]) if a in ("--json", "-J")), None)
+    try:
+        doc = json.loads(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict):
+        out["cost_s"] = {k: round(v, 1) for k, v in (doc.get("cost_s") or {}).items()}
+        out["total_cost_s"] = round(sum(out["cost_s"].values()), 1)
+        out.update({k: doc[k] for k in ("drain", "bad_ranks", "bad_links", "notes", "margins") if k in doc})
+    return out
+
+
+def _collect(procs, per_host: int, opts, t0: float, prefix: str = "") -> int:
     outs = [None] * len(procs)
 
     def drain(k):
@@ -117,8 +158,8 @@ def _collect(procs, per_host: int, opts, t0: float) -> int:
         opts.logs.mkdir(parents=True, exist_ok=True)
         per = max(1, len(procs) // opts.hosts)
         for k, (out, err) in enumerate(outs):
-            (opts.logs / f"host{k // per}.{k % per}.out").write_text(out)
-            (opts.logs / f"host{k // per}.{k % per}.err").write_text(err)
+            (opts.logs / f"{prefix}host{k // per}.{k % per}.out").write_text(out)
+            (opts.logs / f"{prefix}host{k // per}.{k % per}.err").write_text(err)
     codes = [p.returncode for p in procs]
     print(f"multihost: exit codes {codes}; host 0 done at {first_done:.1f} s, all at {all_done:.1f} s",
           file=sys.stderr)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_command, table_rows
+from conftest import ROOT, cli_command, load_script, table_rows
 
 sys.path.insert(0, str(ROOT / "tests"))
 import netsim  # noqa: E402
@@ -145,6 +145,22 @@ def _busbw(stdout: str) -> dict[int, float]:
 
 needs2 = pytest.mark.skipif(_layout(2) is None, reason="needs 2 GPUs")
 needs4 = pytest.mark.skipif(_gpu_count() < 4, reason="needs 4 GPUs")
+
+
+@rig
+@pytest.mark.slow
+def test_the_maintainers_command_runs_commands_in_turn_and_sums_them_up(tmp_path, capsys):
+    """benchmarks/multihost.py: preflight then a sweep on the same 2 simulated hosts (gloo),
+    one JSON line each with the exit code and, for preflight, its --json file's verdict."""
+    multihost = load_script("multihost")
+    report = tmp_path / "pre.json"
+    code = multihost.main(["--hosts", "2", "--summary", "--logs", str(tmp_path / "logs"),
+                           "--then", "allreduce --backend gloo -b 8 -e 64 --no-save",
+                           "--", "preflight", "--backend", "gloo", "--budget", "2", "--json", str(report)])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert code == 0 and [line["exit"] for line in lines] == [0, 0], lines
+    assert lines[0]["drain"] == [] and lines[0]["total_cost_s"] > 0 and "cost_s" not in lines[1]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir())[:2] == ["cmd0.host0.0.err", "cmd0.host0.0.out"]
 
 
 @pytest.mark.gpu
