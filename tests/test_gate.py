@@ -166,6 +166,36 @@ def test_recorded_h200_healthy_pairs_pass_and_every_plant_is_caught(tmp_path):
         assert len(_regressed(against, H200 / "planted-late-rank.json")) == 13  # every size
 
 
+def _slowed(path, tmp_path, factor: float, up_to: int):
+    """A copy of a recorded run whose rows up to `up_to` bytes take `factor` x as long in every
+    iteration (a slower launch path or a late rank, as small rows see it)."""
+    doc = json.loads(path.read_text())
+    for row in doc["results"]:
+        if row["size"] > up_to:
+            continue
+        for placement in ("out_of_place", "in_place"):
+            cell, block = row[placement], row[f"{placement}_noise"]
+            cell["time"] *= factor
+            cell["alg_bw"] /= factor
+            cell["bus_bw"] /= factor
+            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
+                block[key] *= factor
+            block["samples_us"] = [v * factor for v in block["samples_us"]]
+    return _write(tmp_path / f"x{factor}-{path.name}", doc)
+
+
+def test_recorded_h200_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(tmp_path):
+    """Every row up to 2 MiB of each later healthy run made 2x slower in every iteration:
+    caught against run 0 and against the baseline of runs 0-2, each time."""
+    healthy = [H200 / f"healthy{i:02d}.json" for i in range(11)]
+    base = tmp_path / "base.json"
+    assert CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)]).exit_code == 0
+    assert json.loads(base.read_text())["results"][0]["in_place_noise"]["run_fastest_us"]
+    for run in healthy[3:]:
+        slow = _slowed(run, tmp_path, 2.0, 2 << 20)
+        assert _regressed(healthy[0], slow) and _regressed(base, slow), run.name
+
+
 def test_recorded_h200_pairs_fail_without_the_level_rule(monkeypatch):
     """The same healthy pairs under the rule without the level spread (LEVEL_Z = 0): most
     fail, as they did before it (7 of 10), so the rule above is what passes them."""

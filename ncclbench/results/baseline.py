@@ -51,7 +51,7 @@ def _cell(records: list[dict]) -> tuple[dict, dict, float]:
     block = dict(pooled.summary or {"n": 0})
     block["samples_us"] = list(pooled.samples_us)
     block["run_medians_us"] = list(pooled.run_medians_us)
-    block["run_fastest_us"] = list(pooled.run_fastest_us)
+    block["run_fastest_us"] = [s.fastest_us for s in sides]
     times = sorted(_value(r, "time_us") for r in records)
     block["runs"] = len(records)
     block["time_spread_us"] = [times[0], noise.quantile(times, 0.5), times[-1]]

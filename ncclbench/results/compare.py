@@ -449,7 +449,8 @@ def _footer(c: Comparison) -> list[str]:
             f"note: NEW reports wrong results in {c.new_unmatched_wrong} row(s) that BASE lacks: counted as failures"
         )
     if c.rows["host_bound"].any():
-        lines.append("note: [host-bound] rows take no longer than 1.2 x the host's cost per call (eager torch NCCL): "
+        lines.append("note: [host-bound] rows ran their fastest iterations within 1.2 x the host's cost per call "
+                     "(eager torch NCCL): "
                      "they are judged against that cost; -G (CUDA graphs) or --backend cupy time the collective")
     lines.extend(f"note: {n}" for n in c.notes)
     return lines

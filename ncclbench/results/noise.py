@@ -21,13 +21,16 @@ holds the spread between runs too, and NEW must also be slower than its slowest 
 Rows whose pace the host can set (host-bound rows of eager torch NCCL; every row of a CPU
 backend: "level-noisy") also move as a whole between runs: a small row lasts a millisecond
 or two, and a slower spell of the host stretches most of its iterations, which no test on
-that row's samples can tell from a real change. Such noise only ever slows: a row's fastest
-block of iterations is its speed when nothing got in the way, and on the latency floor
-(rows whose time does not grow with the size) those fastest blocks would be alike but for
-the run's own state. `level_spread` reads each file's spread of them there; a level-noisy
-row must also have its fastest block slower than BASE's by the threshold and by LEVEL_Z of
-the two files' spreads combined. A late rank or a slower launch path slows every block, the
-fastest too; a busy host slows some.
+that row's samples can tell from a real change. A row's fastest block of iterations is the
+least such a spell touched (on a GPU it can even be a block the device ran ahead of the
+host, faster than the host's cost per call); on the latency floor (rows whose time does not
+grow with the size) those fastest blocks would be alike but for the run's own state, and
+`level_spread` reads each file's spread of them there. A level-noisy row must also have
+its fastest block slower than BASE's by the threshold and by LEVEL_Z of the two files'
+spreads combined (the host cost's rise taken off first). A late rank or a slower launch
+path slows every block, the fastest too; a busy host slows some. Known blind spot: a change
+that slows about half of a file's floor rows widens that file's spread, so a small one
+(1.5x) can pass.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ from typing import Sequence
 MIN_SAMPLES = 5     # fewer samples on a side: no rank test, no spread of iterations
 ALPHA = 0.01        # one-sided significance of the Mann-Whitney test
 HOST_BOUND = 1.2    # without samples: a row whose time is within this factor of its host cost per call is host-bound
-HOST_PACED = 1.1    # with samples: a row whose fastest block of iterations took less than this factor of the
-                    # host's cost per call per op is host-bound (the GPU did not hold the host back even then)
-LEVEL_Z = 6.0       # a level-noisy row's fastest block must be slower beyond this many level spreads
+HOST_PACED = 1.2    # with samples: a row whose fastest block of iterations took less than this factor of the
+                    # host's cost per call per op is host-bound (the GPU never held the host back for long)
+LEVEL_Z = 5.0       # a level-noisy row's fastest block must be slower beyond this many level spreads
 LEVEL_MIN_ROWS = 6  # fewer level-noisy rows on a file's latency floor: no level spread is read from it
-LEVEL_FLOOR = 2.0   # the latency floor: rows whose fastest block is within this factor of the smallest size's
+LEVEL_FLOOR = 2.0   # the latency floor: rows whose fastest block is within this factor of the smallest sizes'
+FLOOR_SIZES = 3     # the smallest sizes, whose level-noisy rows' median fastest block anchors the floor
 
 # CSV columns, in order; the JSON's `<placement>_noise` object holds the same keys without
 # the `noise_` prefix, plus `samples_us`.
@@ -169,8 +173,9 @@ class Side:
     def fastest_us(self) -> float:
         """Its fastest block of iterations; of a baseline, the slowest run's fastest block
         (the pooled samples' fastest is the luckiest run's)."""
-        if len(self.run_fastest_us) > 1:
-            return max(self.run_fastest_us)
+        kept = [v for v in self.run_fastest_us if math.isfinite(v)]
+        if len(kept) > 1:
+            return max(kept)
         return (self.summary or {}).get("min_us", math.nan) if self.has_summary else math.nan
 
 
@@ -187,14 +192,15 @@ def level_spread(sides: Sequence[Side]) -> float:
     """The level spread of one file: 1.4826 x the median absolute deviation of the log
     fastest block of its level-noisy rows on the latency floor (a standard deviation for
     normal noise, unmoved by a few outliers). The floor: rows whose fastest block is within
-    LEVEL_FLOOR x the median fastest block of the file's smallest size, whose time does not
-    grow with the size. NaN with fewer than LEVEL_MIN_ROWS such rows."""
+    LEVEL_FLOOR x the median fastest block of the level-noisy rows of the file's
+    FLOOR_SIZES smallest sizes (one odd row there moves it little), whose time does not grow
+    with the size. NaN with fewer than LEVEL_MIN_ROWS such rows."""
     noisy = [(s.size_bytes, s.fastest_us) for s in sides if s.level_noisy and s.size_bytes > 0]
     noisy = [(size, v) for size, v in noisy if math.isfinite(v) and v > 0]
     if len(noisy) < LEVEL_MIN_ROWS:
         return math.nan
-    smallest = min(size for size, _ in noisy)
-    floor = quantile(sorted(v for size, v in noisy if size == smallest), 0.5)
+    smallest = sorted({size for size, _ in noisy})[:FLOOR_SIZES]
+    floor = quantile(sorted(v for size, v in noisy if size in smallest), 0.5)
     logs = sorted(math.log(v) for _, v in noisy if v <= LEVEL_FLOOR * floor)
     if len(logs) < LEVEL_MIN_ROWS:
         return math.nan
@@ -230,8 +236,10 @@ def judge(base: Side, new: Side, threshold: float) -> Verdict:
         allowed = max(1 + threshold, math.exp(LEVEL_Z * level))
         fastest_base, fastest_new = base.fastest_us, new.fastest_us
         if math.isfinite(fastest_base) and math.isfinite(fastest_new):
-            checks.append(fastest_new > (fastest_base + shift) * allowed)
+            checks.append(fastest_new - shift > fastest_base * allowed)
             detail += f", fastest block {fastest_base:.4g} -> {fastest_new:.4g} us (level spread allows x{allowed:.3g})"
+    if shift:
+        detail += f", host cost per call up {shift:.3g} us"
     p = math.nan
     basis = "summaries"
     if base.has_samples and new.has_samples:
@@ -251,9 +259,8 @@ def pooled(sides: Sequence[Side]) -> Side:
     if summary is None and medians:
         summary = _pooled_summaries([s.summary for s in sides if s.summary])
     hosts = [s.host_us for s in sides if math.isfinite(s.host_us)]
-    fastest = tuple(s.fastest_us for s in sides if math.isfinite(s.fastest_us))
     return Side(time_us=min(s.time_us for s in sides), samples_us=samples, summary=summary,
-                run_medians_us=medians, run_fastest_us=fastest, host_us=min(hosts) if hosts else math.nan,
+                run_medians_us=medians, host_us=min(hosts) if hosts else math.nan,
                 host_bound_possible=any(s.host_bound_possible for s in sides),
                 on_host=any(s.on_host for s in sides), size_bytes=sides[0].size_bytes if sides else 0)
 
