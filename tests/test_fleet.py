@@ -309,6 +309,7 @@ def test_simulated_rank_stuck_in_its_exchange_is_named_and_the_run_ends(tmp_path
     assert [d["host"] for d in report["drain"]] == ["simnode2"], report["drain"]
     assert "stuck in the exchange with rank" in report["drain"][0]["reason"], report["drain"]
     assert "answered" in report["drain"][0]["reason"]
+    assert report["links"] == [], report["links"]  # the time the stuck round cost starves no later pair
     assert took < 150, took
 
 
@@ -317,13 +318,18 @@ class _Layout:
     node_of = {0: 0, 1: 1, 2: 2, 3: 3}
 
 
-def _stuck_verdicts(results: dict, missing: list, tasks: dict) -> tuple[dict, dict]:
+class _TwoRails:
+    names = ["A", "B"]
+    node_of = {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+def _stuck_verdicts(results: dict, missing: list, tasks: dict, layout=None, hung=None) -> tuple[dict, dict]:
     from ncclbench.api.fleet_run import Coordinator
 
     c = Coordinator.__new__(Coordinator)
-    c.layout, c.dead, c.lost = _Layout(), {}, {}
+    c.layout, c.dead, c.lost, c.hung = layout or _Layout(), {}, {}, {} if hung is None else hung
     for r in missing:
-        c.dead[r] = "stopped answering"
+        c.dead[c.layout.node_of[r]] = "stopped answering"
     c._judge_stuck(tasks, results, missing)
     return c.dead, c.lost
 
@@ -337,12 +343,40 @@ def test_a_stuck_rank_is_blamed_only_when_its_partner_answered():
     # its partner stopped answering: it waited for a lost node; not judged, not drained
     dead, lost = _stuck_verdicts({0: stuck, 2: {"pair": {}}, 3: {"pair": {}}}, [1], tasks)
     assert list(dead) == [1] and list(lost) == [0] and "n1, which stopped answering" in lost[0]
-    # both stuck with each other: neither is blamed
-    dead, lost = _stuck_verdicts({0: stuck, 1: stuck, 2: {"pair": {}}, 3: {"pair": {}}}, [], tasks)
-    assert not dead and sorted(lost) == [0, 1]
+    # both stuck with each other: neither is blamed, the pair is a hung link (it fails the run)
+    hung = {}
+    dead, lost = _stuck_verdicts({0: stuck, 1: stuck, 2: {"pair": {}}, 3: {"pair": {}}}, [], tasks, hung=hung)
+    assert not dead and sorted(lost) == [0, 1] and list(hung) == [(0, 1)]
+    # two nodes of two ranks, rails 0<->2 and 1<->3: rank 1 stuck (rank 3 answered), rank 2
+    # stuck (rank 0 answered): both nodes are to blame, whatever order the ranks come in
+    rails = {0: {"peer": 2}, 2: {"peer": 0}, 1: {"peer": 3}, 3: {"peer": 1}}
+    answered = {"pair": {}}
+    for results in ({0: answered, 1: stuck, 2: stuck, 3: answered}, {2: stuck, 3: answered, 0: answered, 1: stuck}):
+        dead, lost = _stuck_verdicts(results, [], rails, layout=_TwoRails())
+        assert sorted(dead) == [0, 1] and not lost and "rank 3 of B answered" in dead[0], (dead, lost)
     # stuck in its node's own collectives: the node
     dead, lost = _stuck_verdicts({0: stuck, 1: {}, 2: {}, 3: {}}, [], {0: {"node": [0]}})
     assert list(dead) == [0] and not lost
+
+
+def test_a_hung_pair_fails_the_run_and_drains_neither_node():
+    from ncclbench.api import fleet as fl
+    from ncclbench.api.fleet_report import FleetReport
+
+    plan = fl.FleetPlan(backend="gloo", nbytes=1 << 20, node_bytes=1 << 20, iters=5, warmup=1, timeout_s=8.0, band=0.6)
+    layout = fl.Layout(names=["n0", "n1", "n2", "n3"], ranks=[[0], [1], [2], [3]], gpus={n: 1 for n in range(4)},
+                       models={n: None for n in range(4)}, node_of={r: r for r in range(4)})
+    loc = Localiser([2, 3], 0.6)
+    loc.record([PairTest(0, 2, 3, (1.0,))])
+    loc.set_reference()
+    lost = {0: "not judged further: rank 0 stuck ... (rank 1 stuck too)", 1: "not judged further: rank 1 ..."}
+    hung = {(0, 1): "the exchange of rank 0 and rank 1 hung: neither ended within 21 s"}
+    report = FleetReport.build(plan, layout, {}, {}, {}, {}, {}, loc, "all pairs", [], {}, lost=lost, hung=hung)
+    assert report.drain == [] and report.exit_code == 1
+    assert [link["hosts"] for link in report.links] == [["n0", "n1"]]
+    verdicts = {n["host"]: (n["verdict"], n["reasons"]) for n in report.nodes}
+    assert verdicts["n0"][0] == "link" and verdicts["n0"][1][0].startswith("hung link: the exchange")
+    assert verdicts["n2"][0] == "ok"
 
 
 def test_a_task_past_its_limit_leaves_the_rank_stuck_and_answering():

@@ -41,18 +41,22 @@ class FleetReport:
 
     # ---- building ----
     @classmethod
-    def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs, lost=None):
+    def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs, lost=None,
+              hung=None):
         name = lambda n: layout.names[n]  # noqa: E731 - the verdict's text names nodes by host
         bad, links, suspects = loc.verdict(name)
+        for pair, line in (hung or {}).items():  # both ends stuck: a link that fails the run, neither node drained
+            links.setdefault(pair, line)
         report = cls(plan={k: v for k, v in vars(plan).items()})
         for n, host in enumerate(layout.names):
             reasons = [r for r in (inventory.get(n), alone.get(n), errors.get(n), dead.get(n)) if r]
             if n in bad:
                 reasons.append(f"pairs: {bad[n]}")
             verdict = "drain" if reasons else "ok"
-            link_lines = [line for (a, b), line in links.items() if n in (a, b)]
+            link_lines = [f"{'hung' if pair in (hung or {}) else 'slow'} link: {line}"
+                          for pair, line in links.items() if n in pair]
             if verdict == "ok" and link_lines:
-                verdict, reasons = "link", [f"slow link: {line}" for line in link_lines]
+                verdict, reasons = "link", link_lines
             elif verdict == "ok" and n in suspects:
                 verdict, reasons = "suspect", [suspects[n]]
             elif verdict == "ok" and lost and n in lost:

@@ -30,12 +30,18 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
         # communicator and keep the process (2: CleanUpOnly), never tear the healthy rank
         # down (1, 3) with it. Read by each communicator as it is made.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+        # and abort it soon: no flight-recorder dump first (its wait, 4 x this, comes before the
+        # abort), no heartbeat monitor that kills every rank minutes after one timeout
+        for key, value in (("TORCH_NCCL_DUMP_ON_TIMEOUT", "0"), ("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "1000"),
+                           ("TORCH_NCCL_ENABLE_MONITORING", "0")):
+            os.environ.setdefault(key, value)
     facts = my_facts(plan, info)
     dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=plan.timeout_s + 30))
     from ncclbench.engine.watchdog import default_store
 
-    ctl = Control(default_store(), info.rank, info.world_size, 3 * plan.timeout_s + 120)
+    ctl = Control(own_client(default_store(), 3 * plan.timeout_s + 120), info.rank, info.world_size,
+                  3 * plan.timeout_s + 120)
     started = time.monotonic()
     ctl.post("facts", facts)
     if info.rank == 0:
@@ -52,6 +58,23 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     return code
 
 
+def own_client(store, timeout_s: float):
+    """A client of its own to the rendezvous store's server, for the rounds: torch's store
+    client does one operation at a time, and the task thread's group set-ups wait in the
+    shared one (up to -T), which would hold a stuck rank's answers back. `store` itself
+    where its server cannot be reached so (not a TCPStore)."""
+    import torch.distributed as dist
+
+    inner = store
+    while inner is not None and hasattr(inner, "underlying_store"):
+        inner = inner.underlying_store
+    try:
+        return dist.TCPStore(inner.host, inner.port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - another kind of store: share it
+        return store
+
+
 class Coordinator:
     def __init__(self, plan: FleetPlan, ctl: Control, started: float):
         self.plan, self.ctl, self.started = plan, ctl, started
@@ -59,6 +82,7 @@ class Coordinator:
         self.step_no = 0
         self.dead: dict = {}          # node -> what it stopped answering in, or where its rank got stuck
         self.lost: dict = {}          # node -> why it is not judged further (stuck behind a dead partner)
+        self.hung: dict = {}          # (node a, node b) -> why: a pair whose both ends got stuck
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
@@ -81,22 +105,31 @@ class Coordinator:
 
     def _judge_stuck(self, tasks: dict, results: dict, missing: list) -> None:
         """A rank newly stuck in its task: to blame when its partner answered (the exchange
-        waited on it); not judged further when the partner is dead or stuck too (it waited
-        on the partner). Either way its node takes part in no more pairs."""
-        node_of = self.layout.node_of
-        for r, result in results.items():
+        waited on it); not judged further when the partner stopped answering or its node
+        was already out (it waited on the partner); when both ends of a pair are stuck,
+        neither can be blamed and the pair is named as a hung link, which fails the run.
+        Decided on what was known when the round ended, whatever order the ranks come in.
+        Either way the node takes part in no more pairs."""
+        node_of, name = self.layout.node_of, self.layout.names
+        out_before = self.out_of_pairs - {node_of[r] for r in missing}
+        for r, result in sorted(results.items()):
             node = node_of[r]
             if "stuck" not in result or node in self.dead or node in self.lost:
                 continue
             peer = tasks.get(r, {}).get("peer")
-            name = self.layout.names
             if peer is None:
                 self.dead[node] = f"rank {r} {result['stuck']}"
-            elif peer in missing or node_of[peer] in self.dead:
+            elif peer in missing:
                 self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer} "
                                    f"({name[node_of[peer]]}, which stopped answering)")
+            elif node_of[peer] in out_before:
+                self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer} "
+                                   f"({name[node_of[peer]]}, out of the run already)")
             elif "stuck" in results.get(peer, {}):
                 self.lost[node] = f"not judged further: rank {r} {result['stuck']} (rank {peer} stuck too)"
+                pair = tuple(sorted((node, node_of[peer])))
+                self.hung.setdefault(pair, f"the exchange of rank {min(r, peer)} and rank {max(r, peer)} hung: "
+                                           f"neither ended within {result['stuck'].rsplit('more than ', 1)[-1]}")
             else:
                 self.dead[node] = f"rank {r} {result['stuck']} (rank {peer} of {name[node_of[peer]]} answered)"
 
@@ -127,7 +160,7 @@ class Coordinator:
         loc, schedule = self.pairs(active)
         self._phase("pairs", clock)
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
-                                   self.rounds, self.costs, lost=self.lost)
+                                   self.rounds, self.costs, lost=self.lost, hung=self.hung)
         report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
         report.emit()
         code = report.exit_code
@@ -154,7 +187,7 @@ class Coordinator:
                 if n in self.out_of_pairs or n in errors:
                     continue
                 mine = [results[r] for r in lay.ranks[n] if r in results]
-                failed = [x["error"] for x in mine if "error" in x] + [x["stuck"] for x in mine if "stuck" in x]
+                failed = [x["error"] for x in mine if "error" in x]
                 if failed:
                     errors[n] = f"node-local collectives failed: {failed[0]}"
                     busbw.pop(n, None)
@@ -182,7 +215,8 @@ class Coordinator:
                 f"localisation rounds; each measurement sized by a probe to its share of the time, at most "
                 f"{p.nbytes} B per exchange)")
         for k, pairs in enumerate(rounds):
-            node_pairs = [(active[a], active[b], "screen") for a, b in pairs]
+            out = self.out_of_pairs  # a node lost in an earlier round is paired no more: its partner rests
+            node_pairs = [(active[a], active[b], "screen") for a, b in pairs if not {active[a], active[b]} & out]
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
@@ -241,12 +275,15 @@ class PairClock:
         self.begun = time.monotonic()
         self.overhead: float | None = None
         self.round_begun = self.begun
+        # never less than this, even with the time spent (a lost node's round costs -T): a
+        # measurement starved to a few KiB times latency, not the link, and reads as slow
+        self.least_s = self.LEAST * budget_s / self.rounds_left
 
     def target(self) -> float:
         self.round_begun = time.monotonic()
         share = max(0.0, self.budget_s - (self.round_begun - self.begun)) / self.rounds_left
         overhead = self.FIRST_OVERHEAD * share if self.overhead is None else self.overhead
-        return max(self.LEAST * share, share - overhead)
+        return max(self.LEAST * share, share - overhead, self.least_s)
 
     def done(self, target: float) -> None:
         self.overhead = max(0.0, time.monotonic() - self.round_begun - target)
