@@ -325,10 +325,12 @@ class _TwoRails:
 
 
 def _stuck_verdicts(results: dict, missing: list, tasks: dict, layout=None, hung=None) -> tuple[dict, dict]:
+    from ncclbench.api import fleet as fl
     from ncclbench.api.fleet_run import Coordinator
 
     c = Coordinator.__new__(Coordinator)
     c.layout, c.dead, c.lost, c.hung = layout or _Layout(), {}, {}, {} if hung is None else hung
+    c.plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=20.0, band=0.6)
     for r in missing:
         c.dead[c.layout.node_of[r]] = "stopped answering"
     c._judge_stuck(tasks, results, missing)

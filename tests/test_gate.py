@@ -77,7 +77,7 @@ def test_host_bound_rows_are_judged_against_the_host_cost():
 
 def test_host_bound_is_read_from_the_fastest_block():
     """With samples, a row is host-bound when even its fastest block of iterations was not
-    held back by the GPU (faster than HOST_PACED x the host's cost per call)."""
+    held back by the GPU (faster than HOST_BOUND x the host's cost per call)."""
     paced = _side(50.0, spread=0.1, host_us=48.0, eager=True)       # fastest ~45 us < 1.1 x 48
     device = _side(65.0, spread=0.02, host_us=50.0, eager=True)     # fastest ~64 us > 1.1 x 50
     assert paced.host_bound and not device.host_bound

@@ -164,17 +164,23 @@ def _freeze_and_judge(run: Run, victim: int, pid: int, nranks: int, host_re=r"\S
     return named[0][0] - stopped, gone - stopped
 
 
+def _freeze_rank_1_of_four(run: Run, rows: int, settle_s: float) -> tuple[float, float]:
+    """Once `rows` rows are out, SIGSTOP rank 1 of 4 and judge the verdict (_freeze_and_judge);
+    every rank killed afterwards, whatever happened."""
+    try:
+        run.wait_rows(rows)
+        time.sleep(settle_s)
+        return _freeze_and_judge(run, 1, run.pids[1], 4)
+    finally:
+        run.kill(run.pids.values())
+
+
 def test_a_frozen_rank_of_four_is_named_alone(tmp_path):
     """-g 4 -T 5, rank 1 frozen by SIGSTOP mid-sweep: one timeout line naming rank 1 (pid, host,
     state T) and ranks 0,2,3 as waiting for it, exit 4, named within -T + 5 s and everything
     gone within -T + 15 s (with slack for a loaded machine), nothing left running."""
     run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")])
-    try:
-        run.wait_rows(4)
-        time.sleep(0.3)
-        to_name, to_gone = _freeze_and_judge(run, 1, run.pids[1], 4)
-    finally:
-        run.kill(run.pids.values())
+    to_name, to_gone = _freeze_rank_1_of_four(run, rows=4, settle_s=0.3)
     assert run.proc.returncode == 4
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
     print(f"frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
@@ -325,12 +331,7 @@ def test_gpu_a_frozen_rank_of_four_is_named_alone(tmp_path):
     if _gpu_count() < 4:
         pytest.skip("needs 4 GPUs")
     run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")])
-    try:
-        run.wait_rows(6)
-        time.sleep(0.2)
-        to_name, to_gone = _freeze_and_judge(run, 1, run.pids[1], 4)
-    finally:
-        run.kill(run.pids.values())
+    to_name, to_gone = _freeze_rank_1_of_four(run, rows=6, settle_s=0.2)
     print(f"GPU: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
     assert run.proc.returncode == 4
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)

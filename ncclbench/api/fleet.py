@@ -16,7 +16,7 @@ rounds then localisation rounds (ncclbench.engine.fleet_schedule, ncclbench.api.
 (3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code.
 
 A rank never waits on its own task without a bound: each task runs on a task thread, and a
-task still running TASK_LIMIT later (the host blocked in a wait on a GPU whose exchange never
+task still running task_limit_s() later (the host blocked in a wait on a GPU whose exchange never
 ends, as behind a lost NCCL peer) is reported as stuck; that rank gets no more tasks and
 answers each round at once, so the rounds, rank 0's among them, go on. Rank 0 blames a stuck
 rank only when its partner answered (ncclbench.api.fleet_run).

@@ -9,7 +9,7 @@ import sys
 import time
 from datetime import timedelta
 
-from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say
+from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say, task_limit_s
 from ncclbench.api.fleet_verdict import CONFIRM, Localiser, PairTest, judge_alone, judge_inventory, localisation_round
 
 
@@ -129,7 +129,7 @@ class Coordinator:
                 self.lost[node] = f"not judged further: rank {r} {result['stuck']} (rank {peer} stuck too)"
                 pair = tuple(sorted((node, node_of[peer])))
                 self.hung.setdefault(pair, f"the exchange of rank {min(r, peer)} and rank {max(r, peer)} hung: "
-                                           f"neither ended within {result['stuck'].rsplit('more than ', 1)[-1]}")
+                                           f"neither ended within {task_limit_s(self.plan.timeout_s):g} s")
             else:
                 self.dead[node] = f"rank {r} {result['stuck']} (rank {peer} of {name[node_of[peer]]} answered)"
 
@@ -201,7 +201,7 @@ class Coordinator:
             judged = [n for n in slow if n not in self.out_of_pairs]
             if not judged:
                 break
-        return judge_alone(busbw, self.plan.band), busbw, errors
+        return slow, busbw, errors
 
     def pairs(self, active: list[int]) -> tuple[Localiser, str]:
         from ncclbench.engine.fleet_schedule import screening_rounds

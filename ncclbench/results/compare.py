@@ -163,7 +163,6 @@ def _sides(frame: pd.DataFrame) -> dict:
         else:
             one = noise.pooled(group)
             one.time_us, one.host_us = group[-1].time_us, group[-1].host_us
-            one.size_bytes, one.on_host = group[-1].size_bytes, group[-1].on_host
             out[key] = one
     for part in _by_collective(out):
         level = noise.level_spread(part)
@@ -269,10 +268,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     new_only = merged[merged["_merge"] == "right_only"]
 
     by_time = _same_ranks(base_rows, new_rows)
-    records = matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records")
-    keys = [tuple(record[k] for k in MATCH_KEYS) for record in records]
-    judged = [_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time)
-              for record, key in zip(records, keys)]
+    judged = []
+    for record in matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records"):
+        key = tuple(record[k] for k in MATCH_KEYS)
+        judged.append(_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time))
     status, ratio, noise_text, host_bound = (list(column) for column in zip(*judged)) if judged else ([], [], [], [])
     ratio = pd.Series(ratio, index=matched.index, dtype=float)
     matched = matched.assign(ratio=ratio, change_pct=(ratio - 1) * 100, status=status, noise=noise_text,

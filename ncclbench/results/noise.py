@@ -41,9 +41,9 @@ from typing import Sequence
 
 MIN_SAMPLES = 5     # fewer samples on a side: no rank test, no spread of iterations
 ALPHA = 0.01        # one-sided significance of the Mann-Whitney test
-HOST_BOUND = 1.2    # without samples: a row whose time is within this factor of its host cost per call is host-bound
-HOST_PACED = 1.2    # with samples: a row whose fastest block of iterations took less than this factor of the
-                    # host's cost per call per op is host-bound (the GPU never held the host back for long)
+HOST_BOUND = 1.2    # a row is host-bound when its fastest block of iterations took less than this factor of its
+                    # host cost per call per op (with samples: the GPU never held the host back for long), or
+                    # its time is within this factor of that cost (without)
 LEVEL_Z = 5.0       # a level-noisy row's fastest block must be slower beyond this many level spreads
 LEVEL_MIN_ROWS = 6  # fewer level-noisy rows on a file's latency floor: no level spread is read from it
 LEVEL_FLOOR = 2.0   # the latency floor: rows whose fastest block is within this factor of the smallest sizes'
@@ -155,13 +155,13 @@ class Side:
     @property
     def host_bound(self) -> bool:
         """The host's cost per call can have set this row's time: its fastest block of
-        iterations ran faster than HOST_PACED x that cost per op (with samples), or its
+        iterations ran faster than HOST_BOUND x that cost per op (with samples), or its
         time is within HOST_BOUND x that cost (without)."""
         if not (self.host_bound_possible and self.host_us > 0 and math.isfinite(self.host_us)):
             return False
         fastest = (self.summary or {}).get("min_us")
         if self.has_summary and fastest is not None and math.isfinite(fastest):
-            return fastest < HOST_PACED * self.host_us
+            return fastest < HOST_BOUND * self.host_us
         return 0 < self.time_us <= HOST_BOUND * self.host_us
 
     @property
