@@ -104,6 +104,6 @@ def test_two_simulated_hosts_name_sockets_and_gdr_0(tmp_path):
     assert procs[0].returncode == 0, stderr[-3000:]
     (line,) = _path_lines(stdout)
     assert line.startswith("# NCCL path: NET/Socket") and "over eth0" in line, stdout[:3000]
-    assert "network Socket, GDR 0" in stdout
+    assert "network Socket, GDR 0" in stdout, "\n".join(l for l in stdout.splitlines() if l.startswith("#"))[:4000]
     nb = json.loads(out.read_text())["ncclbench"]
     assert nb["nccl_path"]["label"].startswith("NET/Socket") and nb["nccl_path"]["gdr"] == 0

@@ -48,6 +48,28 @@ def test_two_hosts_over_sockets_per_process_files():
     assert "network Socket, GDR 0, PXN 0, 2 channels" in head[1]
 
 
+def _without_ring_lines(case: str, rewrite=lambda line: line) -> Path:
+    """A case's logs as a communicator that connected only trees writes them: no `Connected
+    all rings, use ring PXN p GDR g` line (seen on 4 H100s as 2 hosts x 2 GPUs, a 64 MiB
+    all_reduce over sockets: NCCL connected trees alone)."""
+    summaries = []
+    for f in sorted((LOGS / case).iterdir()):
+        text = "\n".join(rewrite(line) for line in f.read_text().splitlines() if "Connected all rings" not in line)
+        summaries += [to_summary(p) for p in parse_text(text, str(f))]
+    return Path(summaries)
+
+
+def test_gdr_is_read_from_the_net_connections_when_no_ring_line_says_it():
+    sock = _without_ring_lines("h100-two-hosts-socket")
+    assert (sock.network, sock.gdr, sock.pxn) == ("Socket", 0, None)
+    assert sock.lines()[1].startswith("  network Socket, GDR 0, 2 channels")
+    ib = _without_ring_lines("two-hosts-ib")
+    assert ib.gdr == 1 and ib.pxn is None
+    # InfiniBand without GPUDirect RDMA: connections without /GDRDMA say GDR 0
+    plain = _without_ring_lines("two-hosts-ib", lambda line: line.replace("/GDRDMA", ""))
+    assert "NET/IB" in plain.transports() and plain.gdr == 0
+
+
 def test_a_net_connection_printed_by_both_ends_counts_once():
     """NCCL prints `[send]` on the sender and `[receive]` on the receiver, both src -> dst."""
     path = path_of("two-hosts-socket")

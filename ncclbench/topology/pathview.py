@@ -107,9 +107,18 @@ class Path:
 
     @property
     def gdr(self) -> int | None:
-        values = {c.get("gdr") for c in self.network_comms() if c.get("gdr") is not None}
-        if any("GDRDMA" in k for k in self.transports()):
+        """1 when GPUDirect RDMA carried network traffic, 0 when it did not, None when
+        unknown. From NCCL's ring line (`use ring PXN p GDR g`) and from each NET
+        connection's own line (`via NET/IB/0/GDRDMA`, or without /GDRDMA): a communicator that
+        connected only trees (2 hosts at a large size) prints no ring line."""
+        comms = self.network_comms()
+        values = {c.get("gdr") for c in comms if c.get("gdr") is not None}
+        net_kinds = {str(link[2]) for c in comms for link in c.get("links", [])
+                     if str(link[2]).startswith(("NET", "COLLNET"))}
+        if any("GDRDMA" in k for k in net_kinds):
             values.add(1)
+        elif net_kinds and not values:
+            values.add(0)
         return max(values) if values else None
 
     @property
