@@ -33,13 +33,16 @@ def _gpu_count() -> int:
         return 0
 
 
-def _finish(procs, timeout=240):
-    outs = []
-    for proc in procs:
+def _finish(procs, timeout=240, lost=None):
+    """(exit codes, (stdout, stderr) of each): the processes waited for in turn, up to
+    `timeout` s each; host `lost` (killed or stopped) last, for a few seconds only (a stopped
+    host never ends: the fixture kills what is left)."""
+    outs: list = [None] * len(procs)
+    for i in [k for k in range(len(procs)) if k != lost] + ([lost] if lost is not None else []):
         try:
-            outs.append(proc.communicate(timeout=timeout))
+            outs[i] = procs[i].communicate(timeout=5 if i == lost else timeout)
         except Exception:  # noqa: BLE001 - the fixture kills what is left
-            outs.append(("", "no end in time"))
+            outs[i] = ("", "no end in time")
     return [p.returncode for p in procs], outs
 
 
@@ -244,21 +247,21 @@ def _fleet(fleet, tmp_path, extra=(), freeze=None, kill=None):
             if "round 2 of" in line:
                 (fleet.freeze if freeze is not None else fleet.kill_node)(freeze if freeze is not None else kill)
                 break
-    codes, outs = _finish(procs, timeout=150)
+    codes, outs = _finish(procs, timeout=150, lost=freeze if freeze is not None else kill)
     return codes[0], outs[0], json.loads(out.read_text()) if out.exists() else None
 
 
-LOST_HOST_ON_NCCL = pytest.mark.xfail(
-    reason="on NCCL the fleet's other hosts stayed in the lost host's exchange: no end within 290 s on "
-           "4 H200 (docs/BENCHMARKS.md); bounded task threads and CleanUpOnly pair communicators since, "
-           "not yet run on GPUs", strict=False)
+KILLED_HOST_ON_NCCL = pytest.mark.xfail(
+    reason="on 4 H100s (commit 6862049) host 3 killed at round 2 drained simnode0 too: rank 1, whose exchange "
+           "with rank 3 had just failed, failed its next one at once and left rank 0 waiting; the shaken-rank "
+           "rule since (fleet_run._judge_shaken) is not yet run on GPUs", strict=False)
 
 
 @pytest.mark.gpu
 @rig
 @needs4
-@pytest.mark.parametrize("fault", ["none", "nic", "link", pytest.param("kill", marks=LOST_HOST_ON_NCCL),
-                                   pytest.param("freeze", marks=LOST_HOST_ON_NCCL)])
+@pytest.mark.parametrize("fault", ["none", "nic", "link", pytest.param("kill", marks=KILLED_HOST_ON_NCCL),
+                                   "freeze"])
 def test_fleet_across_four_gpu_hosts(fault, tmp_path):
     with netsim.SimFleet(4, gpus=["0", "1", "2", "3"]) as fleet:
         if fault == "nic":

@@ -83,6 +83,7 @@ class Coordinator:
         self.dead: dict = {}          # node -> what it stopped answering in, or where its rank got stuck
         self.lost: dict = {}          # node -> why it is not judged further (stuck behind a dead partner)
         self.hung: dict = {}          # (node a, node b) -> why: a pair whose both ends got stuck
+        self.shaken: dict = {}        # node -> how an exchange of it failed with a partner that stopped answering
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
@@ -100,16 +101,46 @@ class Coordinator:
             self.dead.setdefault(node, f"rank {r} stopped answering during {what} (no result within "
                                        f"{2 * self.plan.timeout_s + SLACK_S:.0f} s)")
         self.alive = [r for r in self.alive if r not in missing]
-        self._judge_stuck(tasks, results, missing)
+        self._judge(tasks, results, missing)
         return results
 
-    def _judge_stuck(self, tasks: dict, results: dict, missing: list) -> None:
+    def _judge(self, tasks: dict, results: dict, missing: list) -> None:
+        """What a round's stuck and failed ranks say, beside the ranks that stopped answering."""
+        shaken_before = dict(self.shaken)
+        self._judge_stuck(tasks, results, missing, shaken_before)
+        self._judge_shaken(tasks, results, missing, shaken_before)
+
+    def _judge_shaken(self, tasks: dict, results: dict, missing: list, shaken_before: dict) -> None:
+        """A rank whose exchange failed because its partner stopped answering mid-round is
+        shaken: torch aborted that communicator under it, and NCCL's or the GPU's state after
+        such an abort is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose partner
+        was killed failed its next exchange at once and left its healthy partner waiting).
+        It stays in the pairs; when an exchange of it fails again, it is not judged further
+        and that exchange is not held against its partner (the test leaves the localisation
+        with the node). Stuck ranks: _judge_stuck."""
+        node_of, name = self.layout.node_of, self.layout.names
+        for r, result in sorted(results.items()):
+            peer, node = tasks.get(r, {}).get("peer"), node_of[r]
+            failed = result.get("error") or result.get("stuck")
+            if peer is None or not failed:
+                continue
+            if peer in missing:
+                self.shaken.setdefault(node, f"its exchange with rank {peer} ({name[node_of[peer]]}), which stopped "
+                                             f"answering, failed: {failed}")
+                continue
+            for n in (node, node_of[peer]):
+                if n in shaken_before and n not in self.out_of_pairs:
+                    self.lost[n] = f"not judged further: {shaken_before[n]}; a later exchange of it failed too"
+
+    def _judge_stuck(self, tasks: dict, results: dict, missing: list, shaken: dict | None = None) -> None:
         """A rank newly stuck in its task: to blame when its partner answered (the exchange
         waited on it); not judged further when the partner stopped answering or its node
         was already out (it waited on the partner); when both ends of a pair are stuck,
         neither can be blamed and the pair is named as a hung link, which fails the run.
-        Decided on what was known when the round ended, whatever order the ranks come in.
-        Either way the node takes part in no more pairs."""
+        A rank stuck in an exchange of a shaken node (see _judge_shaken), its own or its
+        partner's, is not judged further either. Decided on what was known when the round
+        ended, whatever order the ranks come in. Either way the node takes part in no more
+        pairs."""
         node_of, name = self.layout.node_of, self.layout.names
         out_before = self.out_of_pairs - {node_of[r] for r in missing}
         for r, result in sorted(results.items()):
@@ -125,6 +156,10 @@ class Coordinator:
             elif node_of[peer] in out_before:
                 self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer} "
                                    f"({name[node_of[peer]]}, out of the run already)")
+            elif node in (shaken or {}) or node_of[peer] in (shaken or {}):
+                whose = node if node in shaken else node_of[peer]
+                self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer}; "
+                                   f"{name[whose]}: {shaken[whose]}")
             elif "stuck" in results.get(peer, {}):
                 self.lost[node] = f"not judged further: rank {r} {result['stuck']} (rank {peer} stuck too)"
                 pair = tuple(sorted((node, node_of[peer])))
