@@ -142,6 +142,7 @@ def test_a_row_moved_by_the_hosts_pace_passes_a_late_rank_does_not(tmp_path):
 
 # ---- recorded GPU runs ----------------------------------------------------------------------------------
 H200 = Path(__file__).parent / "fixtures" / "gate" / "h200-4gpu"
+H100 = Path(__file__).parent / "fixtures" / "gate" / "h100-4gpu"  # recorded after the rule was set
 
 
 def _regressed(base, new) -> list:
@@ -150,20 +151,22 @@ def _regressed(base, new) -> list:
     return sorted({int(v) for v in rows["size_bytes"]})
 
 
-def test_recorded_h200_healthy_pairs_pass_and_every_plant_is_caught(tmp_path):
-    """11 back-to-back healthy runs and 3 planted ones on 4 H200 (fixtures/gate/h200-4gpu):
-    every healthy pair and every run against a baseline of the first three pass; fewer
-    channels, another protocol and a late rank fail at the sizes they slow."""
-    healthy = [H200 / f"healthy{i:02d}.json" for i in range(11)]
+@pytest.mark.parametrize("recorded", [H200, H100], ids=["h200", "h100"])
+def test_recorded_healthy_pairs_pass_and_every_plant_is_caught(recorded, tmp_path):
+    """11 back-to-back healthy runs and 3 planted ones on 4 H200 (fixtures/gate/h200-4gpu,
+    the set the level rule was set on) and on 4 H100 (h100-4gpu, recorded afterwards): every
+    healthy pair and every run against a baseline of the first three pass; fewer channels,
+    another protocol and a late rank fail at the sizes they slow."""
+    healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
     assert [_regressed(a, b) for a, b in zip(healthy, healthy[1:])] == [[]] * 10
     base = tmp_path / "base.json"
     made = CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)])
     assert made.exit_code == 0, made.output
     assert [_regressed(base, h) for h in healthy[3:]] == [[]] * 8
     for against in (healthy[-1], base):
-        assert _regressed(against, H200 / "planted-nchannels2.json") == [2 << 20, 8 << 20, 32 << 20, 128 << 20]
-        assert _regressed(against, H200 / "planted-proto-simple.json") == [8 << 20]
-        assert len(_regressed(against, H200 / "planted-late-rank.json")) == 13  # every size
+        assert _regressed(against, recorded / "planted-nchannels2.json") == [2 << 20, 8 << 20, 32 << 20, 128 << 20]
+        assert _regressed(against, recorded / "planted-proto-simple.json") == [8 << 20]
+        assert len(_regressed(against, recorded / "planted-late-rank.json")) == 13  # every size
 
 
 def _slowed(path, tmp_path, factor: float, up_to: int):
@@ -184,10 +187,11 @@ def _slowed(path, tmp_path, factor: float, up_to: int):
     return _write(tmp_path / f"x{factor}-{path.name}", doc)
 
 
-def test_recorded_h200_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(tmp_path):
+@pytest.mark.parametrize("recorded", [H200, H100], ids=["h200", "h100"])
+def test_recorded_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(recorded, tmp_path):
     """Every row up to 2 MiB of each later healthy run made 2x slower in every iteration:
     caught against run 0 and against the baseline of runs 0-2, each time."""
-    healthy = [H200 / f"healthy{i:02d}.json" for i in range(11)]
+    healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
     base = tmp_path / "base.json"
     assert CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)]).exit_code == 0
     assert json.loads(base.read_text())["results"][0]["in_place_noise"]["run_fastest_us"]
