@@ -70,6 +70,21 @@ def test_gdr_is_read_from_the_net_connections_when_no_ring_line_says_it():
     assert "NET/IB" in plain.transports() and plain.gdr == 0
 
 
+@pytest.mark.parametrize("suffix, gdr", [("/GDRDMA", 1), ("", 0)])
+def test_a_network_plugin_whose_name_has_a_space_keeps_its_gdr(suffix, gdr):
+    """aws-ofi-nccl names its network `AWS Libfabric`: the connection line's GDRDMA is read."""
+    text = "\n".join([
+        "h0:11:11 [0] NCCL INFO Using network AWS Libfabric",
+        "h0:11:11 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+        f"h0:11:11 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/AWS Libfabric/0{suffix}",
+        f"h0:11:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/AWS Libfabric/1{suffix}",
+    ])
+    (proc,) = parse_text(text)
+    path = Path([to_summary(proc)])
+    assert set(path.transports()) == {f"NET/AWS Libfabric{suffix}"}
+    assert path.gdr == gdr and path.network == "AWS Libfabric"
+
+
 def test_a_net_connection_printed_by_both_ends_counts_once():
     """NCCL prints `[send]` on the sender and `[receive]` on the receiver, both src -> dst."""
     path = path_of("two-hosts-socket")
@@ -303,6 +318,20 @@ def test_compare_names_a_changed_path_as_the_likely_cause(tmp_path):
     assert not any("NCCL path" in n for n in same.notes)
     r = run_cli(["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")], timeout=60)
     assert r.returncode == 1 and "NCCL path changed: baseline NET/IB/GDRDMA" in r.stdout
+
+
+def test_a_fact_one_side_does_not_name_is_no_change_of_path():
+    """A tree-only run names no PXN; an older file of one named no GDR either: unknown, not
+    changed. A fact both name with another value is a change."""
+    from ncclbench.results.compare import _facts_differ
+
+    ring = ["network Socket, GDR 0, PXN 0, 2 channels"]
+    assert not _facts_differ(ring, ["network Socket, GDR 0, 2 channels"])
+    assert not _facts_differ(["network Socket, 2 channels"], ring)
+    assert _facts_differ(ring, ["network Socket, GDR 0, PXN 0, 4 channels"])
+    assert _facts_differ(["network IB, GDR 1, 16 channels"], ["network IB, GDR 0, 16 channels"])
+    assert _facts_differ(["network IB, GDR 1"], ["network Socket, GDR 0"])
+    assert not _facts_differ(["NVLS available, 24 channels"], ["NVLS available, 24 channels"])
 
 
 # ---- a run: each rank reads its own log, rank 0 merges ----

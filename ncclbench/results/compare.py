@@ -207,10 +207,33 @@ def path_change(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
             return None
         before = sorted(set(base[column].dropna().astype(str)) - {""})
         after = sorted(set(new[column].dropna().astype(str)) - {""})
+        if column == "nccl_path_facts" and not _facts_differ(before, after):
+            continue
         if before and after and before != after:
             what = "" if column == "nccl_path" else f"{_first(base, 'nccl_path')}: "
             return f"NCCL path changed: {what}baseline {' | '.join(before)}, now {' | '.join(after)}"
     return None
+
+
+def _facts_differ(before: list[str], after: list[str]) -> bool:
+    """Whether a fact both sides name has another value (`GDR 1` vs `GDR 0`, `24 channels` vs
+    `4 channels`). A fact one side does not name is unknown there, not changed: NCCL prints
+    PXN (and, before commit 18d59a4, GDR) only for a communicator that connected rings."""
+    def facts(texts: list[str]) -> dict:
+        out: dict = {}
+        for text in texts:
+            for item in (part.strip() for part in text.split(",")):
+                if not item:
+                    continue
+                if item.endswith(" channels"):
+                    key, value = "channels", item.split()[0]
+                else:
+                    key, _, value = item.partition(" ")
+                out.setdefault(key, set()).add(value)
+        return out
+
+    old, now = facts(before), facts(after)
+    return any(old[k] != now[k] for k in old.keys() & now.keys())
 
 
 def _same_ranks(base: pd.DataFrame, new: pd.DataFrame) -> bool:

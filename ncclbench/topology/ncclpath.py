@@ -38,7 +38,7 @@ _NET_DEVICES = re.compile(r"NET/(?P<net>\w+) ?: Using(?P<list>(?: \[\d+\]\S+)+)"
 _NET_DEVICE = re.compile(r"\[(?P<i>\d+)\](?P<name>[^:\s/]+)(?::(?P<rest>\S*))?")
 _GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA (?P<n>\d+) '(?P<hca>[^']*)'|GPU (?P<gpu>\d+))")
 _CONN = re.compile(r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>\d+)\] -> (?P<dst>\d+)\[(?P<ddev>\d+)\]"
-                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>\S+(?: pointer\S*)?)")
+                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>NET/[^/\n]+?/\S+|\S+(?: pointer\S*)?)")
 _COLLNET = re.compile(r"CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via COLLNET/(?P<name>[^/\s]+)")
 _RINGS = re.compile(r"Connected all rings(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
 _COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<n>\d+) nNodes (?P<nodes>\d+) "
