@@ -370,15 +370,37 @@ def test_after_its_partner_is_lost_a_rank_s_next_failure_blames_no_one():
     c._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: stuck, 1: {"error": "DistBackendError: NCCL error"}}, [])
     assert list(c.dead) == [3] and sorted(c.lost) == [0, 1], (c.dead, c.lost)
     assert "n1: its exchange with rank 3" in c.lost[0] and c.lost[1].startswith("not judged further: its exchange")
-    # a shaken rank whose later exchanges pass stays judged like any other
+    # a shaken rank's failed exchange with a healthy partner drops the shaken node, not the partner
     c2 = Coordinator.__new__(Coordinator)
     c2.layout, c2.dead, c2.lost, c2.hung, c2.shaken = _Layout(), {3: "gone"}, {}, {}, {1: "its exchange ... failed"}
     c2.plan = c.plan
-    c2._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: ok, 1: ok}, [])
-    assert not c2.lost and list(c2.dead) == [3]
-    # ... and a shaken rank's failed exchange with a healthy partner drops the shaken node, not the partner
     c2._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: {"error": "timed out"}, 1: {"error": "NCCL error"}}, [])
     assert list(c2.lost) == [1] and list(c2.dead) == [3]
+    # an exchange of it that passes clears it: a partner stuck later is blamed as before
+    c3 = Coordinator.__new__(Coordinator)
+    c3.layout, c3.dead, c3.lost, c3.hung, c3.shaken = _Layout(), {3: "gone"}, {}, {}, {1: "its exchange ... failed"}
+    c3.plan = c.plan
+    c3._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: ok, 1: ok}, [])
+    assert not c3.lost and not c3.shaken
+    c3._judge({1: {"peer": 2}, 2: {"peer": 1}}, {1: {"error": "watchdog timeout"}, 2: stuck}, [])
+    assert sorted(c3.dead) == [2, 3] and not c3.lost, (c3.dead, c3.lost)
+
+
+def test_a_rank_whose_partner_got_stuck_is_shaken_too():
+    """Round 2: rank 3 stuck (drained: rank 1 answered), rank 1's exchange aborted under it.
+    Round 3: rank 0 stuck with rank 1, which failed at once: node 0 is not drained."""
+    from ncclbench.api import fleet as fl
+    from ncclbench.api.fleet_run import Coordinator
+
+    c = Coordinator.__new__(Coordinator)
+    c.layout, c.dead, c.lost, c.hung, c.shaken = _Layout(), {}, {}, {}, {}
+    c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.6)
+    stuck = {"stuck": "stuck in the exchange (step 2) for more than 65 s"}
+    c._judge({1: {"peer": 3}, 3: {"peer": 1}, 0: {"peer": 2}, 2: {"peer": 0}},
+             {1: {"error": "watchdog timeout"}, 3: stuck, 0: {"pair": {}}, 2: {"pair": {}}}, [])
+    assert list(c.dead) == [3] and list(c.shaken) == [1] and "got stuck" in c.shaken[1]
+    c._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: stuck, 1: {"error": "NCCL error"}}, [])
+    assert list(c.dead) == [3] and sorted(c.lost) == [0, 1], (c.dead, c.lost)
 
 
 def test_a_stuck_rank_is_blamed_only_when_its_partner_answered():

@@ -111,22 +111,28 @@ class Coordinator:
         self._judge_shaken(tasks, results, missing, shaken_before)
 
     def _judge_shaken(self, tasks: dict, results: dict, missing: list, shaken_before: dict) -> None:
-        """A rank whose exchange failed because its partner stopped answering mid-round is
-        shaken: torch aborted that communicator under it, and NCCL's or the GPU's state after
-        such an abort is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose partner
-        was killed failed its next exchange at once and left its healthy partner waiting).
-        It stays in the pairs; when an exchange of it fails again, it is not judged further
-        and that exchange is not held against its partner (the test leaves the localisation
-        with the node). Stuck ranks: _judge_stuck."""
+        """A rank whose exchange failed because its partner stopped answering or got stuck
+        mid-round is shaken: torch aborted that communicator under it, and what NCCL or the
+        GPU are left with is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose
+        partner was killed failed its next exchange at once and left its healthy partner
+        waiting). It stays in the pairs; an exchange of it that passes on both sides clears
+        it; when one fails again, it is not judged further and that exchange is not held
+        against its partner (the test leaves the localisation with the node). Stuck ranks:
+        _judge_stuck."""
         node_of, name = self.layout.node_of, self.layout.names
         for r, result in sorted(results.items()):
             peer, node = tasks.get(r, {}).get("peer"), node_of[r]
-            failed = result.get("error") or result.get("stuck")
-            if peer is None or not failed:
+            if peer is None:
                 continue
-            if peer in missing:
-                self.shaken.setdefault(node, f"its exchange with rank {peer} ({name[node_of[peer]]}), which stopped "
-                                             f"answering, failed: {failed}")
+            failed = result.get("error") or result.get("stuck")
+            if not failed:
+                if "pair" in result and "pair" in results.get(peer, {}):
+                    self.shaken.pop(node, None)
+                continue
+            if peer in missing or ("stuck" in results.get(peer, {}) and "stuck" not in result):
+                how = "stopped answering" if peer in missing else "got stuck"
+                self.shaken.setdefault(node, f"its exchange with rank {peer} ({name[node_of[peer]]}), which {how}, "
+                                             f"failed: {failed}")
                 continue
             for n in (node, node_of[peer]):
                 if n in shaken_before and n not in self.out_of_pairs:
