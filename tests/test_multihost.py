@@ -91,6 +91,17 @@ def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
 
 
 @rig
+def test_a_hosts_nic_cap_is_read_from_the_kernel_on_that_host_only():
+    """The rate a capped NIC's tbf qdisc sets, read over rtnetlink inside each host's own
+    network namespace (ncclbench.topology.shaping): 2 Gbit/s on host 1, none on host 0."""
+    code = "from ncclbench.topology.shaping import egress_rate_gbps as r; print(r('eth0'))"
+    with netsim.SimFleet(2) as fleet:
+        fleet.slow_nic(1, "2gbit")
+        outs = [fleet.run_in(i, [sys.executable, "-c", code]).communicate(timeout=60) for i in (0, 1)]
+    assert [out.strip() for out, _err in outs] == ["None", "0.25"], outs
+
+
+@rig
 def test_a_frozen_host_stops_and_a_downed_link_cuts_it_off():
     with netsim.SimFleet(2) as fleet:
         sleeper = fleet.run_in(1, ["sleep", "60"])
@@ -203,6 +214,9 @@ def test_a_capped_nic_lowers_busbw_across_hosts():
             codes, outs = _finish(fleet.launch("spawn", args, per, port=29630, ncclbench=cli_command()))
         assert codes == [0, 0], outs[0][1][-2000:]
         measured.append(_busbw(outs[0][0])[64 << 20])
+        if cap:  # the capped NIC is the path's bound, and the trailer says so
+            best = [line for line in outs[0][0].splitlines() if line.startswith("# Best busbw")]
+            assert best and "the NIC rate 0.25 GB/s (eth0 on simnode1; a tbf qdisc caps" in best[0], best
     healthy, capped = measured
     assert capped < 0.5 * healthy, measured
     assert capped < 2e9 / 8 / 1e9 * 1.5  # a ring through a 2 Gbit/s NIC moves no more than it sends

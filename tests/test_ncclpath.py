@@ -221,6 +221,31 @@ def test_the_best_busbw_is_put_against_the_peak_of_the_path_used():
         p["nic_rates"] = {"eth0": 3.125}  # 25 Gb/s
     assert pathexplain.peak_line(2.5, net, 478.1).startswith("# Best busbw 2.50 GB/s = 80.0 % of the NIC rate 3.125")
     assert "not this path's real bound" in pathexplain.peak_line(3.6, net, None)  # veth: a nominal 25 Gb/s
+    # a host whose eth0 is shaped (tbf at 2 Gbit/s): that host's rate bounds the path, and says why
+    host_b = [p for p in net.processes if p["host"] == "h100-b"]
+    for p in host_b:
+        p["nic_rates"], p["nic_shaped"] = {"eth0": 0.25}, {"eth0": 0.25}
+    line = pathexplain.peak_line(0.24, net, 478.1)
+    assert line == ("# Best busbw 0.24 GB/s = 96.0 % of the NIC rate 0.25 GB/s (eth0 on h100-b; a tbf qdisc caps "
+                    "what eth0 sends)"), line
+
+
+def test_a_tbf_qdisc_s_rate_is_read_from_its_netlink_options():
+    import struct
+
+    from ncclbench.topology.shaping import tbf_rate
+
+    def attr(kind, payload):
+        length = 4 + len(payload)
+        return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+    ratespec = struct.pack("=BBHhHI", 0, 1, 0, -1, 0, 250_000_000)  # 2 Gbit/s in bytes per second
+    parms = ratespec + struct.pack("=BBHhHI", 0, 0, 0, 0, 0, 0) + struct.pack("=III", 1 << 20, 4096, 1500)
+    assert tbf_rate(attr(1, parms)) == 250_000_000
+    # above 4 GB/s the kernel adds TCA_TBF_RATE64 and the 32-bit field is saturated
+    capped = struct.pack("=BBHhHI", 0, 1, 0, -1, 0, 0xFFFFFFFF) + parms[12:]
+    assert tbf_rate(attr(1, capped) + attr(4, struct.pack("=Q", 50_000_000_000))) == 50_000_000_000
+    assert tbf_rate(b"") is None and tbf_rate(attr(1, b"\0" * 4)) is None
 
 
 def test_sysfs_facts(tmp_path):

@@ -167,13 +167,21 @@ def _pcie(summary: dict) -> dict:
 
 
 def _nic_rates(summary: dict) -> dict:
-    """{NIC name: GB/s} for the NICs this process's log lists, read on this host."""
-    from ncclbench.topology.pathhost import nic_rate_gbps
+    """{NIC name: GB/s} for the NICs this process's log lists, read on this host: the link's
+    rate, or the interface's egress shaping where that is lower (summary["nic_shaped"])."""
+    from ncclbench.topology.pathhost import ib_devices, nic_rate_gbps
+    from ncclbench.topology.shaping import egress_rate_gbps
 
-    out = {}
+    out, shaped = {}, {}
+    rdma = set(ib_devices())
     for nics in (summary.get("nics") or {}).values():
         for n in nics:
             rate = nic_rate_gbps(n["name"], n.get("detail", ""))
+            cap = None if n["name"] in rdma else egress_rate_gbps(n["name"])
+            if cap and (not rate or cap < rate):
+                rate = shaped[n["name"]] = cap
             if rate:
                 out[n["name"]] = rate
+    if shaped:
+        summary["nic_shaped"] = shaped
     return out
