@@ -325,5 +325,6 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
         "NCCL error: unhandled system error (NCCLBENCH_FAULT comm_fail)"), "rank"),),
     "capture_fail": (("timing.capture", raising(
         "operation not permitted when stream is capturing (NCCLBENCH_FAULT capture_fail)"), "rank"),),
-    "slow": (("backend.bind", slowed_binder, "global_rank"), ("pairs.exchange", slowed_call, "global_rank")),
+    "slow": (("backend.bind", slowed_binder, "global_rank"), ("pairs.exchange", slowed_call, "global_rank"),
+             ("fleet.node_op", slowed_call, "global_rank")),
 }

@@ -495,6 +495,34 @@ def test_a_node_slow_once_is_retested_and_its_best_pair_decides():
     assert found == {} and sorted(links) == [(0, 1), (0, 3)], loc.judge()
 
 
+def test_a_node_slow_alone_in_every_reading_is_drained_after_its_re_tests(tmp_path):
+    """3 nodes of 2 gloo ranks on this host (--sim-node-size 2); rank 2 waits 20 ms after each
+    op of its node's collectives (the `slow` fault): node 1 is slow in its first reading
+    alone and in both re-tests, and is drained; the JSON counts the re-tests."""
+    out = tmp_path / "fleet.json"
+    r = run_cli([*FLEET, "-g", "6", "--sim-node-size", "2", "--json", str(out)],
+                env={"NCCLBENCH_FAULT": "slow:rank=2,us=20000"}, timeout=180)
+    report = json.loads(out.read_text())
+    drained = [d["host"] for d in report["drain"]]
+    assert r.returncode == 1 and len(drained) == 1 and drained[0].endswith("-n1"), r.stdout + r.stderr[-2000:]
+    assert "node-local" in report["drain"][0]["reason"]
+    assert report["schedule"]["node_alone_retests"] == {drained[0]: 2}
+
+
+def test_a_node_slow_in_one_reading_alone_is_named_in_a_note_not_drained():
+    from ncclbench.api import fleet as fl
+    from ncclbench.api.fleet_report import FleetReport
+
+    plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=8.0, band=0.6)
+    layout = fl.Layout(names=["n0", "n1"], ranks=[[0, 1], [2, 3]], gpus={0: 2, 1: 2}, models={0: None, 1: None},
+                       node_of={0: 0, 1: 0, 2: 1, 3: 1})
+    report = FleetReport.build(plan, layout, {}, {}, {}, {}, {}, Localiser([0, 1], 0.6), "all pairs", [], {})
+    report.add_retests({"n1": 1}, set())
+    assert report.schedule["node_alone_retests"] == {"n1": 1}
+    assert any(n.startswith("n1 was slow in a reading of its node alone") and "best of 2 readings" in n
+               for n in report.notes), report.notes
+
+
 # ---- NCCL across simulated hosts (a GPU host as 4 hosts of one GPU) ----------------------------
 def nccl_host_env(i: int) -> dict:
     """Node i as a host of its own to NCCL: its GPU, its host id, sockets over its eth0."""

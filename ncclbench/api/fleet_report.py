@@ -74,6 +74,15 @@ class FleetReport:
             report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
         return report
 
+    def add_retests(self, retested: dict, slow: set) -> None:
+        """{host: times measured alone again}: in the schedule, and a note for each host that
+        was slow in a reading alone and then within the band at its best."""
+        self.schedule["node_alone_retests"] = dict(sorted(retested.items()))
+        for host, times in sorted(retested.items()):
+            if host not in slow:
+                self.notes.append(f"{host} was slow in a reading of its node alone and within the band at its best "
+                                  f"of {times + 1} readings")
+
     def add_paths(self, paths: dict) -> None:
         """The path NCCL's log named for each node pair ({(host a, host b): label}) on its links and tests."""
         def path_of(a, b):

@@ -84,6 +84,7 @@ class Coordinator:
         self.lost: dict = {}          # node -> why it is not judged further (stuck behind a dead partner)
         self.hung: dict = {}          # (node a, node b) -> why: a pair whose both ends got stuck
         self.shaken: dict = {}        # node -> how an exchange of it failed with a partner that stopped answering
+        self.retested_alone: dict = {}  # node -> how many times it was measured alone again
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
@@ -203,6 +204,8 @@ class Coordinator:
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
                                    self.rounds, self.costs, lost=self.lost, hung=self.hung)
         report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
+        report.add_retests({self.layout.names[n]: k for n, k in self.retested_alone.items()},
+                           {self.layout.names[n] for n in alone})
         report.emit()
         code = report.exit_code
         label = f"s{self.step_no}"
@@ -240,8 +243,10 @@ class Coordinator:
                     best[coll.name] = max(best.get(coll.name, 0.0), algbw * coll.bus_factor(len(lay.ranks[n])))
             slow = judge_alone(busbw, self.plan.band)
             judged = [n for n in slow if n not in self.out_of_pairs]
-            if not judged:
+            if not judged or attempt == CONFIRM:
                 break
+            for n in judged:
+                self.retested_alone[n] = self.retested_alone.get(n, 0) + 1
         return slow, busbw, errors
 
     def pairs(self, active: list[int]) -> tuple[Localiser, str]:

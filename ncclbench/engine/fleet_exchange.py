@@ -193,7 +193,9 @@ def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: 
     ops = {ALL_REDUCE.name: lambda _i: dist.all_reduce(data, op=dist.ReduceOp.MAX, group=group),
            ALL_GATHER.name: lambda _i: gather(gathered, chunk, group=group)}
     out = {}
+    me = dist.get_rank()
     for name, op in ops.items():
+        op = failpoint("fleet.node_op", op, rank=me, global_rank=me, synchronize=backend.synchronize)
         timing = measure(backend, op, TimingSettings(iters=iters, per_iter=True))
         out[name] = statistics.median(timing.per_iter_s or [timing.device_s])
     return out
