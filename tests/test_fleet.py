@@ -403,6 +403,35 @@ def test_a_rank_whose_partner_got_stuck_is_shaken_too():
     assert list(c.dead) == [3] and sorted(c.lost) == [0, 1], (c.dead, c.lost)
 
 
+class _ThreeTwoRail:
+    names = ["A", "B", "C"]
+    node_of = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
+
+
+def test_a_node_is_shaken_by_any_of_its_rails_whatever_their_order():
+    """Nodes of two ranks, rails (0,2),(1,3) then (0,4),(1,5): in round 1 one rail of A fails
+    beside a rank of B that got stuck, the other passes; in round 2 that rail of A fails at
+    once and C's rank waits for it: C is not drained, whichever rail it was."""
+    from ncclbench.api import fleet as fl
+    from ncclbench.api.fleet_run import Coordinator
+
+    stuck = {"stuck": "stuck in the exchange (step 1) for more than 65 s"}
+    ok = {"pair": {}}
+    for bad_rail in (0, 1):
+        c = Coordinator.__new__(Coordinator)
+        c.layout, c.dead, c.lost, c.hung, c.shaken = _ThreeTwoRail(), {}, {}, {}, {}
+        c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.6)
+        a_rank, b_rank, c_rank = bad_rail, 2 + bad_rail, 4 + bad_rail
+        results = {r: ok for r in (0, 1, 2, 3)}
+        results.update({a_rank: {"error": "watchdog timeout"}, b_rank: stuck})
+        c._judge({0: {"peer": 2}, 2: {"peer": 0}, 1: {"peer": 3}, 3: {"peer": 1}}, results, [])
+        assert list(c.dead) == [1] and list(c.shaken) == [0], (bad_rail, c.dead, c.shaken)
+        results = {r: ok for r in (0, 1, 4, 5)}
+        results.update({a_rank: {"error": "NCCL error"}, c_rank: stuck})
+        c._judge({0: {"peer": 4}, 4: {"peer": 0}, 1: {"peer": 5}, 5: {"peer": 1}}, results, [])
+        assert list(c.dead) == [1] and sorted(c.lost) == [0, 2], (bad_rail, c.dead, c.lost)
+
+
 def test_a_stuck_rank_is_blamed_only_when_its_partner_answered():
     stuck = {"stuck": "stuck in the exchange with rank 1 (step 3) for more than 45 s"}
     tasks = {0: {"peer": 1}, 1: {"peer": 0}, 2: {"peer": 3}, 3: {"peer": 2}}
@@ -521,6 +550,11 @@ def test_a_node_slow_in_one_reading_alone_is_named_in_a_note_not_drained():
     assert report.schedule["node_alone_retests"] == {"n1": 1}
     assert any(n.startswith("n1 was slow in a reading of its node alone") and "best of 2 readings" in n
                for n in report.notes), report.notes
+    # a host whose re-test failed (or that was drained, lost, slow at its best) gets no such note
+    other = FleetReport.build(plan, layout, {}, {}, {1: "node-local collectives failed: x"}, {}, {},
+                              Localiser([0, 1], 0.6), "all pairs", [], {})
+    other.add_retests({"n1": 1}, {"n1"})
+    assert other.schedule["node_alone_retests"] == {"n1": 1} and not any("n1 was slow" in n for n in other.notes)
 
 
 # ---- NCCL across simulated hosts (a GPU host as 4 hosts of one GPU) ----------------------------

@@ -74,12 +74,13 @@ class FleetReport:
             report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
         return report
 
-    def add_retests(self, retested: dict, slow: set) -> None:
+    def add_retests(self, retested: dict, not_ok: set) -> None:
         """{host: times measured alone again}: in the schedule, and a note for each host that
-        was slow in a reading alone and then within the band at its best."""
+        was slow in a reading alone and then within the band at its best (`not_ok`: the hosts
+        judged otherwise: slow at their best, failed, gone or not judged further)."""
         self.schedule["node_alone_retests"] = dict(sorted(retested.items()))
         for host, times in sorted(retested.items()):
-            if host not in slow:
+            if host not in not_ok:
                 self.notes.append(f"{host} was slow in a reading of its node alone and within the band at its best "
                                   f"of {times + 1} readings")
 

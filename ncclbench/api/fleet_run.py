@@ -83,7 +83,7 @@ class Coordinator:
         self.dead: dict = {}          # node -> what it stopped answering in, or where its rank got stuck
         self.lost: dict = {}          # node -> why it is not judged further (stuck behind a dead partner)
         self.hung: dict = {}          # (node a, node b) -> why: a pair whose both ends got stuck
-        self.shaken: dict = {}        # node -> how an exchange of it failed with a partner that stopped answering
+        self.shaken: dict = {}        # node -> how an exchange of it failed with a partner that was lost or stuck
         self.retested_alone: dict = {}  # node -> how many times it was measured alone again
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
@@ -116,28 +116,36 @@ class Coordinator:
         mid-round is shaken: torch aborted that communicator under it, and what NCCL or the
         GPU are left with is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose
         partner was killed failed its next exchange at once and left its healthy partner
-        waiting). It stays in the pairs; an exchange of it that passes on both sides clears
-        it; when one fails again, it is not judged further and that exchange is not held
+        waiting). It stays in the pairs; a round in which every exchange of it passes on both
+        sides clears it; when one fails again, it is not judged further and that exchange is not held
         against its partner (the test leaves the localisation with the node). Stuck ranks:
         _judge_stuck."""
         node_of, name = self.layout.node_of, self.layout.names
+        shaken_now: dict = {}
+        passed: dict = {}  # node -> whether every exchange of it this round passed on both sides
         for r, result in sorted(results.items()):
             peer, node = tasks.get(r, {}).get("peer"), node_of[r]
             if peer is None:
                 continue
             failed = result.get("error") or result.get("stuck")
+            passed[node] = passed.get(node, True) and not failed and "pair" in results.get(peer, {})
             if not failed:
-                if "pair" in result and "pair" in results.get(peer, {}):
-                    self.shaken.pop(node, None)
                 continue
             if peer in missing or ("stuck" in results.get(peer, {}) and "stuck" not in result):
                 how = "stopped answering" if peer in missing else "got stuck"
-                self.shaken.setdefault(node, f"its exchange with rank {peer} ({name[node_of[peer]]}), which {how}, "
-                                             f"failed: {failed}")
+                shaken_now.setdefault(node, f"its exchange with rank {peer} ({name[node_of[peer]]}), which {how}, "
+                                            f"failed: {failed}")
                 continue
             for n in (node, node_of[peer]):
                 if n in shaken_before and n not in self.out_of_pairs:
                     self.lost[n] = f"not judged further: {shaken_before[n]}; a later exchange of it failed too"
+        # decided on the whole round, whatever order its rails come in: a rail shaken wins
+        # over another that passed
+        for node, ok in passed.items():
+            if ok and node not in shaken_now:
+                self.shaken.pop(node, None)
+        for node, why in shaken_now.items():
+            self.shaken.setdefault(node, why)
 
     def _judge_stuck(self, tasks: dict, results: dict, missing: list, shaken: dict | None = None) -> None:
         """A rank newly stuck in its task: to blame when its partner answered (the exchange
@@ -205,7 +213,7 @@ class Coordinator:
                                    self.rounds, self.costs, lost=self.lost, hung=self.hung)
         report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
         report.add_retests({self.layout.names[n]: k for n, k in self.retested_alone.items()},
-                           {self.layout.names[n] for n in alone})
+                           {self.layout.names[n] for n in set(alone) | set(errors) | self.out_of_pairs})
         report.emit()
         code = report.exit_code
         label = f"s{self.step_no}"

@@ -11,6 +11,7 @@ and asked for INFO; otherwise the path is said to be unreadable, and why."""
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import os
 import shutil
@@ -169,19 +170,28 @@ def _pcie(summary: dict) -> dict:
 def _nic_rates(summary: dict) -> dict:
     """{NIC name: GB/s} for the NICs this process's log lists, read on this host: the link's
     rate, or the interface's egress shaping where that is lower (summary["nic_shaped"])."""
-    from ncclbench.topology.pathhost import ib_devices, nic_rate_gbps
-    from ncclbench.topology.shaping import egress_rate_gbps
-
     out, shaped = {}, {}
-    rdma = set(ib_devices())
     for nics in (summary.get("nics") or {}).values():
         for n in nics:
-            rate = nic_rate_gbps(n["name"], n.get("detail", ""))
-            cap = None if n["name"] in rdma else egress_rate_gbps(n["name"])
-            if cap and (not rate or cap < rate):
-                rate = shaped[n["name"]] = cap
+            rate, is_shaped = _nic_rate(n["name"], n.get("detail", ""))
             if rate:
                 out[n["name"]] = rate
+            if is_shaped:
+                shaped[n["name"]] = rate
     if shaped:
         summary["nic_shaped"] = shaped
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _nic_rate(name: str, detail: str) -> tuple[float | None, bool]:
+    """(GB/s, whether a tbf qdisc set it) of one NIC, read once per process: every summary of
+    the log (fleet reads one after each pair) would otherwise read sysfs and dump the qdiscs."""
+    from ncclbench.topology.pathhost import ib_devices, nic_rate_gbps
+    from ncclbench.topology.shaping import egress_rate_gbps
+
+    rate = nic_rate_gbps(name, detail)
+    cap = None if name in ib_devices() else egress_rate_gbps(name)
+    if cap and (not rate or cap < rate):
+        return cap, True
+    return rate, False

@@ -28,11 +28,8 @@ def egress_rate_gbps(interface: str) -> float | None:
     None when there is none or it cannot be read."""
     try:
         index = socket.if_nametoindex(interface)
-    except OSError:
-        return None
-    try:
         qdiscs = _dump_qdiscs()
-    except OSError:
+    except (OSError, ValueError, AttributeError, struct.error):  # no such interface, no AF_NETLINK, a short reply
         return None
     for ifindex, parent, kind, options in qdiscs:
         if ifindex == index and parent == _TC_H_ROOT and kind == "tbf":
