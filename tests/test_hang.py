@@ -244,9 +244,14 @@ def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path, victim):
     assert run.proc.returncode == 1
     err = "".join(line for _, line in run.err)
     assert f"rank {victim} ended by ncclbench (SIGKILL" in err
-    assert sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", err, re.M)) == ["-9", "4", "4"], err[-3000:]
+    codes = sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", err, re.M))
+    # Known race (seen twice on a loaded 2-core machine, rank 0 frozen): the agent's SIGTERM,
+    # sent once the frozen rank is killed, reached the third rank before its own -T had fired,
+    # and it ended as interrupted (130) instead of 4. The rank that named the hang ends 4.
+    assert codes in (["-9", "4", "4"], ["-9", "130", "4"]), err[-3000:]
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
-    print(f"torchrun: frozen rank {victim} named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
+    print(f"torchrun: frozen rank {victim} named after {to_name:.1f} s, all gone after {to_gone:.1f} s"
+          f" (exit codes {codes})")
     assert not wait_gone(str(tmp_path), seconds=5)
 
 
