@@ -335,14 +335,20 @@ class _TwoRails:
     node_of = {0: 0, 1: 0, 2: 1, 3: 1}
 
 
-def _stuck_verdicts(results: dict, missing: list, tasks: dict, layout=None, hung=None) -> tuple[dict, dict]:
+def _judging(layout=None, dead=None, shaken=None, hung=None, backend="gloo", timeout_s=20.0):
+    """A Coordinator with only what its round judgement (Coordinator._judge) reads."""
     from ncclbench.api import fleet as fl
     from ncclbench.api.fleet_run import Coordinator
 
     c = Coordinator.__new__(Coordinator)
-    c.layout, c.dead, c.lost, c.hung = layout or _Layout(), {}, {}, {} if hung is None else hung
-    c.shaken = {}
-    c.plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=20.0, band=0.6)
+    c.layout, c.lost = layout or _Layout(), {}
+    c.dead, c.shaken, c.hung = dict(dead or {}), dict(shaken or {}), {} if hung is None else hung
+    c.plan = fl.FleetPlan(backend=backend, nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=timeout_s, band=0.6)
+    return c
+
+
+def _stuck_verdicts(results: dict, missing: list, tasks: dict, layout=None, hung=None) -> tuple[dict, dict]:
+    c = _judging(layout, hung=hung)
     for r in missing:
         c.dead[c.layout.node_of[r]] = "stopped answering"
     c._judge(tasks, results, missing)
@@ -353,12 +359,7 @@ def test_after_its_partner_is_lost_a_rank_s_next_failure_blames_no_one():
     """Seen on 4 H100s as 4 one-GPU hosts, host 3 killed at round 2: rank 1 (its partner then)
     failed its next exchange, with rank 0, at once, and rank 0 got stuck waiting for it;
     rank 0 was drained. Now neither node 0 nor node 1 is judged further; only node 3 is dead."""
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_run import Coordinator
-
-    c = Coordinator.__new__(Coordinator)
-    c.layout, c.dead, c.lost, c.hung, c.shaken = _Layout(), {}, {}, {}, {}
-    c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.6)
+    c = _judging(backend="nccl", timeout_s=30.0)
     ok = {"pair": {}}
     # round 2: (0, 2) healthy, (1, 3): rank 3 killed, rank 1's exchange fails
     c.dead[3] = "rank 3 stopped answering"
@@ -371,15 +372,11 @@ def test_after_its_partner_is_lost_a_rank_s_next_failure_blames_no_one():
     assert list(c.dead) == [3] and sorted(c.lost) == [0, 1], (c.dead, c.lost)
     assert "n1: its exchange with rank 3" in c.lost[0] and c.lost[1].startswith("not judged further: its exchange")
     # a shaken rank's failed exchange with a healthy partner drops the shaken node, not the partner
-    c2 = Coordinator.__new__(Coordinator)
-    c2.layout, c2.dead, c2.lost, c2.hung, c2.shaken = _Layout(), {3: "gone"}, {}, {}, {1: "its exchange ... failed"}
-    c2.plan = c.plan
+    c2 = _judging(dead={3: "gone"}, shaken={1: "its exchange ... failed"}, backend="nccl", timeout_s=30.0)
     c2._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: {"error": "timed out"}, 1: {"error": "NCCL error"}}, [])
     assert list(c2.lost) == [1] and list(c2.dead) == [3]
     # an exchange of it that passes clears it: a partner stuck later is blamed as before
-    c3 = Coordinator.__new__(Coordinator)
-    c3.layout, c3.dead, c3.lost, c3.hung, c3.shaken = _Layout(), {3: "gone"}, {}, {}, {1: "its exchange ... failed"}
-    c3.plan = c.plan
+    c3 = _judging(dead={3: "gone"}, shaken={1: "its exchange ... failed"}, backend="nccl", timeout_s=30.0)
     c3._judge({0: {"peer": 1}, 1: {"peer": 0}}, {0: ok, 1: ok}, [])
     assert not c3.lost and not c3.shaken
     c3._judge({1: {"peer": 2}, 2: {"peer": 1}}, {1: {"error": "watchdog timeout"}, 2: stuck}, [])
@@ -389,12 +386,7 @@ def test_after_its_partner_is_lost_a_rank_s_next_failure_blames_no_one():
 def test_a_rank_whose_partner_got_stuck_is_shaken_too():
     """Round 2: rank 3 stuck (drained: rank 1 answered), rank 1's exchange aborted under it.
     Round 3: rank 0 stuck with rank 1, which failed at once: node 0 is not drained."""
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_run import Coordinator
-
-    c = Coordinator.__new__(Coordinator)
-    c.layout, c.dead, c.lost, c.hung, c.shaken = _Layout(), {}, {}, {}, {}
-    c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.6)
+    c = _judging(backend="nccl", timeout_s=30.0)
     stuck = {"stuck": "stuck in the exchange (step 2) for more than 65 s"}
     c._judge({1: {"peer": 3}, 3: {"peer": 1}, 0: {"peer": 2}, 2: {"peer": 0}},
              {1: {"error": "watchdog timeout"}, 3: stuck, 0: {"pair": {}}, 2: {"pair": {}}}, [])
@@ -412,15 +404,10 @@ def test_a_node_is_shaken_by_any_of_its_rails_whatever_their_order():
     """Nodes of two ranks, rails (0,2),(1,3) then (0,4),(1,5): in round 1 one rail of A fails
     beside a rank of B that got stuck, the other passes; in round 2 that rail of A fails at
     once and C's rank waits for it: C is not drained, whichever rail it was."""
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_run import Coordinator
-
     stuck = {"stuck": "stuck in the exchange (step 1) for more than 65 s"}
     ok = {"pair": {}}
     for bad_rail in (0, 1):
-        c = Coordinator.__new__(Coordinator)
-        c.layout, c.dead, c.lost, c.hung, c.shaken = _ThreeTwoRail(), {}, {}, {}, {}
-        c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.6)
+        c = _judging(_ThreeTwoRail(), backend="nccl", timeout_s=30.0)
         a_rank, b_rank, c_rank = bad_rail, 2 + bad_rail, 4 + bad_rail
         results = {r: ok for r in (0, 1, 2, 3)}
         results.update({a_rank: {"error": "watchdog timeout"}, b_rank: stuck})

@@ -117,9 +117,9 @@ class Coordinator:
         GPU are left with is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose
         partner was killed failed its next exchange at once and left its healthy partner
         waiting). It stays in the pairs; a round in which every exchange of it passes on both
-        sides clears it; when one fails again, it is not judged further and that exchange is not held
-        against its partner (the test leaves the localisation with the node). Stuck ranks:
-        _judge_stuck."""
+        sides clears it; when one fails again, it is not judged further and that exchange is
+        not held against its partner (the test leaves the localisation with the node). Stuck
+        ranks: _judge_stuck."""
         node_of, name = self.layout.node_of, self.layout.names
         shaken_now: dict = {}
         passed: dict = {}  # node -> whether every exchange of it this round passed on both sides
@@ -147,7 +147,7 @@ class Coordinator:
         for node, why in shaken_now.items():
             self.shaken.setdefault(node, why)
 
-    def _judge_stuck(self, tasks: dict, results: dict, missing: list, shaken: dict | None = None) -> None:
+    def _judge_stuck(self, tasks: dict, results: dict, missing: list, shaken: dict) -> None:
         """A rank newly stuck in its task: to blame when its partner answered (the exchange
         waited on it); not judged further when the partner stopped answering or its node
         was already out (it waited on the partner); when both ends of a pair are stuck,
@@ -171,7 +171,7 @@ class Coordinator:
             elif node_of[peer] in out_before:
                 self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer} "
                                    f"({name[node_of[peer]]}, out of the run already)")
-            elif node in (shaken or {}) or node_of[peer] in (shaken or {}):
+            elif node in shaken or node_of[peer] in shaken:
                 whose = node if node in shaken else node_of[peer]
                 self.lost[node] = (f"not judged further: rank {r} {result['stuck']}, waiting for rank {peer}; "
                                    f"{name[whose]}: {shaken[whose]}")
