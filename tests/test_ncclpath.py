@@ -435,43 +435,71 @@ def test_preflight_groups_take_the_path_their_log_named():
     assert path_notes(None, 478.1, 28.3) is None  # not read: the inferred lines stay
 
 
+def _lines(*msgs, host="simnode0", pid=7):
+    return [f"{host}:{pid}:{pid} [0] NCCL INFO {m}" for m in msgs]
+
+
+WORLD_AND_NODE = _lines(  # a 4-rank communicator across 2 hosts, then its 2-rank split within host 0
+    "comm 0xa1 rank 0 nRanks 4 nNodes 2 localRanks 2 localRank 0 MNNVL 0",
+    "ncclCommInitRankConfig comm 0xa1 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 18000 commId 0x11 - Init COMPLETE",
+    "comm 0xb2 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0",
+    "ncclCommSplit comm 0xb2 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 parent 0xa1 splitCount 1 color 0 key 0 "
+    "- Init COMPLETE")
+WORLD_CONNECTS = _lines(  # NCCL >= 2.22: at the first op, after both inits
+    "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", "Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM",
+    "Channel 00/0 : 3[3] -> 0[0] [receive] via NET/Socket/0", "Channel 00/0 : 0[0] -> 2[2] [send] via NET/Socket/0",
+    "Connected all rings, use ring PXN 0 GDR 0")
+NODE_CONNECTS = _lines("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", "Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM",
+                       "Connected all rings, use ring PXN 0 GDR 1")
+
+
+@pytest.mark.parametrize("order", ["world first", "node first"])
+def test_connection_lines_go_to_the_communicator_they_fit(order):
+    """Since NCCL 2.22 a communicator connects at its first op: its lines, which name no
+    communicator, follow another one's init. Each run goes to the one its ranks fit."""
+    runs = [WORLD_CONNECTS, NODE_CONNECTS] if order == "world first" else [NODE_CONNECTS, WORLD_CONNECTS]
+    (p,) = parse_text("\n".join(WORLD_AND_NODE + runs[0] + runs[1]))
+    world, node = p.comms
+    assert {k for *_, k in world.links} == {"P2P/CUMEM", "NET/Socket"} and world.gdr == 0
+    assert {k for *_, k in node.links} == {"P2P/CUMEM"} and node.gdr == 1 and node.nnodes == 1
+
+
 def test_a_groups_path_is_its_own_communicators(monkeypatch):
-    """A process that holds a 4-rank communicator across hosts (NET/Socket) and then a 2-rank
-    one within its host: the 2-rank group's path names P2P only."""
+    """A process that holds a 4-rank communicator across hosts (NET/Socket) and its 2-rank
+    split within its host, both made before either connected: each group's path, read after
+    its own connecting op, names its own links (preflight's world and node groups)."""
     from ncclbench.engine import pathread
     from ncclbench.topology import nccldebug
 
-    sock = path_of("h100-two-hosts-socket")
-    summary = copy.deepcopy(sock.processes[0])
-    local = {"rank": 0, "nranks": 2, "nnodes": 1, "channels": 24, "pxn": 0, "gdr": 1,
-             "links": [[0, 1, "P2P/CUMEM", ["00/0"]]]}
-    before = len(summary["comms"])
-    summary["comms"] = summary["comms"] + [local]
-    monkeypatch.setattr(nccldebug, "own_summary", lambda rank=None: (copy.deepcopy(summary), None))
+    log = list(WORLD_AND_NODE)
+    monkeypatch.setattr(nccldebug, "own_text", lambda environ=None: ("\n".join(log), None))
 
     class Backend:
-        rank, group_size = 0, 2
+        rank, group_size = 0, 4
 
         def all_gather_object(self, obj):
             return [obj]
 
-    mine = pathread.gather(Backend(), since=before)  # the group's connecting op made the 2-rank one
-    assert mine.label == "P2P/CUMEM" and not mine.uses_network
-    whole = pathread.gather(Backend())
-    assert "NET/Socket" in whole.label  # the process's every communicator (`ncclbench pairs`)
-    assert pathread.gather(Backend(), since=before + 1).label == whole.label  # none new: all of them
-
     class Runner:
+        def __init__(self, lines):
+            self.lines = lines
+
         def connect(self, _buffers):
-            summary["comms"].append(dict(local, nranks=2))
+            log.extend(self.lines)
 
     class Plan:
         backend = "nccl"
 
-    summary["comms"] = summary["comms"][:before]
-    read = pathread.read_for_run(Plan(), Backend(), Runner(), None)
-    assert read.label == "P2P/CUMEM"
-
+    node = Backend()
+    node.group_size = 2
+    read = pathread.read_for_run(Plan(), node, Runner(NODE_CONNECTS), None)
+    assert read.label == "P2P/CUMEM" and not read.uses_network and "GDR" not in " ".join(read.lines())
+    read = pathread.read_for_run(Plan(), Backend(), Runner(WORLD_CONNECTS), None)
+    assert read.uses_network and read.gdr == 0 and "P2P/CUMEM" in read.label
+    whole = pathread.gather(Backend())
+    assert "NET/Socket" in whole.label  # the process's every communicator (`ncclbench pairs`)
+    # an op that connected nothing new: the communicators of the group's size
+    assert pathread.gather(node, since=pathread.comms_named()).label == "P2P/CUMEM"
 
 def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
     from ncclbench.topology.ncclpath import pci_address

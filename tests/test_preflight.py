@@ -553,3 +553,45 @@ def test_simulated_healthy_hosts_pass_within_the_budget(tmp_path):
     code, stdout, doc, wall = _preflight_on_hosts(tmp_path)
     assert code == 0 and doc["passed"], stdout
     assert sum(doc["cost_s"].values()) <= 2 * BUDGET_S, doc["cost_s"]
+
+
+def _two_hosts_path(rates: dict, shaped=()):
+    """The 2 hosts x 2 H100 socket log, each host's eth0 at the rate given (GB/s)."""
+    from test_ncclpath import path_of
+
+    d = path_of("h100-two-hosts-socket").to_dict()
+    for p in d["processes"]:
+        p["nic_rates"] = {"eth0": rates[p["host"]]}
+        if p["host"] in shaped:
+            p["nic_shaped"] = {"eth0": rates[p["host"]]}
+    return d
+
+
+def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pair_can():
+    """Two hosts: every pair crosses the slow NIC alike, so no measurement sets a host apart;
+    the rate read on each host does, when the traffic between them ran below the faster one."""
+    from ncclbench.api.preflight import Preflight
+    from ncclbench.api.preflight_verdict import slow_nic_hosts
+
+    world = (0, 1, 2, 3)
+    capped = _two_hosts_path({"simnode0": 1.25, "simnode1": 0.25}, shaped={"simnode1"})
+    found = slow_nic_hosts({world: capped}, {world: 0.355})
+    assert list(found) == [world] and list(found[world]) == ["simnode1"]
+    assert "0.25 GB/s (a tbf qdisc caps what it sends)" in found[world]["simnode1"]
+    # the traffic outran the slower rate (the rate says nothing of this path), equal rates, no NET path
+    assert slow_nic_hosts({world: capped}, {world: 3.8}) == {}
+    assert slow_nic_hosts({world: _two_hosts_path({"simnode0": 1.25, "simnode1": 1.25})}, {world: 0.3}) == {}
+    assert slow_nic_hosts({world: _two_hosts_path({"simnode0": 1.25, "simnode1": 0.7})}, {world: 0.3}) == {}
+    assert slow_nic_hosts({world: None}, {world: 0.3}) == {}
+
+    class Stub:
+        paths = {world: capped}
+        instances = {"world": [world], "node": [(0, 1), (2, 3)]}
+        host = {0: "simnode0", 1: "simnode0", 2: "simnode1", 3: "simnode1"}
+
+    cells = [Cell("world", world, "all_reduce", 1 << 20, "oop", 0.355, (1.0,) * 4),
+             Cell("node", (2, 3), "all_reduce", 1 << 20, "oop", 297.0, (1.0,) * 2)]
+    slow, bad = {}, {}
+    Preflight._slow_nics(Stub(), {"world": cells[:1], "node": cells[1:]}, slow, bad)
+    assert list(bad) == [2] and bad[2].startswith("its NIC eth0")
+    assert slow == {("world", world): ["best busbw 0.355 GB/s between hosts, bound by simnode1's NIC"]}

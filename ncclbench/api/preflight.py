@@ -295,6 +295,7 @@ class Preflight:
         self._phase("pairs")
         bad.update(mesh_culprit(unexplained, bad, fine, self.host, self.instances))
         bad.update(convicted)
+        self._slow_nics(runs, slow, bad)
         failures, host_evidence, links = explain(slow, bad, fine, wrong, inner_links, self.host, self.instances,
                                                 self.pair_wrong)
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
@@ -309,6 +310,20 @@ class Preflight:
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
                        "band": self.setup["band"], "link_band": self.setup["link_band"], "summary": summary}
         return report
+
+    def _slow_nics(self, runs: dict, slow: dict, bad: dict) -> None:
+        """A host whose NIC runs at under half the others' where the traffic crossing hosts ran
+        at the slower rate (preflight_verdict.slow_nic_hosts): its group slow, the host's
+        first rank in that group the culprit."""
+        from ncclbench.api.preflight_verdict import slow_nic_hosts
+
+        best = {g: max(c.busbw for c in cells if c.group == g)
+                for cells in runs.values() for g in {c.group for c in cells}}
+        for g, hosts in slow_nic_hosts(self.paths, best).items():
+            dim = next(d for d, groups in self.instances.items() if g in groups)
+            for h, line in sorted(hosts.items()):
+                bad.setdefault(min(r for r in g if self.host[r] == h), line)
+                slow.setdefault((dim, g), []).append(f"best busbw {best[g]:.3g} GB/s between hosts, bound by {h}'s NIC")
 
     def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set]:
         """Suspects with known-good partners (twice): ({bad rank: evidence}, {ranks cleared})."""

@@ -106,3 +106,36 @@ def mesh_culprit(slow: dict, bad: dict, fine: set, host: dict, instances: dict) 
         return {}
     groups = ", ".join(group_name(instances, d, g) for (d, g) in slow if r in g)
     return {r: f"is the only rank in a slow group of every dimension ({groups}); the pair rounds did not settle it"}
+
+
+NIC_OUTLIER = 0.5  # a host whose NICs give under half the other hosts' rate
+
+
+def slow_nic_hosts(paths: dict, best: dict) -> dict:
+    """{group: {host: evidence}}: in a group whose NCCL path crossed hosts, a host whose NICs
+    (the ones its NET connections used, at the rate read on that host: the link's, or a tbf
+    qdisc's cap where lower) give under half the median of the other hosts', while the
+    group's best busbw stayed below the others' rate: the traffic between hosts ran at the
+    slower NIC. This names a slow NIC where no measurement can: with two hosts every pair
+    crosses it alike, so no host is slower than a peer (the rates agree on healthy hosts)."""
+    import statistics
+
+    from ncclbench.topology.pathview import Path
+
+    out: dict = {}
+    for g, d in paths.items():
+        view = Path.from_dict(d)
+        if view is None or not view.uses_network or best.get(g) is None:
+            continue
+        rates = {h: (sum(r.values()), sorted(r), shaped) for h, (r, shaped) in view.host_nic_rates().items()}
+        for h, (rate, names, shaped) in rates.items():
+            others = [v[0] for k, v in rates.items() if k != h]
+            if not others:
+                continue
+            usual = statistics.median(others)
+            if rate < NIC_OUTLIER * usual and best[g] < usual:
+                how = " (a tbf qdisc caps what it sends)" if shaped else ""
+                out.setdefault(g, {})[h] = (
+                    f"its NIC {' + '.join(names)} gives {rate:.3g} GB/s{how}, under half the other hosts' "
+                    f"{usual:.3g} GB/s, and the traffic between hosts ran at {best[g]:.3g} GB/s busbw")
+    return out

@@ -11,16 +11,17 @@ GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack
 
 def gather(backend, since: int | None = None) -> Path | None:
     """Every rank: its log's summary, gathered through the backend's small-object exchange;
-    rank 0 gets the merged Path, the others None. `since`: only the communicators the log
-    named after its first `since` (those a connecting op just made: the process may hold
-    others, e.g. preflight's groups across hosts beside one within a host); all of them when
-    none came after."""
+    rank 0 gets the merged Path, the others None. `since` (comms_named() before a connecting
+    op): only the communicators the log gave lines to after that point (those the op made or
+    connected: the process may hold others, e.g. preflight's groups across hosts beside one
+    within a host), and of those, ones of the group's size where there are; all of them of
+    the group's size when none came after."""
     from ncclbench.topology import nccldebug
 
     try:
-        mine = nccldebug.own_summary(backend.rank)
+        mine = nccldebug.own_summary(backend.rank, marks=() if since is None else (since,))
         if since is not None and mine[0] is not None:
-            mine = (comms_after(mine[0], since), mine[1])
+            mine = (comms_after(mine[0], since, getattr(backend, "group_size", None)), mine[1])
     except Exception as exc:  # noqa: BLE001 - a log that cannot be parsed costs the path, never the run
         mine = (None, f"NCCL's log could not be read: {type(exc).__name__}: {exc}")
     everyone = backend.all_gather_object(mine)
@@ -57,20 +58,24 @@ def read_for_run(plan, backend, runner, buffers) -> Path | None:
 
 
 def comms_named() -> int | None:
-    """How many communicators this process's NCCL log has named so far (None: unreadable)."""
+    """How many NCCL lines this process's log holds so far (None: unreadable): the point
+    after which a connecting op's lines come (gather's `since`)."""
     from ncclbench.topology import nccldebug
 
     try:
         summary, _why = nccldebug.own_summary()
     except Exception:  # noqa: BLE001 - context only
         return None
-    return len(summary.get("comms", [])) if summary else 0
+    return summary.get("lines", 0) if summary else 0
 
 
-def comms_after(summary: dict, since: int) -> dict:
-    """`summary` with the communicators named after its first `since`; unchanged when none was."""
-    newer = summary.get("comms", [])[since:]
-    return dict(summary, comms=newer) if newer else summary
+def comms_after(summary: dict, since: int, size: int | None = None) -> dict:
+    """`summary` with the communicators its log gave lines to after its first `since` lines
+    (all of them when none was), narrowed to those of `size` ranks where there are such."""
+    comms = summary.get("comms", [])
+    newer = [c for c in comms if c.get("seen", 0) > since] or comms
+    sized = [c for c in newer if size is not None and c.get("nranks") == size]
+    return dict(summary, comms=sized or newer)
 
 
 def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:

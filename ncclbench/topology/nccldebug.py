@@ -143,14 +143,16 @@ def own_text(environ=os.environ) -> tuple[str | None, str | None]:
         return handle.read(), None
 
 
-def own_summary(rank: int | None = None, environ=os.environ) -> tuple[dict | None, str | None]:
-    """(this process's path summary (ncclpath.to_summary), None) or (None, why not)."""
+def own_summary(rank: int | None = None, environ=os.environ, marks=()) -> tuple[dict | None, str | None]:
+    """(this process's path summary (ncclpath.to_summary), None) or (None, why not). `marks`:
+    line counts where an operation of ours began (ncclpath.parse_text)."""
     from ncclbench.topology.ncclpath import parse_text, to_summary
 
     text, reason = own_text(environ)
     if text is None:
         return None, reason
-    processes = [p for p in parse_text(text, "own log") if p.pid in (None, os.getpid())] or parse_text(text)
+    processes = ([p for p in parse_text(text, "own log", marks) if p.pid in (None, os.getpid())]
+                 or parse_text(text, marks=marks))
     if not processes:
         return None, "NCCL's log holds no path lines yet"
     summary = to_summary(processes[-1], rank)

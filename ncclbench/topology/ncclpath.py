@@ -108,6 +108,22 @@ class Comm:
     bus_id: str | None = None            # this rank's GPU, as NCCL numbers it (`busId 18000`: 0000:18:00.0)
     links: dict = field(default_factory=dict)   # (src, dst, kind) -> {'cc/i'}: channel/connection index
     net_devices: set = field(default_factory=set)  # NET device indexes its connections used
+    seen: int = 0                        # the number of the process's last NCCL line that was its
+
+    def fits(self, m) -> bool:
+        """Whether a connection line can be this communicator's: both ranks within its size and
+        its own rank the end that prints it (the sender; for NET, the side in brackets)."""
+        if self.nranks is None or self.rank is None:
+            return False
+        src, dst = int(m["src"]), int(m["dst"])
+        printer = dst if m["dir"] == "receive" else src
+        return max(src, dst) < self.nranks and self.rank == printer
+
+    def has(self, m) -> bool:
+        """Whether it already holds this connection (a channel connects once: a repeat is another
+        communicator's)."""
+        key = (int(m["src"]), int(m["dst"]), kind_of(m["via"]))
+        return f"{int(m['ch']):02d}/{m['conn'] or 0}" in self.links.get(key, ())
 
     def add_connection(self, m) -> None:
         """NCCL prints a P2P or SHM connection on the sending rank, a NET one on both (`[send]`
@@ -138,13 +154,70 @@ class ProcessLog:
     comms: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     lines: int = 0                            # NCCL lines read
+    _pending: list = field(default_factory=list, repr=False)  # connection lines whose communicator is open
+    _seq: Comm | None = field(default=None, repr=False)       # the communicator now connecting
 
     def _comm(self) -> Comm:
         if not self.comms:
             self.comms.append(Comm())
+        self.comms[-1].seen = self.lines
         return self.comms[-1]
 
+    # Since NCCL 2.22 a communicator connects at its first use of an algorithm, not at init,
+    # so its `Channel ..` lines (which name no communicator) may follow another one's init.
+    # A run of them belongs to the communicator they all fit (ranks within its size, its own
+    # rank the printing end): the one now connecting while it fits, else, once one alone fits,
+    # that one; lines that fit several wait for a line that decides, or for the run's end
+    # (`Connected all rings/trees`, a new communicator, a mark), and then go to the one among
+    # them not yet connected, the newest first.
+    def _connection(self, m) -> None:
+        if self._seq is not None and self._seq.fits(m) and not self._pending and not self._seq.has(m):
+            self._add(self._seq, [m])
+            return
+        self._pending.append(m)
+        fitting = [c for c in self.comms if all(c.fits(x) for x in self._pending)]
+        if len(fitting) == 1:
+            self._seq = fitting[0]
+            self._add(self._seq, self._pending)
+            self._pending = []
+        elif not fitting:
+            self._flush(self._pending[:-1])
+            self._pending = [m]
+            if not any(c.fits(m) for c in self.comms):  # numbering no communicator line gave: the newest
+                self._add(self._comm(), self._pending)
+                self._pending = []
+
+    def _flush(self, pending=None) -> Comm | None:
+        pending = self._pending if pending is None else pending
+        if pending:
+            fitting = [c for c in self.comms if all(c.fits(x) for x in pending)]
+            fresh = [c for c in fitting if not c.links]
+            target = (fresh or fitting or [self._comm()])[-1]
+            self._add(target, pending)
+            self._seq = target
+        self._pending = []
+        return self._seq
+
+    def _add(self, comm: Comm, lines) -> None:
+        for m in lines:
+            comm.add_connection(m)
+        comm.seen = self.lines
+
+    def end_run(self) -> Comm:
+        """A run of connection lines ended: the communicator it belonged to (the newest when
+        no line said)."""
+        comm = self._flush() or self._comm()
+        self._seq = None
+        comm.seen = self.lines
+        return comm
+
+    def mark(self) -> None:
+        """What follows is another operation's: no run of connection lines crosses here."""
+        self._flush()
+        self._seq = None
+
     def _comm_for(self, ptr: str) -> Comm:
+        self.mark()
         for c in reversed(self.comms):
             if c.ptr == ptr:
                 return c
@@ -184,7 +257,7 @@ def _gdr(p: ProcessLog, m) -> None:
 
 
 def _conn(p: ProcessLog, m) -> None:
-    p._comm().add_connection(m)
+    p._connection(m)
 
 
 def _collnet(p: ProcessLog, m) -> None:
@@ -192,14 +265,14 @@ def _collnet(p: ProcessLog, m) -> None:
 
 
 def _rings(p: ProcessLog, m) -> None:
-    c = p._comm()
+    c = p.end_run()
     c.rings = True
     if m["pxn"] is not None:
         c.pxn, c.gdr = int(m["pxn"]), int(m["gdr"])
 
 
 def _trees(p: ProcessLog, m) -> None:
-    p._comm().trees = True
+    p.end_run().trees = True
 
 
 def _comm_line(p: ProcessLog, m) -> None:
@@ -240,11 +313,13 @@ _HANDLERS = [  # most frequent first
 ]
 
 
-def parse_text(text: str, source: str = "<text>") -> list[ProcessLog]:
+def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
     NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
-    fragment, `NCCL INFO ...` alone) to one process named after `source`."""
+    fragment, `NCCL INFO ...` alone) to one process named after `source`. `marks`: counts
+    of a process's NCCL lines after which another operation began (ProcessLog.mark)."""
     found: dict = {}
+    marks = set(marks)
     for line in text.splitlines():
         m = _PREFIX.search(line)
         if m:
@@ -256,7 +331,11 @@ def parse_text(text: str, source: str = "<text>") -> list[ProcessLog]:
             message, level = (line[bare.end():], bare["level"]) if bare else (line, "INFO")
         if key not in found:
             found[key] = ProcessLog(source=source, host=key[0], pid=key[1])
+        if marks and found[key].lines in marks:
+            found[key].mark()
         found[key].feed(message, level)
+    for p in found.values():
+        p.mark()
     return [p for p in found.values() if p.lines]
 
 
@@ -287,7 +366,7 @@ def to_summary(p: ProcessLog, rank: int | None = None) -> dict:
         "rank": rank, "host": p.host, "pid": p.pid, "version": p.version, "network": p.network, "plugin": p.plugin,
         "nics": {net: [asdict(n) for n in nics] for net, nics in p.nics.items()},
         "gdr_hcas": dict(p.gdr_hcas), "env": dict(p.env), "warnings": p.warnings[:5],
-        "comms": [_comm_summary(c) for c in p.comms],
+        "comms": [_comm_summary(c) for c in p.comms], "lines": p.lines,
     }
 
 

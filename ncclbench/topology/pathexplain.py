@@ -16,22 +16,13 @@ def _set(env: dict, name: str) -> bool:
 
 def _net_peak(path: Path) -> tuple[float | None, str]:
     """The slowest host's summed rate of the NICs its ranks' NET connections used."""
-    used = set(path.nic_names())
-    per_host: dict = {}
-    shaped: dict = {}
-    for p in path.processes:
-        host = p.get("host") or "?"
-        for name, rate in (p.get("nic_rates") or {}).items():
-            if name in used:
-                per_host.setdefault(host, {})[name] = rate
-                if name in (p.get("nic_shaped") or {}):
-                    shaped.setdefault(host, set()).add(name)
+    per_host = path.host_nic_rates()
     if not per_host:
-        names = ", ".join(sorted(used)) or "the NIC"
+        names = ", ".join(path.nic_names()) or "the NIC"
         return None, f"the rate of {names} is unknown: sysfs gave none where the log was read"
-    host, rates = min(per_host.items(), key=lambda kv: sum(kv[1].values()))
+    host, (rates, shaped) = min(per_host.items(), key=lambda kv: sum(kv[1][0].values()))
     total = sum(rates.values())
-    how = f"; a tbf qdisc caps what {' + '.join(sorted(shaped[host]))} sends" if host in shaped else ""
+    how = f"; a tbf qdisc caps what {' + '.join(sorted(shaped))} sends" if shaped else ""
     return total, f"the NIC rate {total:.4g} GB/s ({' + '.join(sorted(rates))} on {host}{how})"
 
 

@@ -177,6 +177,20 @@ class Path:
             out |= {names.get(i, f"dev {i}") for c in p.get("comms", []) for i in c.get("net_devices", [])}
         return sorted(out)
 
+    def host_nic_rates(self) -> dict:
+        """{host: ({NIC: GB/s}, {NICs a tbf qdisc caps})} of the NICs the NET connections used,
+        at the rates read on each host (ncclbench.topology.nccldebug)."""
+        used = set(self.nic_names())
+        out: dict = {}
+        for p in self.processes:
+            rates, shaped = out.setdefault(p.get("host") or "?", ({}, set()))
+            for name, rate in (p.get("nic_rates") or {}).items():
+                if name in used:
+                    rates[name] = rate
+                    if name in (p.get("nic_shaped") or {}):
+                        shaped.add(name)
+        return {h: v for h, v in out.items() if v[0]}
+
     def lines(self) -> list[str]:
         """The header's one or two lines (no `#`)."""
         if self.empty:
