@@ -26,7 +26,6 @@ stdout) mixes those with any other output, and a pasted fragment may have no pre
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path as _FsPath
 

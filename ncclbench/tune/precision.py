@@ -32,7 +32,7 @@ from ncclbench.sizes import format_size
 from ncclbench.tune.ranges import Series, Verdict, judge
 
 TIMINGS = ("auto", "graph", "eager")
-DEFAULT_GRAPH_REPLAYS = 5
+DEFAULT_GRAPH_REPLAYS = 20  # 5 left 8 B at 5.1 % noise on 4 H200; 20 kept 8 B-512M within 2 % on 4 H100 (docs/tuning.md)
 GRAPH_ENV = {"NCCL_GRAPH_REGISTER": "0"}
 CAPTURE_FAILED = "CUDA graph capture failed: "   # engine.timing's GraphCaptureError text
 CONFIRM_LAUNCH = 2
