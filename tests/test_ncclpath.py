@@ -220,7 +220,10 @@ def test_the_best_busbw_is_put_against_the_peak_of_the_path_used():
     for p in net.processes:
         p["nic_rates"] = {"eth0": 3.125}  # 25 Gb/s
     assert pathexplain.peak_line(2.5, net, 478.1).startswith("# Best busbw 2.50 GB/s = 80.0 % of the NIC rate 3.125")
-    assert "not this path's real bound" in pathexplain.peak_line(3.6, net, None)  # veth: a nominal 25 Gb/s
+    assert "not this path's real bound" in pathexplain.peak_line(7.0, net, None)  # veth: a nominal 25 Gb/s
+    # all_reduce's tree passes a NIC's rate (up to 2x): the percentage stays, with why
+    line = pathexplain.peak_line(3.6, net, None)
+    assert "= 115.2 % of the NIC rate 3.125" in line and "tree sends less through each NIC" in line, line
     # a host whose eth0 is shaped (tbf at 2 Gbit/s): that host's rate bounds the path, and says why
     host_b = [p for p in net.processes if p["host"] == "h100-b"]
     for p in host_b:
