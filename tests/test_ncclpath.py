@@ -569,3 +569,59 @@ def test_explain_names_the_cause_in_real_logs():
     r = run_cli(["explain", str(LOGS / "h100-two-hosts-socket")], timeout=60)
     assert r.returncode == 0 and "NET/Socket" in r.stdout and "P2P/CUMEM" in r.stdout, r.stdout + r.stderr
     assert "network Socket" in r.stdout and "NCCL_IB_DISABLE=1" in r.stdout
+
+
+def test_send_recv_runs_and_tree_lines_go_to_their_own_communicator():
+    """A send/recv's connections (index 1) end a ring run and start their own; a network line
+    never goes to a communicator within one node, nor P2P to one with no rank on its node;
+    a channel a communicator already holds is another one's."""
+    sendrecv_world = _lines("Channel 00/1 : 0[0] -> 2[2] [send] via NET/Socket/0",
+                            "Channel 00/1 : 2[2] -> 0[0] [receive] via NET/Socket/0")
+    (p,) = parse_text("\n".join(WORLD_AND_NODE + sendrecv_world + NODE_CONNECTS))
+    world, node = p.comms
+    assert {k for *_, k in world.links} == {"NET/Socket"} and not world.rings
+    assert {k for *_, k in node.links} == {"P2P/CUMEM"} and node.gdr == 1
+    node_sendrecv = _lines("Channel 00/1 : 0[0] -> 1[1] via P2P/CUMEM")
+    (p,) = parse_text("\n".join(WORLD_AND_NODE + NODE_CONNECTS + node_sendrecv + WORLD_CONNECTS))
+    world, node = p.comms
+    assert set(node.links[(0, 1, "P2P/CUMEM")]) == {"00/0", "01/0", "00/1"}
+    assert world.gdr == 0 and (0, 2, "NET/Socket") in world.links
+    cross = _lines("comm 0xc3 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+                   "ncclCommSplit comm 0xc3 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 parent 0xa1 splitCount 2 "
+                   "color 1 key 0 - Init COMPLETE")
+    pair = _lines("Channel 00/0 : 0[0] -> 1[2] [send] via NET/Socket/0", "Channel 00/0 : 1[2] -> 0[0] [receive] via "
+                  "NET/Socket/0", "Connected all rings, use ring PXN 0 GDR 0")
+    (p,) = parse_text("\n".join(WORLD_AND_NODE + cross + NODE_CONNECTS + pair))
+    world, node, across = p.comms
+    assert {k for *_, k in node.links} == {"P2P/CUMEM"} and {k for *_, k in across.links} == {"NET/Socket"}
+    assert not world.links
+
+
+def test_a_mesh_groups_path_connected_before_its_op_is_told_by_its_hosts(monkeypatch):
+    """Two 2-rank groups of one process, one within a host and one across two, both connected
+    before either group's own read (the API's set-up ops run on the group): each group's path
+    is that of the communicator of its size spanning as many nodes as its ranks' hosts."""
+    from ncclbench.engine import pathread
+    from ncclbench.topology import nccldebug
+
+    cross = _lines("comm 0xc3 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+                   "ncclCommSplit comm 0xc3 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 parent 0xa1 splitCount 2 "
+                   "color 1 key 0 - Init COMPLETE",
+                   "Channel 00/0 : 0[0] -> 1[2] [send] via NET/Socket/0",
+                   "Channel 00/0 : 1[2] -> 0[0] [receive] via NET/Socket/0", "Connected all rings, use ring PXN 0 GDR 0")
+    log = WORLD_AND_NODE + NODE_CONNECTS + cross
+    monkeypatch.setattr(nccldebug, "own_text", lambda environ=None: ("\n".join(log), None))
+
+    class Group:
+        rank, group_size = 0, 2
+
+        def __init__(self, hosts):
+            self.hosts = hosts
+
+        def all_gather_object(self, obj):
+            return [obj] + [(dict(obj[0], host=h), None) for h in self.hosts[1:]]
+
+    since = pathread.comms_named()
+    within = pathread.gather(Group(["simnode0", "simnode0"]), since=since)
+    across = pathread.gather(Group(["simnode0", "simnode1"]), since=since)
+    assert within.label == "P2P/CUMEM" and across.label == "NET/Socket"

@@ -593,5 +593,40 @@ def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pai
              Cell("node", (2, 3), "all_reduce", 1 << 20, "oop", 297.0, (1.0,) * 2)]
     slow, bad = {}, {}
     Preflight._slow_nics(Stub(), {"world": cells[:1], "node": cells[1:]}, slow, bad)
-    assert list(bad) == [2] and bad[2].startswith("its NIC eth0")
-    assert slow == {("world", world): ["best busbw 0.355 GB/s between hosts, bound by simnode1's NIC"]}
+    assert list(bad) == [2] and bad[2].startswith("is on simnode1, whose NIC eth0 gives 0.25 GB/s")
+    assert slow == {("world", world): ["best busbw 0.355 GB/s between hosts, bound by the NIC of simnode1"]}
+
+
+def test_the_slow_nic_rule_counts_each_hosts_own_nics_and_names_a_host_once():
+    """Each host's NICs are the ones its own connections used (a host whose rank used one of
+    three NICs is not credited with all three); full host names match NCCL's short ones; a
+    host slow in two groups is named once, from the larger group."""
+    from ncclbench.api.preflight import Preflight
+    from ncclbench.api.preflight_verdict import slow_nic_hosts
+    from ncclbench.topology.pathview import Path
+
+    def proc(host, rank, listed, used):
+        return {"rank": rank, "host": host, "network": "IB",
+                "nics": {"IB": [{"index": i, "name": n, "detail": "1/IB"} for i, n in enumerate(listed)]},
+                "nic_rates": {n: 50.0 for n in listed},
+                "comms": [{"rank": rank, "nranks": 4, "nnodes": 4, "net_devices": [used],
+                           "links": [[rank, (rank + 1) % 4, "NET/IB", ["00/0"]]]}]}
+
+    rail = (0, 1, 2, 3)
+    nics = ["mlx5_0", "mlx5_1", "mlx5_2"]
+    procs = [proc("a", 0, nics, 0), proc("b", 1, nics, 1), proc("c", 2, nics, 2), proc("d", 3, nics[:1], 0)]
+    assert slow_nic_hosts({rail: Path(procs).to_dict()}, {rail: 40.0}) == {}
+
+    world = (0, 1, 2, 3)
+    capped = _two_hosts_path({"simnode0": 1.25, "simnode1": 0.25}, shaped={"simnode1"})
+
+    class Stub:
+        paths = {world: capped, (1, 3): capped}
+        instances = {"world": [world], "rail": [(0, 2), (1, 3)]}
+        host = {0: "simnode0.cluster", 1: "simnode0.cluster", 2: "simnode1.cluster", 3: "simnode1.cluster"}
+
+    cells = [Cell("world", world, "all_reduce", 1 << 20, "oop", 0.355, (1.0,) * 4),
+             Cell("rail", (1, 3), "all_reduce", 1 << 20, "oop", 0.2, (1.0,) * 2)]
+    slow, bad = {}, {}
+    Preflight._slow_nics(Stub(), {"world": cells[:1], "rail": cells[1:]}, slow, bad)
+    assert list(bad) == [2] and list(slow) == [("world", world)]

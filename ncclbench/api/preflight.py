@@ -319,11 +319,19 @@ class Preflight:
 
         best = {g: max(c.busbw for c in cells if c.group == g)
                 for cells in runs.values() for g in {c.group for c in cells}}
-        for g, hosts in slow_nic_hosts(self.paths, best).items():
+        named = set()  # one culprit per host, from the largest group that showed it
+        for g, hosts in sorted(slow_nic_hosts(self.paths, best).items(), key=lambda kv: -len(kv[0])):
             dim = next(d for d, groups in self.instances.items() if g in groups)
-            for h, line in sorted(hosts.items()):
-                bad.setdefault(min(r for r in g if self.host[r] == h), line)
-                slow.setdefault((dim, g), []).append(f"best busbw {best[g]:.3g} GB/s between hosts, bound by {h}'s NIC")
+            mine = {}
+            for h, line in sorted(hosts.items()):  # NCCL's log names a host up to its first dot
+                ranks = [r for r in g if self.host[r].split(".")[0] == h]
+                if ranks and h not in named:
+                    mine[h] = line
+                    named.add(h)
+                    bad.setdefault(ranks[0], line)
+            if mine:
+                slow.setdefault((dim, g), []).append(
+                    f"best busbw {best[g]:.3g} GB/s between hosts, bound by the NIC of {', '.join(sorted(mine))}")
 
     def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set]:
         """Suspects with known-good partners (twice): ({bad rank: evidence}, {ranks cleared})."""

@@ -119,8 +119,8 @@ def short_reason(evidence: str) -> str:
         return "is slow with all its partners in its group"
     if evidence.startswith("with rank"):
         return "is slow with known-good partners"
-    if evidence.startswith("its NIC"):
-        return "has the slow NIC"
+    if evidence.startswith("is on "):
+        return "is on the host with the slow NIC"
     return "is in a slow group of every dimension"
 
 

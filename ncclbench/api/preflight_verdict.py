@@ -135,7 +135,8 @@ def slow_nic_hosts(paths: dict, best: dict) -> dict:
             usual = statistics.median(others)
             if rate < NIC_OUTLIER * usual and best[g] < usual:
                 how = " (a tbf qdisc caps what it sends)" if shaped else ""
+                nic = f"NIC {names[0]} gives" if len(names) == 1 else f"NICs {' + '.join(names)} give"
                 out.setdefault(g, {})[h] = (
-                    f"its NIC {' + '.join(names)} gives {rate:.3g} GB/s{how}, under half the other hosts' "
-                    f"{usual:.3g} GB/s, and the traffic between hosts ran at {best[g]:.3g} GB/s busbw")
+                    f"is on {h}, whose {nic} {rate:.3g} GB/s{how}, under half the other hosts' "
+                    f"{usual:.3g} GB/s, while the traffic between hosts ran at {best[g]:.3g} GB/s busbw")
     return out

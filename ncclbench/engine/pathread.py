@@ -12,22 +12,29 @@ GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack
 def gather(backend, since: int | None = None) -> Path | None:
     """Every rank: its log's summary, gathered through the backend's small-object exchange;
     rank 0 gets the merged Path, the others None. `since` (comms_named() before a connecting
-    op): only the communicators the log gave lines to after that point (those the op made or
-    connected: the process may hold others, e.g. preflight's groups across hosts beside one
-    within a host), and of those, ones of the group's size where there are; all of them of
-    the group's size when none came after."""
+    op): the group's own communicators, read from lines after that point where there are
+    such (the process may hold others, e.g. preflight's groups across hosts beside one within
+    a host): those of the group's size, and on rank 0, of as many nodes as the group's
+    processes name hosts (comms_after)."""
     from ncclbench.topology import nccldebug
 
+    size = getattr(backend, "group_size", None)
     try:
-        mine = nccldebug.own_summary(backend.rank, marks=() if since is None else (since,))
+        marks = {} if since is None else {since: size}
+        mine = nccldebug.own_summary(backend.rank, marks=marks)
         if since is not None and mine[0] is not None:
-            mine = (comms_after(mine[0], since, getattr(backend, "group_size", None)), mine[1])
+            mine = (comms_after(mine[0], since, size), mine[1])
     except Exception as exc:  # noqa: BLE001 - a log that cannot be parsed costs the path, never the run
         mine = (None, f"NCCL's log could not be read: {type(exc).__name__}: {exc}")
     everyone = backend.all_gather_object(mine)
     if backend.rank != 0:
         return None
-    return Path([s for s, _ in everyone if s], {str(r): why for r, (s, why) in enumerate(everyone) if s is None})
+    summaries = [s for s, _ in everyone if s]
+    if since is not None:
+        nodes = len({s.get("host") for s in summaries if s.get("host")})
+        summaries = [dict(s, comms=[c for c in s.get("comms", []) if c.get("nnodes") in (None, nodes)]
+                          or s.get("comms", [])) for s in summaries] if nodes else summaries
+    return Path(summaries, {str(r): why for r, (s, why) in enumerate(everyone) if s is None})
 
 
 def header_lines(path: Path | None, backend_name: str) -> list[str]:
@@ -70,12 +77,14 @@ def comms_named() -> int | None:
 
 
 def comms_after(summary: dict, since: int, size: int | None = None) -> dict:
-    """`summary` with the communicators its log gave lines to after its first `since` lines
-    (all of them when none was), narrowed to those of `size` ranks where there are such."""
+    """`summary` with the group's communicators: of `size` ranks that the log gave lines to
+    after its first `since` lines, else of `size` ranks (the op connected nothing new: its
+    communicator connected earlier), else those given lines after `since`, else all."""
     comms = summary.get("comms", [])
-    newer = [c for c in comms if c.get("seen", 0) > since] or comms
-    sized = [c for c in newer if size is not None and c.get("nranks") == size]
-    return dict(summary, comms=sized or newer)
+    newer = [c for c in comms if c.get("seen", 0) > since]
+    sized = [c for c in comms if size is not None and c.get("nranks") == size]
+    pick = [c for c in newer if c in sized] or sized or newer or comms
+    return dict(summary, comms=pick)
 
 
 def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:

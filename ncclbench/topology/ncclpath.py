@@ -110,13 +110,26 @@ class Comm:
     seen: int = 0                        # the number of the process's last NCCL line that was its
 
     def fits(self, m) -> bool:
-        """Whether a connection line can be this communicator's: both ranks within its size and
-        its own rank the end that prints it (the sender; for NET, the side in brackets)."""
+        """Whether a connection line can be this communicator's: both ranks within its size, its
+        own rank the end that prints it (the sender; for NET, the side in brackets), a network
+        only where it spans nodes, P2P or SHM only where it has ranks on one node, and not a
+        connection it already holds."""
         if self.nranks is None or self.rank is None:
             return False
         src, dst = int(m["src"]), int(m["dst"])
         printer = dst if m["dir"] == "receive" else src
-        return max(src, dst) < self.nranks and self.rank == printer
+        if max(src, dst) >= self.nranks or self.rank != printer:
+            return False
+        network = m["via"].startswith(("NET", "COLLNET"))
+        if network and self.nnodes == 1:
+            return False
+        if not network and self.local_ranks == 1:
+            return False
+        return not self.has(m)
+
+    def connected_collectives(self) -> bool:
+        """Whether it holds ring or tree connections (index 0)."""
+        return any(ch.endswith("/0") for chans in self.links.values() for ch in chans)
 
     def has(self, m) -> bool:
         """Whether it already holds this connection (a channel connects once: a repeat is another
@@ -155,6 +168,8 @@ class ProcessLog:
     lines: int = 0                            # NCCL lines read
     _pending: list = field(default_factory=list, repr=False)  # connection lines whose communicator is open
     _seq: Comm | None = field(default=None, repr=False)       # the communicator now connecting
+    _conn: str = field(default="0", repr=False)               # the connection index of the run
+    _prefer: int | None = field(default=None, repr=False)     # after a mark: the size of the op's communicator
 
     def _comm(self) -> Comm:
         if not self.comms:
@@ -165,12 +180,18 @@ class ProcessLog:
     # Since NCCL 2.22 a communicator connects at its first use of an algorithm, not at init,
     # so its `Channel ..` lines (which name no communicator) may follow another one's init.
     # A run of them belongs to the communicator they all fit (ranks within its size, its own
-    # rank the printing end): the one now connecting while it fits, else, once one alone fits,
-    # that one; lines that fit several wait for a line that decides, or for the run's end
-    # (`Connected all rings/trees`, a new communicator, a mark), and then go to the one among
-    # them not yet connected, the newest first.
+    # rank the printing end, a network only across nodes, P2P/SHM only with a rank on its node,
+    # no channel it already holds): the one now connecting while it fits, else, once one alone
+    # fits, that one; lines that fit several wait for a line that decides, or for the run's end
+    # (`Connected all rings/trees`, another connection index, a new communicator, a mark), and
+    # then go to the newest among them without ring or tree connections yet (for a run of
+    # those) or to the one that had a line last (send/recv connections, index 1).
     def _connection(self, m) -> None:
-        if self._seq is not None and self._seq.fits(m) and not self._pending and not self._seq.has(m):
+        conn = m["conn"] or "0"
+        if conn != self._conn:  # send/recv connections (index 1) and a ring's (0) are separate runs
+            self.mark()
+            self._conn = conn
+        if self._seq is not None and self._seq.fits(m) and not self._pending:
             self._add(self._seq, [m])
             return
         self._pending.append(m)
@@ -190,8 +211,11 @@ class ProcessLog:
         pending = self._pending if pending is None else pending
         if pending:
             fitting = [c for c in self.comms if all(c.fits(x) for x in pending)]
-            fresh = [c for c in fitting if not c.links]
-            target = (fresh or fitting or [self._comm()])[-1]
+            fitting = [c for c in fitting if c.nranks == self._prefer] or fitting
+            if self._conn == "0":  # rings and trees: a communicator that has not connected them, the newest
+                target = ([c for c in fitting if not c.connected_collectives()] or fitting or [self._comm()])[-1]
+            else:  # send/recv connections come at any time: the communicator that had a line last
+                target = max(reversed(fitting), key=lambda c: c.seen) if fitting else self._comm()
             self._add(target, pending)
             self._seq = target
         self._pending = []
@@ -202,18 +226,22 @@ class ProcessLog:
             comm.add_connection(m)
         comm.seen = self.lines
 
-    def end_run(self) -> Comm:
-        """A run of connection lines ended: the communicator it belonged to (the newest when
-        no line said)."""
-        comm = self._flush() or self._comm()
+    def end_run(self) -> Comm | None:
+        """A run of connection lines ended: the communicator it belonged to; when no line said,
+        the only one there is, else None (a 2-rank tree connects without a line of its own)."""
+        comm = self._flush() or (self._comm() if len(self.comms) <= 1 else None)
         self._seq = None
-        comm.seen = self.lines
+        if comm is not None:
+            comm.seen = self.lines
         return comm
 
-    def mark(self) -> None:
-        """What follows is another operation's: no run of connection lines crosses here."""
+    def mark(self, size: int | None = None) -> None:
+        """What follows is another operation's: no run of connection lines crosses here. `size`:
+        the ranks of the communicator that operation runs on, preferred where lines fit several."""
         self._flush()
         self._seq = None
+        if size is not None:
+            self._prefer = size
 
     def _comm_for(self, ptr: str) -> Comm:
         self.mark()
@@ -265,17 +293,22 @@ def _collnet(p: ProcessLog, m) -> None:
 
 def _rings(p: ProcessLog, m) -> None:
     c = p.end_run()
+    if c is None:
+        return
     c.rings = True
     if m["pxn"] is not None:
         c.pxn, c.gdr = int(m["pxn"]), int(m["gdr"])
 
 
 def _trees(p: ProcessLog, m) -> None:
-    p.end_run().trees = True
+    c = p.end_run()
+    if c is not None:
+        c.trees = True
 
 
 def _comm_line(p: ProcessLog, m) -> None:
     c = p._comm_for(m["ptr"])
+    c.seen = p.lines
     c.rank, c.nranks, c.nnodes, c.local_ranks = int(m["rank"]), int(m["n"]), int(m["nodes"]), int(m["local"])
 
 
@@ -316,9 +349,10 @@ def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
     NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
     fragment, `NCCL INFO ...` alone) to one process named after `source`. `marks`: counts
-    of a process's NCCL lines after which another operation began (ProcessLog.mark)."""
+    of a process's NCCL lines after which another operation began (ProcessLog.mark); a dict
+    maps each to the size of that operation's communicator."""
     found: dict = {}
-    marks = set(marks)
+    marks = dict(marks) if isinstance(marks, dict) else dict.fromkeys(marks)
     for line in text.splitlines():
         m = _PREFIX.search(line)
         if m:
@@ -331,7 +365,7 @@ def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
         if key not in found:
             found[key] = ProcessLog(source=source, host=key[0], pid=key[1])
         if marks and found[key].lines in marks:
-            found[key].mark()
+            found[key].mark(marks[found[key].lines])
         found[key].feed(message, level)
     for p in found.values():
         p.mark()

@@ -178,11 +178,12 @@ class Path:
         return sorted(out)
 
     def host_nic_rates(self) -> dict:
-        """{host: ({NIC: GB/s}, {NICs a tbf qdisc caps})} of the NICs the NET connections used,
-        at the rates read on each host (ncclbench.topology.nccldebug)."""
-        used = set(self.nic_names())
+        """{host: ({NIC: GB/s}, {NICs a tbf qdisc caps})} of the NICs each host's own NET
+        connections used, at the rates read on that host (ncclbench.topology.nccldebug)."""
         out: dict = {}
         for p in self.processes:
+            names = {n["index"]: n["name"] for n in (p.get("nics") or {}).get(p.get("network") or "", [])}
+            used = {names.get(i) for c in p.get("comms", []) for i in c.get("net_devices", [])}
             rates, shaped = out.setdefault(p.get("host") or "?", ({}, set()))
             for name, rate in (p.get("nic_rates") or {}).items():
                 if name in used:
