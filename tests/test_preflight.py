@@ -375,10 +375,18 @@ def test_a_rank_slow_alone_once_only_is_not_named(monkeypatch):
     healthy = {0: 1e-4, 1: 1e-4, 2: 1e-4, 3: 1e-4}
     slow1, slow2 = {**healthy, 1: 4e-4}, {**healthy, 2: 4e-4}
     pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    asked = []
+
+    def solo_times(pf, nbytes, iters, only=None):  # a second run measures the flagged ranks alone
+        asked.append(only)
+        t = next(times)
+        return {r: v for r, v in t.items() if only is None or r in only}
+
     for sequence, want in (([slow1, healthy], []), ([slow1, slow2], []), ([slow1, slow1], [1])):
-        times = iter(sequence)
-        monkeypatch.setattr(within, "solo_times", lambda pf, nbytes, iters: next(times))
+        times, asked[:] = iter(sequence), []
+        monkeypatch.setattr(within, "solo_times", solo_times)
         assert sorted(within.judge_alone(pf, 1 << 20, 5)) == want, sequence
+        assert asked == [None, {1}]
 
 
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
