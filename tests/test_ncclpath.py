@@ -502,7 +502,7 @@ def test_a_groups_path_is_its_own_communicators(monkeypatch):
     whole = pathread.gather(Backend())
     assert "NET/Socket" in whole.label  # the process's every communicator (`ncclbench pairs`)
     # an op that connected nothing new: the communicators of the group's size
-    assert pathread.gather(node, since=pathread.comms_named()).label == "P2P/CUMEM"
+    assert pathread.gather(node, since=pathread.log_lines()).label == "P2P/CUMEM"
 
 def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
     from ncclbench.topology.ncclpath import pci_address
@@ -621,7 +621,7 @@ def test_a_mesh_groups_path_connected_before_its_op_is_told_by_its_hosts(monkeyp
         def all_gather_object(self, obj):
             return [obj] + [(dict(obj[0], host=h), None) for h in self.hosts[1:]]
 
-    since = pathread.comms_named()
+    since = pathread.log_lines()
     within = pathread.gather(Group(["simnode0", "simnode0"]), since=since)
     across = pathread.gather(Group(["simnode0", "simnode1"]), since=since)
     assert within.label == "P2P/CUMEM" and across.label == "NET/Socket"

@@ -575,10 +575,23 @@ def _two_hosts_path(rates: dict, shaped=()):
     return d
 
 
+def _slow_nics(paths, instances, host, best_cells):
+    """(slow, bad) from Preflight._slow_nics on a stand-in holding `paths`, `instances` and
+    `host`; `best_cells`: {dim: (group, its busbw)}, one all_reduce cell each."""
+    from types import SimpleNamespace
+
+    from ncclbench.api.preflight import Preflight
+
+    runs = {d: [Cell(d, g, "all_reduce", 1 << 20, "oop", busbw, (1.0,) * len(g))]
+            for d, (g, busbw) in best_cells.items()}
+    slow, bad = {}, {}
+    Preflight._slow_nics(SimpleNamespace(paths=paths, instances=instances, host=host), runs, slow, bad)
+    return slow, bad
+
+
 def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pair_can():
     """Two hosts: every pair crosses the slow NIC alike, so no measurement sets a host apart;
     the rate read on each host does, when the traffic between them ran below the faster one."""
-    from ncclbench.api.preflight import Preflight
     from ncclbench.api.preflight_verdict import slow_nic_hosts
 
     world = (0, 1, 2, 3)
@@ -592,15 +605,9 @@ def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pai
     assert slow_nic_hosts({world: _two_hosts_path({"simnode0": 1.25, "simnode1": 0.7})}, {world: 0.3}) == {}
     assert slow_nic_hosts({world: None}, {world: 0.3}) == {}
 
-    class Stub:
-        paths = {world: capped}
-        instances = {"world": [world], "node": [(0, 1), (2, 3)]}
-        host = {0: "simnode0", 1: "simnode0", 2: "simnode1", 3: "simnode1"}
-
-    cells = [Cell("world", world, "all_reduce", 1 << 20, "oop", 0.355, (1.0,) * 4),
-             Cell("node", (2, 3), "all_reduce", 1 << 20, "oop", 297.0, (1.0,) * 2)]
-    slow, bad = {}, {}
-    Preflight._slow_nics(Stub(), {"world": cells[:1], "node": cells[1:]}, slow, bad)
+    slow, bad = _slow_nics({world: capped}, {"world": [world], "node": [(0, 1), (2, 3)]},
+                           {0: "simnode0", 1: "simnode0", 2: "simnode1", 3: "simnode1"},
+                           {"world": (world, 0.355), "node": ((2, 3), 297.0)})
     assert list(bad) == [2] and bad[2].startswith("is on simnode1, whose NIC eth0 gives 0.25 GB/s")
     assert slow == {("world", world): ["best busbw 0.355 GB/s between hosts, bound by the NIC of simnode1"]}
 
@@ -609,7 +616,6 @@ def test_the_slow_nic_rule_counts_each_hosts_own_nics_and_names_a_host_once():
     """Each host's NICs are the ones its own connections used (a host whose rank used one of
     three NICs is not credited with all three); full host names match NCCL's short ones; a
     host slow in two groups is named once, from the larger group."""
-    from ncclbench.api.preflight import Preflight
     from ncclbench.api.preflight_verdict import slow_nic_hosts
     from ncclbench.topology.pathview import Path
 
@@ -628,13 +634,8 @@ def test_the_slow_nic_rule_counts_each_hosts_own_nics_and_names_a_host_once():
     world = (0, 1, 2, 3)
     capped = _two_hosts_path({"simnode0": 1.25, "simnode1": 0.25}, shaped={"simnode1"})
 
-    class Stub:
-        paths = {world: capped, (1, 3): capped}
-        instances = {"world": [world], "rail": [(0, 2), (1, 3)]}
-        host = {0: "simnode0.cluster", 1: "simnode0.cluster", 2: "simnode1.cluster", 3: "simnode1.cluster"}
-
-    cells = [Cell("world", world, "all_reduce", 1 << 20, "oop", 0.355, (1.0,) * 4),
-             Cell("rail", (1, 3), "all_reduce", 1 << 20, "oop", 0.2, (1.0,) * 2)]
-    slow, bad = {}, {}
-    Preflight._slow_nics(Stub(), {"world": cells[:1], "rail": cells[1:]}, slow, bad)
+    slow, bad = _slow_nics({world: capped, (1, 3): capped}, {"world": [world], "rail": [(0, 2), (1, 3)]},
+                           {0: "simnode0.cluster", 1: "simnode0.cluster", 2: "simnode1.cluster",
+                            3: "simnode1.cluster"},
+                           {"world": (world, 0.355), "rail": ((1, 3), 0.2)})
     assert list(bad) == [2] and list(slow) == [("world", world)]

@@ -11,7 +11,7 @@ GLOO_LINE = "NCCL path: none (gloo backend: TCP through the hosts' network stack
 
 def gather(backend, since: int | None = None) -> Path | None:
     """Every rank: its log's summary, gathered through the backend's small-object exchange;
-    rank 0 gets the merged Path, the others None. `since` (comms_named() before a connecting
+    rank 0 gets the merged Path, the others None. `since` (log_lines() before a connecting
     op): the group's own communicators, read from lines after that point where there are
     such (the process may hold others, e.g. preflight's groups across hosts beside one within
     a host): those of the group's size, and on rank 0, of as many nodes as the group's
@@ -59,12 +59,12 @@ def read_for_run(plan, backend, runner, buffers) -> Path | None:
         return None
     if backend.group_size < 2:  # NCCL connects a rank to no peer: nothing to read
         return Path([], {}) if backend.rank == 0 else None
-    before = comms_named()
+    before = log_lines()
     runner.connect(buffers)
     return gather(backend, since=before)
 
 
-def comms_named() -> int | None:
+def log_lines() -> int | None:
     """How many NCCL lines this process's log holds so far (None: unreadable): the point
     after which a connecting op's lines come (gather's `since`)."""
     from ncclbench.topology import nccldebug

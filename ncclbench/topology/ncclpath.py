@@ -77,6 +77,11 @@ def kind_of(via: str) -> str:
     return via
 
 
+def _link(m) -> tuple[tuple, str]:
+    """A connection line's ((src, dst, kind), 'channel/connection index')."""
+    return (int(m["src"]), int(m["dst"]), kind_of(m["via"])), f"{int(m['ch']):02d}/{m['conn'] or 0}"
+
+
 @dataclass
 class Nic:
     index: int
@@ -134,15 +139,14 @@ class Comm:
     def has(self, m) -> bool:
         """Whether it already holds this connection (a channel connects once: a repeat is another
         communicator's)."""
-        key = (int(m["src"]), int(m["dst"]), kind_of(m["via"]))
-        return f"{int(m['ch']):02d}/{m['conn'] or 0}" in self.links.get(key, ())
+        key, channel = _link(m)
+        return channel in self.links.get(key, ())
 
     def add_connection(self, m) -> None:
         """NCCL prints a P2P or SHM connection on the sending rank, a NET one on both (`[send]`
         and `[receive]`, both written source -> destination): kept once per channel."""
-        kind = kind_of(m["via"])
-        key = (int(m["src"]), int(m["dst"]), kind)
-        self.links.setdefault(key, set()).add(f"{int(m['ch']):02d}/{m['conn'] or 0}")
+        key, channel = _link(m)
+        self.links.setdefault(key, set()).add(channel)
         parts = m["via"].split("/")
         if parts[0] == "NET" and len(parts) > 2:
             dev = re.match(r"\d+", parts[2])
