@@ -259,8 +259,10 @@ def test_simulated_nic_10x_slow_keeps_the_stated_time(healthy_runs, tmp_path):
             ratios.append(statistics.median(fast) / max(slow))
     # not 10x: on a loaded 2-core machine the healthy pairs' probes are dominated by the
     # per-exchange cost of gloo ranks sharing the CPUs (1.5-2.7x seen after the file's other
-    # tests, more when run alone)
-    assert ratios and min(ratios) > 1 and statistics.median(ratios) >= 1.4, ratios
+    # tests, more when run alone). Not every round either: one CI round of five read 0.65,
+    # its healthy pairs' probe caught by other work. Sized by bytes, every ratio would be 1.
+    assert ratios and statistics.median(ratios) >= 1.4, ratios
+    assert sum(r > 1 for r in ratios) > len(ratios) / 2, ratios
 
 
 @sim

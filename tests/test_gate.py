@@ -350,10 +350,10 @@ def _gloo_run(path, env=None):
 
 
 def _attempt(tmp_path, k: int) -> tuple[list, list]:
-    """Three healthy runs and one with rank 1 late by 2 ms per call; the exit codes of
+    """Three healthy runs and one with rank 1 late by 10 ms per call; the exit codes of
     compare on each healthy pair, and of each healthy run against the late one."""
     healthy = [_gloo_run(tmp_path / f"h{k}_{i}.json") for i in range(3)]
-    late = _gloo_run(tmp_path / f"late{k}.json", env={"NCCLBENCH_FAULT": "slow:rank=1,us=2000"})
+    late = _gloo_run(tmp_path / f"late{k}.json", env={"NCCLBENCH_FAULT": "slow:rank=1,us=10000"})
     pairs = [_compare(healthy[a], healthy[b]) for a, b in ((0, 1), (1, 2), (0, 2))]
     caught = [_compare(h, late) for h in healthy]
     return pairs, caught
@@ -368,8 +368,11 @@ def _busy() -> str | None:
 
 
 def test_healthy_gloo_pairs_pass_and_a_late_rank_fails(tmp_path):
-    """With compare's defaults: three healthy pairs pass, a rank 2 ms late per call fails.
-    On a shared host other work can make one run ten times slower than the next (seen on a
+    """With compare's defaults: three healthy pairs pass, a rank 10 ms late per call fails.
+    Not 2 ms: on a 2-core CI host one healthy file's floor spread allowed x8.07 (fastest blocks
+    345-457 us against 0.3-3.5 ms medians), and a 2 ms late rank's fastest block (~2.4 ms) stays
+    inside that against it; 10 ms is beyond it by ~3x and still far inside what the healthy
+    pairs may differ by under the threshold alone. On a shared host other work can make one run ten times slower than the next (seen on a
     2-core host at load average 16: 8 B medians of 0.5 ms and 8 ms in back-to-back runs): the
     host changed, not ncclbench, and no rule can tell that from a late rank. A round spoilt so
     is measured once more; on a host that busy the test is skipped saying so, never passed.
