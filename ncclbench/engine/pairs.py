@@ -181,7 +181,8 @@ def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], 
     """This rank's seconds per exchange with each peer, and the peers whose data arrived
     wrong. Every rank runs measure() once per round, idle or not: it holds a barrier. With
     `plan.pair_cap_s`, each pair's first exchange is timed, every rank learns every probe,
-    and each pair runs the effort pair_effort gives it (the same on both sides); a pair run
+    and each pair runs the effort pair_effort gives its shorter probe (the same on both
+    sides; the longer includes the wait for the later side to arrive); a pair run
     on fewer bytes reports its time scaled to `plan.nbytes` (the same bytes per second),
     and each pair's time is its fastest iteration's."""
     import torch.distributed as dist
@@ -208,7 +209,11 @@ def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], 
             everyone = backend.all_gather_object(probe)
             warmups = 0  # the probe was the warm-up
             if peer is not None:
-                nbytes, iters = pair_effort(max(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
+                # the shorter side is the exchange's own time: the longer one also waited for
+                # a partner still busy with its previous round (a healthy pair after a slow
+                # rank's pair was cut to 1/16 of the bytes, latency-bound, and its time scaled
+                # back up read 30x slow: a false slow link)
+                nbytes, iters = pair_effort(min(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
         if peer is None:
             _timed(backend, lambda _i: None, iters, capped)  # sit out, but keep the barriers in step
             continue
