@@ -286,7 +286,8 @@ class Localiser:
         unbiased = [t for t in live if t.kind in ("screen", "spare")]
         by_node = sorted(score(rail_values(t), node_ref) for t in unbiased)
         by_pair = sorted(score(rail_values(t), self.ref) for t in unbiased)
-        stake = len({frozenset((t.a, t.b)) for t in live if t.a in high and t.b in high})
+        # the pairs that can be named: spare-only pairs are never candidates
+        stake = len({frozenset((t.a, t.b)) for t in live if t.a in high and t.b in high and t.kind != "spare"})
         j = Judgement(best, node_ref, low_nodes, pair_tests, low_pairs, {}, {}, {}, len(unbiased))
         for n in low_nodes:
             own = sum(1 for t in unbiased if n in (t.a, t.b))
