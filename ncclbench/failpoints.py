@@ -185,6 +185,13 @@ def kill(_plant, _value, _context):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def freeze(_plant, value, _context):
+    """Stopped by SIGSTOP (state T) at a chosen size, as `kill -STOP` from outside would stop
+    it, but at a known point of the sweep."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return value
+
+
 def kill_held(plant: Plant, value, context):
     """Killed, its connections held open by a forked child for `seconds` or until the
     launcher is gone: its peers then wait inside the collective in C code, where no signal
@@ -299,6 +306,8 @@ def slowed_binder(plant: Plant, bind, context):
 KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "kill": (("engine.before_size", kill, "rank"),),
     "kill_held": (("engine.before_size", kill_held, "rank"),),
+    "freeze": (("engine.before_size", freeze, "rank"),),
+    "late_timeout": (("engine.watchdog_fires", sleep, "rank"),),
     "stall": (("engine.before_size", sleep, "rank"),),
     "pair_stall": (("fleet.pair", sleep, "rank"),),
     "gpu_sleep": (("engine.before_size", gpu_sleep, "rank"),),

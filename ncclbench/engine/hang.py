@@ -35,6 +35,8 @@ GATHER_S = 3.0      # the reporting rank waits this long at most for the witness
 VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
 STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store host answers none)
 NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
+LATE_WHERE = "a point not told yet (its own -T had not fired)"
+LATE_WAIT_S = 10.0  # before ending a stopped culprit, the longest wait for late ranks to answer
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Verdict:
     culprits: list = field(default_factory=list)  # (rank, kind, clause)
     waiting: dict = field(default_factory=dict)   # rank -> where it waited (None: unknown)
     answered: tuple = ()                          # the ranks that posted a witness
+    late: tuple = ()  # ranks at the step, running, that had not answered: their own -T had not fired
 
     def ranks(self) -> list[int]:
         return [r for r, _, _ in self.culprits]
@@ -125,7 +128,12 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
                     for r in range(nranks) if r not in witnesses]
     named = {r for r, _, _ in culprits}
     waiting = {r: w.where for r, w in witnesses.items() if r not in named}
-    return Verdict(what, culprits, waiting, tuple(sorted(witnesses)))
+    # at the step and running, but no answer yet: it entered the step later (its -T fires
+    # later), so it waits too; named so, never left out of the line
+    late = tuple(r for r in range(nranks) if r not in named and r not in witnesses and not _stopped(states, r)
+                 and board.get(r) is not None and board[r].step >= step)
+    waiting.update({r: LATE_WHERE for r in late})
+    return Verdict(what, culprits, waiting, tuple(sorted(witnesses)), late)
 
 
 def _stopped(states: dict, r: int) -> bool:
@@ -300,6 +308,15 @@ class Census:
         except Exception:  # noqa: BLE001
             return
         self.wait_heard(answered, wait_s)
+
+    def wait_answers(self, ranks, wait_s: float) -> None:
+        """Wait (at most `wait_s`) until each of `ranks` has posted its witness."""
+        try:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not self.store.check([self._key(r) for r in ranks]):
+                time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the store went away: nothing to wait for
+            pass
 
     def wait_heard(self, answered: int, wait_s: float = 2.0) -> None:
         """Wait (at most `wait_s`) until `answered` other ranks said they have the verdict."""

@@ -116,9 +116,10 @@ class RankHooks:
         verdict = census.gather_within()
         first = cause() if finish is not None else None
         message = f"timeout: {verdict.what} did not finish within {timeout_s:g} s (-T): {verdict.text()}"
-        ended = _end_stopped(census, verdict.ranks())
-        if ended:
-            message += f"; {hang.ranks_text(ended)} ended by ncclbench (SIGKILL: a stopped process takes no SIGTERM)"
+        ending = _stopped_here(census, verdict.ranks())
+        if ending:
+            message += (f"; {hang.ranks_text([r for r, _ in ending])} ended by ncclbench (SIGKILL: a stopped process "
+                        "takes no SIGTERM)")
         message += f"; it failed first on {first}" if first else ""
         try:
             if finish is not None:
@@ -126,6 +127,12 @@ class RankHooks:
         finally:
             self.say(message)
             hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
+            if ending and verdict.late:
+                # the launcher's SIGTERM, sent once the stopped rank ends, would reach a rank
+                # whose own -T has not fired yet, and end it as interrupted (130), not 4
+                hang.within(hang.LATE_WAIT_S + 1,
+                            lambda: census.wait_answers(verdict.late, min(timeout_s, hang.LATE_WAIT_S)))
+            _end(ending)
         hard_exit(ExitCode.TIMEOUT)
 
     def open_outcome(self, finish) -> None:
@@ -155,12 +162,21 @@ def _end_stopped(census, named: list[int]) -> list[int]:
     launcher would wait for them: torchrun's agent sends SIGTERM, which a stopped process
     keeps pending, and kills them only 30 s later. The -g launcher of one node ends them
     itself, and says so."""
-    if one_node_spawn():
-        return []
+    return _end(_stopped_here(census, named))
+
+
+def _stopped_here(census, named: list[int]) -> list[tuple[int, int]]:
+    """(rank, pid) of the named ranks on this host that are stopped, for _end; none under a
+    one-node -g launcher (it ends them itself)."""
+    return [] if one_node_spawn() else census.frozen_here(named)
+
+
+def _end(ranks: list[tuple[int, int]]) -> list[int]:
+    """SIGKILL to each (rank, pid); the ranks it reached."""
     import signal
 
     ended = []
-    for r, pid in census.frozen_here(named):
+    for r, pid in ranks:
         try:
             os.kill(pid, signal.SIGKILL)
             ended.append(r)
