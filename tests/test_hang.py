@@ -252,16 +252,19 @@ def test_a_frozen_rank_under_torchrun_is_named_and_ended(tmp_path, victim):
     assert not wait_gone(str(tmp_path), seconds=5)
 
 
-def test_a_rank_whose_timeout_fires_late_ends_4_under_torchrun(tmp_path):
-    """Rank 1 stopped at 16 KiB, rank 2's -T firing 5 s late (a host so loaded its watchdog
-    thread waits for a core): rank 0 names rank 1 within its 3 s gather, with rank 2 as
-    waiting at a point not told, and ends rank 1 only once rank 2 answered. Before, torchrun's
-    SIGTERM (sent once rank 1 was killed) reached rank 2 first: it was left out of the line and
-    ended 3 or 130, not 4."""
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_a_rank_whose_timeout_fires_late_ends_4_under_torchrun(tmp_path, nranks):
+    """Rank 1 stopped at 16 KiB, the last rank's -T firing 5 s late (a host so loaded its
+    watchdog thread waits for a core): rank 0 names rank 1 after its 3 s gather, with the
+    late rank as waiting at a point not told, and no rank ends or ends rank 1 before the
+    late rank answered. Before, torchrun's SIGTERM (sent once rank 1 was killed, or once a
+    rank exited 4: with 4 ranks rank 2 read the verdict, ended rank 1 and left) reached the
+    late rank first: it was left out of the line and ended 3 or 130, not 4."""
+    late = nranks - 1
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    run = Run([torchrun, "--nproc-per-node", "3", "--standalone", "-m", "ncclbench", *ARGS,
+    run = Run([torchrun, "--nproc-per-node", str(nranks), "--standalone", "-m", "ncclbench", *ARGS,
                "--csv", str(tmp_path / "r.csv")],
-              env={"NCCLBENCH_FAULT": "freeze:rank=1,size=16384;late_timeout:rank=2,seconds=5"})
+              env={"NCCLBENCH_FAULT": f"freeze:rank=1,size=16384;late_timeout:rank={late},seconds=5"})
     try:
         run.wait_rows(1)
         run.finish(limit_s=120)
@@ -270,10 +273,12 @@ def test_a_rank_whose_timeout_fires_late_ends_4_under_torchrun(tmp_path):
     named = [line for _, line in run.lines() if "timeout:" in line]
     assert len(named) == 1, run.lines()
     assert re.search(r"\(-T\): rank 1 \(pid \d+\) on \S+ never reached it: .*its process is stopped \(state T", named[0])
-    assert "; rank 0 waited for rank 1 at " in named[0] and f"; rank 2 at {hang.LATE_WHERE}" in named[0], named[0]
+    waited = "rank 0" if nranks == 3 else "ranks 0,2"
+    assert f"; {waited} waited for rank 1 at " in named[0] and f"; rank {late} at {hang.LATE_WHERE}" in named[0], \
+        named[0]
     err = "".join(line for _, line in run.err)
     codes = sorted(re.findall(r"^\s+exitcode\s*:\s*(-?\d+)", err, re.M))
-    assert codes == ["-9", "4", "4"], err[-3000:]
+    assert codes == ["-9"] + ["4"] * (nranks - 1), err[-3000:]
     assert not wait_gone(str(tmp_path), seconds=5)
 
 

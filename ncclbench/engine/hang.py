@@ -35,8 +35,8 @@ GATHER_S = 3.0      # the reporting rank waits this long at most for the witness
 VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
 STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store host answers none)
 NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
-LATE_WHERE = "a point not told yet (its own -T had not fired)"
-LATE_WAIT_S = 10.0  # before ending a stopped culprit, the longest wait for late ranks to answer
+LATE_WHERE = "a point not told (no answer yet: its own timeout had not fired, or it cannot answer)"
+LATE_WAIT_S = 10.0  # after the reporting rank's timeout: the longest any rank waits for late ranks to answer
 
 
 @dataclass
@@ -308,6 +308,27 @@ class Census:
         except Exception:  # noqa: BLE001
             return
         self.wait_heard(answered, wait_s)
+
+    def post_late(self, ranks, wait_s: float) -> None:
+        """Post the ranks the verdict found late and how long to wait for them (before the
+        verdict: a rank that reads the verdict reads this next)."""
+        try:
+            self.store.set(self._key("late"), json.dumps({"ranks": list(ranks), "wait_s": wait_s}))
+        except Exception:  # noqa: BLE001 - no store: nothing to wait for
+            pass
+
+    def wait_late(self, ranks=None, wait_s: float | None = None) -> None:
+        """Wait until the late ranks have answered: `ranks` for `wait_s`, or (another rank
+        than the reporting one) what the reporting rank posted."""
+        if ranks is None:
+            try:
+                posted = json.loads(self.store.get(self._key("late")).decode()) \
+                    if self.store.check([self._key("late")]) else {}
+                ranks, wait_s = [int(r) for r in posted.get("ranks", [])], float(posted.get("wait_s", 0.0))
+            except Exception:  # noqa: BLE001 - the store went away, or nothing posted
+                return
+        if ranks and wait_s and wait_s > 0:
+            self.wait_answers(ranks, wait_s)
 
     def wait_answers(self, ranks, wait_s: float) -> None:
         """Wait (at most `wait_s`) until each of `ranks` has posted its witness."""

@@ -98,6 +98,7 @@ class RankHooks:
         leaves, and its peers wait inside NCCL until -T). `finish(message)` (rank 0 once its
         report began, else None) writes the report's trailer. A rank stopping because a peer
         died leaves the outcome to its stop thread: that is no timeout."""
+        fired = time.monotonic()
         if rank_stop.stopping() or not rank_stop.take_outcome():
             return
         _TIMING_OUT.set()
@@ -111,6 +112,9 @@ class RankHooks:
             if not (rank0_stopped and census.claim()):  # the first rank to claim it speaks instead
                 verdict = census.post_and_wait()
                 if verdict is not None:
+                    # no exit before the ranks the verdict found late answered: under torchrun
+                    # any exit makes the agent terminate the ranks left (see below)
+                    hang.within(hang.LATE_WAIT_S + 2 * hang.STORE_WAIT_S, census.wait_late)
                     _end_stopped(census, hang.culprits_in(verdict))
                 hard_exit(ExitCode.TIMEOUT)
         verdict = census.gather_within()
@@ -121,17 +125,19 @@ class RankHooks:
             message += (f"; {hang.ranks_text([r for r, _ in ending])} ended by ncclbench (SIGKILL: a stopped process "
                         "takes no SIGTERM)")
         message += f"; it failed first on {first}" if first else ""
+        # Ranks at the step that had not answered (their own -T fires later) are waited for,
+        # at most until LATE_WAIT_S after this rank's -T fired, before any rank ends or is
+        # ended: torchrun's agent terminates the ranks left once one exits, and one whose -T
+        # had not fired ended as interrupted (130) or as a lost peer (3), not 4.
+        late_s = max(0.0, hang.LATE_WAIT_S - (time.monotonic() - fired)) if verdict.late else 0.0
+        hang.within(hang.STORE_WAIT_S, lambda: census.post_late(verdict.late, late_s))
         try:
             if finish is not None:
                 finish(message)
         finally:
             self.say(message)
             hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
-            if ending and verdict.late:
-                # the launcher's SIGTERM, sent once the stopped rank ends, would reach a rank
-                # whose own -T has not fired yet, and end it as interrupted (130), not 4
-                hang.within(hang.LATE_WAIT_S + 1,
-                            lambda: census.wait_answers(verdict.late, min(timeout_s, hang.LATE_WAIT_S)))
+            hang.within(late_s + 1, lambda: census.wait_late(verdict.late, late_s))
             _end(ending)
         hard_exit(ExitCode.TIMEOUT)
 
@@ -172,11 +178,16 @@ def _stopped_here(census, named: list[int]) -> list[tuple[int, int]]:
 
 
 def _end(ranks: list[tuple[int, int]]) -> list[int]:
-    """SIGKILL to each (rank, pid); the ranks it reached."""
+    """SIGKILL to each (rank, pid) still stopped (a host mate may have ended it meanwhile,
+    and its pid been taken again); the ranks it reached."""
     import signal
+
+    from ncclbench import procs
 
     ended = []
     for r, pid in ranks:
+        if procs.state(pid) not in ("T", "t"):
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
             ended.append(r)

@@ -180,9 +180,9 @@ def pair_effort(probe_s: float, nbytes: int, iters: int, cap_s: float | None) ->
 def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], list[int]]:
     """This rank's seconds per exchange with each peer, and the peers whose data arrived
     wrong. Every rank runs measure() once per round, idle or not: it holds a barrier. With
-    `plan.pair_cap_s`, each pair's first exchange is timed, every rank learns every probe,
-    and each pair runs the effort pair_effort gives its shorter probe (the same on both
-    sides; the longer includes the wait for the later side to arrive); a pair run
+    `plan.pair_cap_s`, each pair lines up with a small untimed exchange, then its first
+    exchange is timed, every rank learns every probe, and each pair runs the effort
+    pair_effort gives its longer probe (the same on both sides); a pair run
     on fewer bytes reports its time scaled to `plan.nbytes` (the same bytes per second),
     and each pair's time is its fastest iteration's."""
     import torch.distributed as dist
@@ -205,15 +205,18 @@ def measure_rounds(backend, plan: PairsPlan, rounds) -> tuple[dict[int, float], 
         nbytes, iters, warmups = plan.nbytes, plan.iters, plan.warmup_iters
         capped = plan.pair_cap_s is not None
         if capped:
+            if exchange is not None:
+                # untimed, small: the two sides leave it together, so the probe does not time
+                # one side's wait for a partner still in its previous round (that wait cut a
+                # healthy pair after a slow rank's pair to 1/16 of the bytes, latency-bound,
+                # and its time scaled back up read 30x slow: a false slow link); a partner's
+                # own delay per exchange (a slow rank) still lands in the probe
+                _sliced(backend, exchange, peer, send, recv, min(MIN_PAIR_BYTES, plan.nbytes), plan.nbytes)()
             probe = _timed_once(backend, exchange)
             everyone = backend.all_gather_object(probe)
             warmups = 0  # the probe was the warm-up
             if peer is not None:
-                # the shorter side is the exchange's own time: the longer one also waited for
-                # a partner still busy with its previous round (a healthy pair after a slow
-                # rank's pair was cut to 1/16 of the bytes, latency-bound, and its time scaled
-                # back up read 30x slow: a false slow link)
-                nbytes, iters = pair_effort(min(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
+                nbytes, iters = pair_effort(max(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
         if peer is None:
             _timed(backend, lambda _i: None, iters, capped)  # sit out, but keep the barriers in step
             continue
