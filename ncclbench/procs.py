@@ -42,7 +42,8 @@ STATE_TEXT = {
     "R": "running (state R)",
     "S": "running, waiting (state S)",
 }
-FROZEN = ("T", "t", "D")  # a process in these states does not run its own code
+STOPPED = ("T", "t")  # stopped by a signal or a tracer: only SIGKILL ends it
+FROZEN = STOPPED + ("D",)  # a process in these states does not run its own code
 
 
 def state_text(letter: str | None) -> str:

@@ -69,7 +69,7 @@ class Verdict:
     culprits: list = field(default_factory=list)  # (rank, kind, clause)
     waiting: dict = field(default_factory=dict)   # rank -> where it waited (None: unknown)
     answered: tuple = ()                          # the ranks that posted a witness
-    late: tuple = ()  # ranks at the step, running, that had not answered: their own -T had not fired
+    late: tuple = ()  # ranks at the step, not seen stopped, that had not answered (yet)
 
     def ranks(self) -> list[int]:
         return [r for r, _, _ in self.culprits]
@@ -317,17 +317,15 @@ class Census:
         except Exception:  # noqa: BLE001 - no store: nothing to wait for
             pass
 
-    def wait_late(self, ranks=None, wait_s: float | None = None) -> None:
-        """Wait until the late ranks have answered: `ranks` for `wait_s`, or (another rank
-        than the reporting one) what the reporting rank posted."""
-        if ranks is None:
-            try:
-                posted = json.loads(self.store.get(self._key("late")).decode()) \
-                    if self.store.check([self._key("late")]) else {}
-                ranks, wait_s = [int(r) for r in posted.get("ranks", [])], float(posted.get("wait_s", 0.0))
-            except Exception:  # noqa: BLE001 - the store went away, or nothing posted
-                return
-        if ranks and wait_s and wait_s > 0:
+    def wait_late(self) -> None:
+        """Wait until the late ranks the reporting rank posted have answered, as long as it said."""
+        try:
+            posted = json.loads(self.store.get(self._key("late")).decode()) \
+                if self.store.check([self._key("late")]) else {}
+            ranks, wait_s = [int(r) for r in posted.get("ranks", [])], float(posted.get("wait_s", 0.0))
+        except Exception:  # noqa: BLE001 - the store went away, or nothing posted
+            return
+        if ranks:
             self.wait_answers(ranks, wait_s)
 
     def wait_answers(self, ranks, wait_s: float) -> None:
@@ -380,4 +378,4 @@ class Census:
         """(rank, pid) of the named ranks on this host that are stopped (T, t) now."""
         host = socket.gethostname()
         return [(r, e.pid) for r, e in self.entries.items()
-                if r in verdict_ranks and e.host == host and e.pid and procs.state(e.pid) in ("T", "t")]
+                if r in verdict_ranks and e.host == host and e.pid and procs.state(e.pid) in procs.STOPPED]

@@ -137,7 +137,7 @@ class RankHooks:
         finally:
             self.say(message)
             hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
-            hang.within(late_s + 1, lambda: census.wait_late(verdict.late, late_s))
+            hang.within(late_s + 1, lambda: census.wait_answers(verdict.late, late_s))
             _end(ending)
         hard_exit(ExitCode.TIMEOUT)
 
@@ -186,7 +186,7 @@ def _end(ranks: list[tuple[int, int]]) -> list[int]:
 
     ended = []
     for r, pid in ranks:
-        if procs.state(pid) not in ("T", "t"):
+        if procs.state(pid) not in procs.STOPPED:
             continue
         try:
             os.kill(pid, signal.SIGKILL)

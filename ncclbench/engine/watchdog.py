@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ncclbench.failpoints import failpoint
+from ncclbench.launch import stop as rank_stop
 
 PROGRESS_KEY = "ncclbench/progress/{rank}"
 
@@ -124,18 +125,11 @@ class SizeWatchdog:
                 self._idle = deadline is None
             if wait is not None and wait <= 0:
                 # a fault can make it fire late (a host so loaded this thread waits for a core)
-                failpoint("engine.watchdog_fires", rank=_rank())
+                failpoint("engine.watchdog_fires", rank=rank_stop.rank())
                 self.on_expire(what)
                 return
             self._wake.wait(wait)
             self.wakeups += 1
-
-
-def _rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "-1"))
-    except ValueError:
-        return -1
 
 
 def default_store():
