@@ -371,26 +371,33 @@ def test_a_pair_slow_in_the_second_sweep_only_is_nothing():
     assert judge_group_pairs([_four_pairs(), link], [(0, 1, 2, 3)], kind, 0.2) == ({}, {})
 
 
-def test_a_rank_slow_alone_once_only_is_not_named(monkeypatch):
+def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatch):
     from types import SimpleNamespace
 
     from ncclbench.api import within
 
     healthy = {0: 1e-4, 1: 1e-4, 2: 1e-4, 3: 1e-4}
-    slow1, slow2 = {**healthy, 1: 4e-4}, {**healthy, 2: 4e-4}
+    slow1, slow2, late1 = {**healthy, 1: 4e-4}, {**healthy, 2: 4e-4}, {**healthy, 1: 0.02}
     pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
     asked = []
 
-    def solo_times(pf, nbytes, iters, only=None):  # a second run measures the flagged ranks alone
-        asked.append(only)
+    def solo_times(pf, nbytes, iters, only=None):  # a later run measures the flagged ranks alone
+        asked.append((only, iters))
         t = next(times)
         return {r: v for r, v in t.items() if only is None or r in only}
 
-    for sequence, want in (([slow1, healthy], []), ([slow1, slow2], []), ([slow1, slow1], [1])):
+    monkeypatch.setattr(within, "solo_times", solo_times)
+    again = [({1}, 50)] * (within.SOLO_RUNS - 1)
+    for sequence, want, runs in (([slow1, healthy], [], 2), ([slow1, slow2], [], 2),
+                                 ([slow1] * (within.SOLO_RUNS - 1) + [healthy], [], within.SOLO_RUNS),
+                                 ([slow1] * within.SOLO_RUNS, [1], within.SOLO_RUNS)):
         times, asked[:] = iter(sequence), []
-        monkeypatch.setattr(within, "solo_times", solo_times)
-        assert sorted(within.judge_alone(pf, 1 << 20, 5)) == want, sequence
-        assert asked == [None, {1}]
+        assert sorted(within.judge_alone(pf, 1 << 20, 50)) == want, sequence
+        assert asked == [(None, 50)] + again[:runs - 1]
+    # a rank 20 ms late per op: each later run is cut to about SOLO_AGAIN_S
+    times, asked[:] = iter([late1] * within.SOLO_RUNS), []
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert [n for _, n in asked] == [50] + [int(within.SOLO_AGAIN_S / 0.02)] * (within.SOLO_RUNS - 1)
 
 
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
