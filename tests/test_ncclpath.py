@@ -319,6 +319,56 @@ def test_explain_refuses_bad_input_in_one_line(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_explain_reads_only_what_nccl_wrote_whole(tmp_path):
+    """A log cut mid-line loses that line (what is left of `via NET/IB/1/GDRDMA` is no
+    transport); other output in a log with NCCL's prefixes is not read as NCCL's; a log with
+    communicators but no connection line says the path is unknown, never that it is the
+    expected one; a log naming no communicator, a device or a pipe is one line, exit 2."""
+    ib = LOGS / "two-hosts-ib" / "nccl.dgx-01.70300.log"
+    text = ib.read_text()
+    cut = text[:text.rindex("via NET/IB/") + len("via NET/I")]
+    (tmp_path / "cut.log").write_text(cut)
+    kinds = set(path_of(tmp_path / "cut.log").transports())
+    assert kinds and all(k in ("NET/IB/GDRDMA", "P2P/IPC") for k in kinds), kinds
+    mixed = text + "NCCL WARN an application's own line\nUsing network Socket for logging\nEpoch 3: 1 coll channels, 0 " \
+        "collnet channels, 0 nvls channels, 1 p2p channels, 1 p2p channels per peer\n"
+    (tmp_path / "mixed.log").write_text(mixed)
+    path = path_of(tmp_path / "mixed.log")
+    assert len(path.processes) == 1 and path.network == "IB" and path.channels == path_of(ib).channels
+    head = "".join(line for line in text.splitlines(keepends=True) if " via " not in line and "Connected all" not in line)
+    (tmp_path / "head.log").write_text(head)
+    r = run_cli(["explain", str(tmp_path / "head.log")], timeout=60)
+    assert r.returncode == 0 and "NCCL path: unknown" in r.stdout and "expected" not in r.stdout, r.stdout + r.stderr
+    (tmp_path / "warn.log").write_text("h:1:1 [0] NCCL WARN Call to connect returned Connection refused\n"
+                                       "h:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n")
+    os.mkfifo(tmp_path / "pipe")
+    for name, words in (("warn.log", "no NCCL INFO line about a communicator"), ("pipe", "not a regular file")):
+        r = run_cli(["explain", str(tmp_path / name)], timeout=60)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and words in r.stderr, \
+            r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("subsys, readable", [
+    (None, True), ("INIT,NET", True), ("ALL", True), ("^NET,P2P", True),
+    ("NET,P2P,SHM", False), ("^INIT", False), ("COLL", False),
+])
+def test_a_log_without_init_lines_says_the_path_cannot_be_read(subsys, readable):
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p.log"}
+    if subsys:
+        env["NCCL_DEBUG_SUBSYS"] = subsys
+    why = nccldebug.unreadable_reason(env)
+    assert (why is None) == readable, why
+    if not readable:
+        assert "leaves out INIT" in why
+
+
+def test_a_verdict_without_the_log_says_so_and_guesses_nothing():
+    from ncclbench.api.verdict import NOT_READ, transport_notes
+
+    lines, _ = transport_notes("nccl", ["a", "b"], {}, [0, 0], {"NCCL_IB_DISABLE": "1"}, 1.0)
+    assert lines[-1] == NOT_READ and not any("inferred" in line for line in lines)
+
+
 def test_compare_names_a_changed_path_as_the_likely_cause(tmp_path):
     from ncclbench.results.compare import compare_frames
     from ncclbench.results.readers import read_results

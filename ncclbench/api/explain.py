@@ -36,8 +36,8 @@ def read_path(paths) -> tuple[Path, list[str]]:
         processes = read_logs(files)
     except OSError as exc:
         raise BadInput(f"cannot read {exc.filename}: {exc.strerror}") from None
-    if not processes:
-        raise BadInput(f"no NCCL INFO line about the path in {len(files)} file(s) "
+    if not any(p.comms for p in processes):
+        raise BadInput(f"no NCCL INFO line about a communicator in {len(files)} file(s) "
                        "(the log needs NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,P2P,SHM,NET,GRAPH)")
     return Path([to_summary(p) for p in processes]), [str(f) for f in files]
 
@@ -52,15 +52,19 @@ def report_lines(path: Path, *, best: float | None = None, nvlink_peak: float | 
     if path.empty:
         out.append(f"# {path.unread_text() or 'NCCL log named no connection (one rank, or no collective ran)'}")
     else:
-        out += pathexplain.table(path)
-        out += [f"# {line.strip()}" for line in path.lines()[1:]]
+        out += pathexplain.table(path) if path.connected else []
+        out += [f"# {line.strip()}" for line in path.lines()[0 if not path.connected else 1:]]
+    nics = path.nics_by_rank()
+    if nics and len({tuple(v) for v in nics.values()}) > 1:  # one NIC for all is in the table already
+        out.append("# NICs per rank: " + "; ".join(f"{r} {','.join(v)}" for r, v in
+                                                  sorted(nics.items(), key=lambda kv: int(kv[0]))))
     if best is not None:
         out.append(pathexplain.peak_line(best, path, nvlink_peak))
     found = pathexplain.causes(path, facts, environ) if not path.empty else []
     if found:
         out.append("# Known causes of a lower number:")
         out += [f"#   - {c}" for c in found]
-    elif not path.empty:
+    elif path.connected:
         out.append("# No known cause of a lower number shows in NCCL's log: the path is the expected one")
     return out
 

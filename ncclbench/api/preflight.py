@@ -259,8 +259,9 @@ class Preflight:
 
     def _link_peaks(self, runs: dict) -> dict:
         """{group: link peak GB/s or None}, and the transport lines of each group."""
-        from ncclbench.api.verdict import transport_notes
+        from ncclbench.api.verdict import NOT_READ, transport_notes
         from ncclbench.engine.pathread import path_notes
+        from ncclbench.topology.pathview import Path
 
         self.transport, peaks = {}, {}
         for dim, cells in runs.items():
@@ -271,8 +272,12 @@ class Preflight:
                 env = self.facts[g[0]]["env"]
                 self.transport[g], peaks[g] = transport_notes(self.backends[dim], hosts, self.topo, devices, env, best)
                 read = path_notes(self.paths.get(g), (self.topo.get(hosts[0]) or {}).get("nvlink_peak"), best)
-                if read is not None:  # what NCCL's log named replaces what was inferred
+                if read is not None:  # what NCCL's log named replaces what the topology suggests
                     self.transport[g], peaks[g] = read
+                elif self.transport[g] and self.transport[g][-1] == NOT_READ:
+                    why = Path.from_dict(self.paths.get(g))
+                    if why is not None and why.unread_text():
+                        self.transport[g][-1] = f"NCCL path: not read ({why.unread_text()})"
         return peaks
 
     # ---- localisation and the report ----

@@ -454,8 +454,8 @@ class PreflightReport:
 
 
 # ---- what NCCL used, as far as it can be told ----------------------------------------------------------
-INFERRED = ("inferred from the topology, the settings and the speed: NCCL's own log of the path was not read "
-            "(it is read where ncclbench could turn it on, or from the user's NCCL_DEBUG=INFO NCCL_DEBUG_FILE)")
+NOT_READ = ("NCCL path: not read (NCCL's log is read where ncclbench could turn it on, or from the user's "
+            "NCCL_DEBUG=INFO with NCCL_DEBUG_FILE); the lines above are the topology and the settings")
 
 
 def nic_rate_gbps(rate: str | None) -> float | None:
@@ -466,8 +466,9 @@ def nic_rate_gbps(rate: str | None) -> float | None:
 
 def transport_notes(backend: str, hosts: list[str], topo: dict, devices: list, env: dict,
                     best: float | None) -> tuple[list[str], float | None]:
-    """(lines on what the group's traffic most likely went through, the link peak in GB/s a
-    % floor is taken of, or None). `topo`: {host: {"codes": GPU x GPU link codes in CUDA
+    """(lines on the links and settings the group's traffic met, ending with NOT_READ where
+    NCCL's own log of the path could not be read; the link peak in GB/s a % floor is taken
+    of, or None). `topo`: {host: {"codes": GPU x GPU link codes in CUDA
     order, "nvlink_peak": GB/s, "nics": [{"name", "layer", "state", "rate_gbps"}]}}."""
     if backend == "gloo":
         return ["gloo: TCP through the hosts' network stack, not NCCL (no link peak)"], None
@@ -475,7 +476,7 @@ def transport_notes(backend: str, hosts: list[str], topo: dict, devices: list, e
         notes, peak = _one_host_notes(topo.get(hosts[0]) or {}, devices, env, best)
     else:
         notes, peak = _many_host_notes(hosts, topo, env, best)
-    return notes + [INFERRED], peak
+    return notes + [NOT_READ], peak
 
 
 def _disabled(env: dict, name: str) -> bool:

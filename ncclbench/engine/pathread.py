@@ -89,7 +89,7 @@ def comms_after(summary: dict, since: int, size: int | None = None) -> dict:
 
 def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:
     """(a verdict's transport lines, the peak of the path) from the path NCCL's log named, or
-    None when it was not read (then the verdict says what it inferred)."""
+    None when it was not read (then the verdict gives the topology and says the path was not read)."""
     from ncclbench.topology.pathexplain import against_peak, causes, path_peak
 
     view = Path.from_dict(path)

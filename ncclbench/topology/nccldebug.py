@@ -110,6 +110,13 @@ def unreadable_reason(environ=os.environ) -> str | None:
     if level not in ("INFO", "TRACE"):
         return (f"NCCL_DEBUG={environ.get('NCCL_DEBUG')} is set: NCCL writes no INFO lines, so the path it took "
                 "cannot be read" if level else "NCCL's log is off (NCCL_DEBUG is not INFO), so the path cannot be read")
+    subsys = str(environ.get("NCCL_DEBUG_SUBSYS", "")).strip().upper()
+    if subsys:  # NCCL names its communicators and rings under INIT (its default mask has it)
+        names = {n.strip() for n in subsys.lstrip("^").split(",")}
+        named = "INIT" in names or "ALL" in names
+        if named == subsys.startswith("^"):
+            return (f"NCCL_DEBUG_SUBSYS={environ.get('NCCL_DEBUG_SUBSYS')} leaves out INIT: NCCL's log names no "
+                    "communicator, so the path it took cannot be read (add INIT)")
     if not pattern:
         return ("NCCL_DEBUG=INFO without NCCL_DEBUG_FILE: NCCL writes its log to stdout, where ncclbench cannot "
                 "read the path (add NCCL_DEBUG_FILE=dir/nccl.%h.%p.log)")

@@ -37,7 +37,7 @@ _NET_DEVICES = re.compile(r"NET/(?P<net>\w+) ?: Using(?P<list>(?: \[\d+\]\S+)+)"
 _NET_DEVICE = re.compile(r"\[(?P<i>\d+)\](?P<name>[^:\s/]+)(?::(?P<rest>\S*))?")
 _GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA (?P<n>\d+) '(?P<hca>[^']*)'|GPU (?P<gpu>\d+))")
 _CONN = re.compile(r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>\d+)\] -> (?P<dst>\d+)\[(?P<ddev>\d+)\]"
-                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>NET/[^/\n]+?/\S+|\S+(?: pointer\S*)?)")
+                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>NET/[^/\n]+?/\d+\S*|\S+(?: pointer\S*)?)")
 _COLLNET = re.compile(r"CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via COLLNET/(?P<name>[^/\s]+)")
 _RINGS = re.compile(r"Connected all rings(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
 _COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<n>\d+) nNodes (?P<nodes>\d+) "
@@ -326,6 +326,7 @@ def _complete(p: ProcessLog, m) -> None:
 
 def _channels(p: ProcessLog, m) -> None:
     c = p._comm()
+    # (NCCL 2.28 prints its coll channel count as the collnet count too: that says nothing of CollNet)
     c.channels, c.nvls_channels, c.p2p_channels = int(m["coll"]), int(m["nvls"]), int(m["p2p"])
 
 
@@ -352,12 +353,18 @@ _HANDLERS = [  # most frequent first
 def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
     NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
-    fragment, `NCCL INFO ...` alone) to one process named after `source`. `marks`: counts
-    of a process's NCCL lines after which another operation began (ProcessLog.mark); a dict
-    maps each to the size of that operation's communicator."""
+    fragment, `NCCL INFO ...` alone) to one process named after `source`, unless the text has
+    prefixed lines too (then they are other output mixed in: a job's combined log). `marks`:
+    counts of a process's NCCL lines after which another operation began (ProcessLog.mark); a
+    dict maps each to the size of that operation's communicator."""
+    return parse_lines(text.splitlines(), source, marks)
+
+
+def parse_lines(lines, source: str = "<text>", marks=()) -> list[ProcessLog]:
+    """parse_text over an iterable of lines (a file read line by line)."""
     found: dict = {}
     marks = dict(marks) if isinstance(marks, dict) else dict.fromkeys(marks)
-    for line in text.splitlines():
+    for line in lines:
         m = _PREFIX.search(line)
         if m:
             key = (m["host"], int(m["pid"]))
@@ -371,6 +378,8 @@ def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
         if marks and found[key].lines in marks:
             found[key].mark(marks[found[key].lines])
         found[key].feed(message, level)
+    if len(found) > 1:
+        found.pop((None, None), None)
     for p in found.values():
         p.mark()
     return [p for p in found.values() if p.lines]
@@ -388,12 +397,28 @@ def log_files(paths) -> list[_FsPath]:
     return out
 
 
+def _whole_lines(f):
+    """A file's lines, without the last one where the file ends mid-line in an NCCL line (a log
+    copied or cut while NCCL was writing it: what is left of that line would read as another
+    transport)."""
+    last = None
+    for line in f:
+        if last is not None:
+            yield last
+        last = line
+    if last is not None and (last.endswith("\n") or not _PREFIX.search(last)):
+        yield last
+
+
 def read_logs(paths) -> list[ProcessLog]:
-    """Every process in the files and folders `paths` name; OSError for one that cannot be read."""
+    """Every process in the files and folders `paths` name; OSError for one that cannot be read
+    or is not a regular file (a device or a pipe would never end)."""
     processes = []
     for path in log_files(paths):
+        if not path.is_file():
+            raise OSError(0, "not a regular file", str(path))
         with open(path, errors="replace") as f:
-            processes += parse_text(f.read(), str(path))
+            processes += parse_lines((line.rstrip("\r\n") for line in _whole_lines(f)), str(path))
     return processes
 
 

@@ -52,6 +52,20 @@ class Path:
     def empty(self) -> bool:
         return not any(p.get("comms") for p in self.processes)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the log named any connection (a communicator of one rank has none; a log
+        without NCCL's INIT lines, or cut before the first collective, names none either)."""
+        return any(c.get("links") for c in self.comms())
+
+    def unconnected_text(self) -> str:
+        """Why a path that names communicators shows no transport."""
+        most = max((c.get("nranks") or 0 for c in self.comms()), default=0)
+        if most <= 1:
+            return "none (one rank: NCCL connects nothing)"
+        return (f"unknown (NCCL's log named communicators of up to {most} ranks but no connection line: "
+                "NCCL_DEBUG_SUBSYS left out INIT, or the log ends before the first collective)")
+
     def comms(self):
         for p in self.processes:
             yield from p.get("comms", [])
@@ -145,6 +159,11 @@ class Path:
         return _one({c.get("collnet") for c in self.comms()})
 
     @property
+    def algorithms(self) -> list[str]:
+        """What NCCL's communicators connected, as `Connected all rings/trees` said: ring, tree."""
+        return [name for name, key in (("ring", "rings"), ("tree", "trees")) if any(c.get(key) for c in self.comms())]
+
+    @property
     def version(self) -> str | None:
         return _one({p.get("version") for p in self.processes})
 
@@ -196,18 +215,23 @@ class Path:
         """The header's one or two lines (no `#`)."""
         if self.empty:
             return [self.unread_text() or "NCCL's log named no connection (the path is unknown)"]
-        parts = []
-        for kind, pairs in self.transports().items():
-            text = f"{kind} ({_pairs_text(pairs)})"
-            if kind.startswith("NET") and self.nic_names():
-                text += f" over {', '.join(self.nic_names())}"
-            parts.append(text)
-        first = "NCCL path: " + "; ".join(parts)
         facts = self.fact_list()
+        if self.algorithms:  # in the header only: which sizes a run swept decides it, not the path
+            facts.append(f"connected {'+'.join(self.algorithms)}")
         if self.env:
             facts.append("NCCL read " + " ".join(f"{k}={v}" for k, v in self.env.items()))
         if self.unread:
             facts.append(self.unread_text())
+        if not self.connected:
+            first = "NCCL path: " + self.unconnected_text()
+        else:
+            parts = []
+            for kind, pairs in self.transports().items():
+                text = f"{kind} ({_pairs_text(pairs)})"
+                if kind.startswith("NET") and self.nic_names():
+                    text += f" over {', '.join(self.nic_names())}"
+                parts.append(text)
+            first = "NCCL path: " + "; ".join(parts)
         return [first] + (["  " + ", ".join(facts)] if facts else [])
 
     def facts(self) -> str:
