@@ -177,3 +177,32 @@ assert 'matplotlib' in sys.modules
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "busbw_all_reduce.png").stat().st_size > 1000
+
+
+def test_the_probe_names_the_path_nccl_took_without_the_forced_settings(tmp_path, capsys):
+    """tune's header and tune.json carry the path of the probe's communicators, as their
+    NCCL logs name it (real NCCL 2.28.9 logs of 2 simulated hosts x 2 H100 over sockets),
+    without the NCCL_ALGO/NCCL_PROTO each combination set."""
+    import shutil
+
+    from conftest import FIXTURES
+    from ncclbench.tune import analysis
+
+    setup = _setup(tmp_path)
+    probe_items, probe_results, worlds = _probe(setup, tmp_path)
+    for log in sorted((FIXTURES / "nccl-logs" / "h100-two-hosts-socket").iterdir()):
+        text = log.read_text()
+        prefix = text.splitlines()[0].split(" NCCL INFO ")[0] + " NCCL INFO "
+        (tmp_path / "probe" / log.name).write_text(text + prefix + "NCCL_ALGO set by environment to Tree\n")
+    path = analysis.probe_path(str(tmp_path / "probe"))
+    assert path is not None and set(path.transports()) == {"NET/Socket", "P2P/CUMEM"}
+    assert "NCCL_ALGO" not in path.env and path.env.get("NCCL_IB_DISABLE") == "1"
+    items, results = _measured(setup, tmp_path)
+    report.finish(setup, probe_items, probe_results, worlds, items, results, confirm=confirmer(setup, tmp_path))
+    out = capsys.readouterr().out
+    assert "NCCL path: NET/Socket (" in out and "network Socket, GDR 0" in out, out
+    doc = json.loads((tmp_path / "tune.json").read_text())
+    assert doc["nccl_path"]["label"] == "NET/Socket + P2P/CUMEM" and doc["path_lines"][0].startswith("NCCL path: ")
+    shutil.rmtree(tmp_path / "probe")
+    (tmp_path / "probe").mkdir()
+    assert analysis.probe_path(str(tmp_path / "probe")) is None

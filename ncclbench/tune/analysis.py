@@ -52,6 +52,26 @@ def probe_logs(folder: str) -> dict[int, nccl_log.Log]:
     return out
 
 
+FORCED_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")  # set per combination
+
+
+def probe_path(folder: str):
+    """The path NCCL took in the probe (pathview.Path, None where its logs name no
+    communicator): every probe communicator's connections, as the logs of this host's ranks
+    name them; the settings tune forces per combination are left out of what NCCL read."""
+    from ncclbench.topology.ncclpath import read_logs, to_summary
+    from ncclbench.topology.pathview import Path
+
+    try:
+        processes = [to_summary(p) for p in read_logs(sorted(glob.glob(os.path.join(folder, "nccl.*.log"))))]
+    except OSError:
+        return None
+    for p in processes:
+        p["env"] = {k: v for k, v in p["env"].items() if k not in FORCED_SETTINGS}
+    view = Path(processes)
+    return None if view.empty else view
+
+
 def attribute_choices(items: list[dict], results: dict[int, ItemResult], logs: dict[int, nccl_log.Log],
                       world_comm: dict[int, bool]):
     """item index -> (nccl_log.Init, [Choice]) for every item whose communicator came up, matched in order

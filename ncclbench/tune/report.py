@@ -104,7 +104,7 @@ def own_noise(m) -> float:
     return max([x for x in spreads if x is not None], default=0.0)
 
 
-def header(setup, outcome, nccl_text: str) -> list[str]:
+def header(setup, outcome, nccl_text: str, path_lines=()) -> list[str]:
     req = setup.request
     m = outcome.measured.get("default")
     gpu = f" ({setup.nranks} x {m.gpu})" if m and m.gpu else ""
@@ -116,6 +116,7 @@ def header(setup, outcome, nccl_text: str) -> list[str]:
              "busbw: out-of-place GB/s, median of the repeats; noise: the largest spread (fastest - slowest repeat, "
              "% of the median) of any configuration's repeats at that size, among those timed like the default; "
              "NCCL chose: algorithm/protocol and channels from its TUNING log"]
+    lines += [line.strip() for line in path_lines]
     if setup.timing is not None:
         lines.append(f"timing: {setup.timing.text}; every combination and NCCL's default alike")
     if setup.backend == "gloo":
@@ -133,7 +134,10 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
     logs = analysis.probe_logs(os.path.join(setup.output_dir, "probe"))
     attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
     nccl_text = nccl_version_text(logs, setup)
-    doc = {"tool": "ncclbench tune", "nccl": nccl_text, "backend": setup.backend, "ranks": setup.nranks,
+    path = analysis.probe_path(os.path.join(setup.output_dir, "probe")) if setup.backend == "nccl" else None
+    path_lines = path.lines() if path is not None else []
+    doc = {"tool": "ncclbench tune", "nccl": nccl_text, "nccl_path": path.to_dict() if path is not None else None,
+           "path_lines": path_lines, "backend": setup.backend, "ranks": setup.nranks,
            "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
            "timing": setup.timing.text if setup.timing else "", "rule": RULE_TEXT.format(gain=setup.request.min_gain),
            "notes": list(setup.notes), "interrupted": interrupted, "collectives": {}}
@@ -154,7 +158,7 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
     for outcome in outcomes:
         ranges = win_ranges(outcome.verdicts)
         out += table.collective_lines(
-            f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text), outcome.verdicts,
+            f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text, path_lines), outcome.verdicts,
             combo_lines(outcome, setup), ranges,
             setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")], setup.request.min_gain,
             config_lines(config, outcome.collective)) + [""]
