@@ -485,7 +485,12 @@ def test_preflight_groups_take_the_path_their_log_named():
     lines, peak = path_notes(shm, 478.1, 28.3)
     assert lines[0].startswith("NCCL path: SHM") and peak is None
     assert "% of NVLink" not in " ".join(lines) and any("NCCL_P2P_DISABLE=1" in l for l in lines)
-    assert path_notes(None, 478.1, 28.3) is None  # not read: the inferred lines stay
+    assert path_notes(None, 478.1, 28.3) is None  # not read: the topology's lines stay, marked so
+    sock = path_of("two-hosts-socket").to_dict()
+    lines, _ = path_notes(sock, None, 2.0)
+    assert not any("RDMA devices" in line for line in lines)
+    lines, _ = path_notes(sock, None, 2.0, {"ib_devices": ["mlx5_0"]}, {"NCCL_NET": "Socket"})
+    assert any("while this host has RDMA devices (mlx5_0)" in line and "NCCL_NET=Socket" in line for line in lines), lines
 
 
 def _lines(*msgs, host="simnode0", pid=7):

@@ -271,7 +271,9 @@ class Preflight:
                 devices = [self.facts[r]["device"] for r in g]
                 env = self.facts[g[0]]["env"]
                 self.transport[g], peaks[g] = transport_notes(self.backends[dim], hosts, self.topo, devices, env, best)
-                read = path_notes(self.paths.get(g), (self.topo.get(hosts[0]) or {}).get("nvlink_peak"), best)
+                here = self.topo.get(hosts[0]) or {}
+                facts = {"ib_devices": sorted({n["name"] for n in here.get("nics", []) if n.get("name")})}
+                read = path_notes(self.paths.get(g), here.get("nvlink_peak"), best, facts, env)
                 if read is not None:  # what NCCL's log named replaces what the topology suggests
                     self.transport[g], peaks[g] = read
                 elif self.transport[g] and self.transport[g][-1] == NOT_READ:

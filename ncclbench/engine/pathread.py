@@ -87,9 +87,11 @@ def comms_after(summary: dict, since: int, size: int | None = None) -> dict:
     return dict(summary, comms=pick)
 
 
-def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None) -> tuple[list[str], float | None] | None:
+def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None, facts: dict | None = None,
+               environ: dict | None = None) -> tuple[list[str], float | None] | None:
     """(a verdict's transport lines, the peak of the path) from the path NCCL's log named, or
-    None when it was not read (then the verdict gives the topology and says the path was not read)."""
+    None when it was not read (`facts`, `environ`: the host's and the ranks' own, as
+    pathexplain.causes reads them; then the verdict gives the topology and says the path was not read)."""
     from ncclbench.topology.pathexplain import against_peak, causes, path_peak
 
     view = Path.from_dict(path)
@@ -99,7 +101,7 @@ def path_notes(path: dict | None, nvlink_peak: float | None, best: float | None)
     lines = [line.strip() for line in view.lines()]
     if best is not None:
         lines.append(f"best busbw {best:.4g} GB/s{against_peak(best, peak, what)}")
-    return lines + [f"cause: {c}" for c in causes(view, None, None)], peak
+    return lines + [f"cause: {c}" for c in causes(view, facts, environ)], peak
 
 
 def latest_label() -> str | None:
