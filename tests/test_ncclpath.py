@@ -12,6 +12,7 @@ import pytest
 from conftest import FIXTURES, REFERENCE, run_cli
 from ncclbench.topology import nccldebug, pathexplain, pathhost
 from ncclbench.topology.ncclpath import kind_of, parse_text, read_logs, to_summary
+from ncclbench.topology.ncclpath import whole as nccldebug_whole
 from ncclbench.topology.pathview import Path
 
 LOGS = FIXTURES / "nccl-logs"
@@ -330,11 +331,24 @@ def test_explain_reads_only_what_nccl_wrote_whole(tmp_path):
     (tmp_path / "cut.log").write_text(cut)
     kinds = set(path_of(tmp_path / "cut.log").transports())
     assert kinds and all(k in ("NET/IB/GDRDMA", "P2P/IPC") for k in kinds), kinds
+    (live,) = parse_text(nccldebug_whole(cut))  # a log read while NCCL writes it
+    assert set(Path([to_summary(live)]).transports()) == kinds
+    for via in ("NET/I", "NET/IB/"):  # no device index: what is left of a cut line, never a transport
+        (p,) = parse_text("h:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0\n"
+                          f"h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via {via}")
+        assert not Path([to_summary(p)]).transports(), via
     mixed = text + "NCCL WARN an application's own line\nUsing network Socket for logging\nEpoch 3: 1 coll channels, 0 " \
         "collnet channels, 0 nvls channels, 1 p2p channels, 1 p2p channels per peer\n"
     (tmp_path / "mixed.log").write_text(mixed)
     path = path_of(tmp_path / "mixed.log")
     assert len(path.processes) == 1 and path.network == "IB" and path.channels == path_of(ib).channels
+    marked = "".join("NCCL INFO " + line.split(" NCCL INFO ", 1)[1]
+                     for line in text.splitlines(keepends=True) if " NCCL INFO " in line)
+    (tmp_path / "marked.log").write_text("h:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n" + marked)
+    assert path_of(tmp_path / "marked.log").transports() == path_of(ib).transports()  # NCCL's marker, no prefix
+    (tmp_path / "sizes.log").write_text("NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p "
+                                        "channels, 32 p2p channels per peer\nNCCL INFO NVLS multicast support is available\n")
+    assert path_of(tmp_path / "sizes.log").lines()[0].startswith("NCCL path: unknown")
     head = "".join(line for line in text.splitlines(keepends=True) if " via " not in line and "Connected all" not in line)
     (tmp_path / "head.log").write_text(head)
     r = run_cli(["explain", str(tmp_path / "head.log")], timeout=60)
@@ -349,17 +363,17 @@ def test_explain_reads_only_what_nccl_wrote_whole(tmp_path):
 
 
 @pytest.mark.parametrize("subsys, readable", [
-    (None, True), ("INIT,NET", True), ("ALL", True), ("^NET,P2P", True),
-    ("NET,P2P,SHM", False), ("^INIT", False), ("COLL", False),
+    (None, True), ("INIT,NET", True), ("ALL", True), ("^NET,P2P", True), ("NET,P2P,SHM", True), ("^INIT", True),
+    ("COLL", False), ("ENV,GRAPH", False), ("^INIT,P2P,SHM,NET", False), ("^ALL", False),
 ])
-def test_a_log_without_init_lines_says_the_path_cannot_be_read(subsys, readable):
+def test_a_log_without_connection_lines_says_the_path_cannot_be_read(subsys, readable):
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p.log"}
     if subsys:
         env["NCCL_DEBUG_SUBSYS"] = subsys
     why = nccldebug.unreadable_reason(env)
     assert (why is None) == readable, why
     if not readable:
-        assert "leaves out INIT" in why
+        assert "leaves out INIT, P2P, SHM and NET" in why
 
 
 def test_a_verdict_without_the_log_says_so_and_guesses_nothing():

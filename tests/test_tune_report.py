@@ -203,6 +203,9 @@ def test_the_probe_names_the_path_nccl_took_without_the_forced_settings(tmp_path
     assert "NCCL path: NET/Socket (" in out and "network Socket, GDR 0" in out, out
     doc = json.loads((tmp_path / "tune.json").read_text())
     assert doc["nccl_path"]["label"] == "NET/Socket + P2P/CUMEM" and doc["path_lines"][0].startswith("NCCL path: ")
+    # the channels and the algorithms connected are one forced combination's or another's
+    assert not any("channels" in line or "connected" in line for line in doc["path_lines"]), doc["path_lines"]
+    assert "channels" not in doc["nccl_path"] and "channels" not in doc["nccl_path"]["facts"]
     shutil.rmtree(tmp_path / "probe")
     (tmp_path / "probe").mkdir()
     assert analysis.probe_path(str(tmp_path / "probe")) is None

@@ -111,12 +111,13 @@ def unreadable_reason(environ=os.environ) -> str | None:
         return (f"NCCL_DEBUG={environ.get('NCCL_DEBUG')} is set: NCCL writes no INFO lines, so the path it took "
                 "cannot be read" if level else "NCCL's log is off (NCCL_DEBUG is not INFO), so the path cannot be read")
     subsys = str(environ.get("NCCL_DEBUG_SUBSYS", "")).strip().upper()
-    if subsys:  # NCCL names its communicators and rings under INIT (its default mask has it)
+    if subsys:  # NCCL logs each connection under INIT and its transport's subsystem (P2P, SHM, NET)
         names = {n.strip() for n in subsys.lstrip("^").split(",")}
-        named = "INIT" in names or "ALL" in names
-        if named == subsys.startswith("^"):
-            return (f"NCCL_DEBUG_SUBSYS={environ.get('NCCL_DEBUG_SUBSYS')} leaves out INIT: NCCL's log names no "
-                    "communicator, so the path it took cannot be read (add INIT)")
+        wanted = {"INIT", "P2P", "SHM", "NET"}
+        on = (not names >= wanted and "ALL" not in names) if subsys.startswith("^") else bool(names & (wanted | {"ALL"}))
+        if not on:
+            return (f"NCCL_DEBUG_SUBSYS={environ.get('NCCL_DEBUG_SUBSYS')} leaves out INIT, P2P, SHM and NET: NCCL's "
+                    "log names no connection, so the path it took cannot be read")
     if not pattern:
         return ("NCCL_DEBUG=INFO without NCCL_DEBUG_FILE: NCCL writes its log to stdout, where ncclbench cannot "
                 "read the path (add NCCL_DEBUG_FILE=dir/nccl.%h.%p.log)")
@@ -153,11 +154,12 @@ def own_text(environ=os.environ) -> tuple[str | None, str | None]:
 def own_summary(rank: int | None = None, environ=os.environ, marks=()) -> tuple[dict | None, str | None]:
     """(this process's path summary (ncclpath.to_summary), None) or (None, why not). `marks`:
     line counts where an operation of ours began (ncclpath.parse_text)."""
-    from ncclbench.topology.ncclpath import parse_text, to_summary
+    from ncclbench.topology.ncclpath import parse_text, to_summary, whole
 
     text, reason = own_text(environ)
     if text is None:
         return None, reason
+    text = whole(text)
     processes = ([p for p in parse_text(text, "own log", marks) if p.pid in (None, os.getpid())]
                  or parse_text(text, marks=marks))
     if not processes:

@@ -37,7 +37,7 @@ _NET_DEVICES = re.compile(r"NET/(?P<net>\w+) ?: Using(?P<list>(?: \[\d+\]\S+)+)"
 _NET_DEVICE = re.compile(r"\[(?P<i>\d+)\](?P<name>[^:\s/]+)(?::(?P<rest>\S*))?")
 _GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA (?P<n>\d+) '(?P<hca>[^']*)'|GPU (?P<gpu>\d+))")
 _CONN = re.compile(r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>\d+)\] -> (?P<dst>\d+)\[(?P<ddev>\d+)\]"
-                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>NET/[^/\n]+?/\d+\S*|\S+(?: pointer\S*)?)")
+                   r"(?: \[(?P<dir>send|receive)\])? via (?P<via>NET/[^/\n]+?/\d+\S*|(?!NET/)\S+(?: pointer\S*)?)")
 _COLLNET = re.compile(r"CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via COLLNET/(?P<name>[^/\s]+)")
 _RINGS = re.compile(r"Connected all rings(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
 _COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<n>\d+) nNodes (?P<nodes>\d+) "
@@ -354,14 +354,24 @@ def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
     NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
     fragment, `NCCL INFO ...` alone) to one process named after `source`, unless the text has
-    prefixed lines too (then they are other output mixed in: a job's combined log). `marks`:
-    counts of a process's NCCL lines after which another operation began (ProcessLog.mark); a
-    dict maps each to the size of that operation's communicator."""
-    return parse_lines(text.splitlines(), source, marks)
+    prefixed lines too: then only those with NCCL's bare `NCCL INFO`/`WARN` marker are read,
+    the others being other output mixed in, as in a job's combined log). `marks`: counts of a
+    process's NCCL lines after which another operation began (ProcessLog.mark); a dict maps
+    each to the size of that operation's communicator."""
+    lines = text.splitlines()
+    return parse_lines(lines, source, marks, prefixed=any(_PREFIX.search(line) for line in lines))
 
 
-def parse_lines(lines, source: str = "<text>", marks=()) -> list[ProcessLog]:
-    """parse_text over an iterable of lines (a file read line by line)."""
+def whole(text: str) -> str:
+    """`text` without its last line where that is an NCCL line NCCL had not finished writing
+    (no newline after it yet): a log read while NCCL writes it."""
+    last = text.rsplit("\n", 1)[-1]
+    return text if not last or not _PREFIX.search(last) else text[:len(text) - len(last)]
+
+
+def parse_lines(lines, source: str = "<text>", marks=(), prefixed: bool = False) -> list[ProcessLog]:
+    """parse_text over an iterable of lines (a file read line by line); `prefixed`: whether
+    the text has lines with NCCL's prefix."""
     found: dict = {}
     marks = dict(marks) if isinstance(marks, dict) else dict.fromkeys(marks)
     for line in lines:
@@ -371,6 +381,8 @@ def parse_lines(lines, source: str = "<text>", marks=()) -> list[ProcessLog]:
             message, level = line[m.end():], m["level"]
         else:
             bare = _BARE.search(line)
+            if prefixed and not bare:
+                continue
             key = (None, None)
             message, level = (line[bare.end():], bare["level"]) if bare else (line, "INFO")
         if key not in found:
@@ -378,8 +390,8 @@ def parse_lines(lines, source: str = "<text>", marks=()) -> list[ProcessLog]:
         if marks and found[key].lines in marks:
             found[key].mark(marks[found[key].lines])
         found[key].feed(message, level)
-    if len(found) > 1:
-        found.pop((None, None), None)
+    if prefixed and (None, None) in found and not found[(None, None)].comms:
+        del found[(None, None)]  # a bare `NCCL WARN` of other output, next to NCCL's own prefixed lines
     for p in found.values():
         p.mark()
     return [p for p in found.values() if p.lines]
@@ -418,7 +430,9 @@ def read_logs(paths) -> list[ProcessLog]:
         if not path.is_file():
             raise OSError(0, "not a regular file", str(path))
         with open(path, errors="replace") as f:
-            processes += parse_lines((line.rstrip("\r\n") for line in _whole_lines(f)), str(path))
+            prefixed = any(_PREFIX.search(line) for line in f)
+            f.seek(0)
+            processes += parse_lines((line.rstrip("\r\n") for line in _whole_lines(f)), str(path), prefixed=prefixed)
     return processes
 
 

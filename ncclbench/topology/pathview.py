@@ -42,7 +42,7 @@ class Path:
         return cls(list(d.get("processes", [])), dict(d.get("unread") or {}))
 
     def to_dict(self) -> dict:
-        return {"label": None if self.empty else self.label, "facts": self.facts(), "processes": self.processes, "unread": self.unread or {},
+        return {"label": self.label if self.connected else None, "facts": self.facts(), "processes": self.processes, "unread": self.unread or {},
                 "network": self.network, "gdr": self.gdr, "pxn": self.pxn, "channels": self.channels,
                 "nvls": self.nvls, "version": self.version, "env": self.env,
                 "transports": {k: [list(p) for p in sorted(v)] for k, v in self.transports().items()},
@@ -60,11 +60,13 @@ class Path:
 
     def unconnected_text(self) -> str:
         """Why a path that names communicators shows no transport."""
-        most = max((c.get("nranks") or 0 for c in self.comms()), default=0)
-        if most <= 1:
+        sizes = [c.get("nranks") for c in self.comms()]
+        if sizes and all(n is not None and n <= 1 for n in sizes):
             return "none (one rank: NCCL connects nothing)"
-        return (f"unknown (NCCL's log named communicators of up to {most} ranks but no connection line: "
-                "NCCL_DEBUG_SUBSYS left out INIT, or the log ends before the first collective)")
+        known = [n for n in sizes if n]
+        what = f"communicators of up to {max(known)} ranks" if known else "communicators"
+        return (f"unknown (NCCL's log named {what} but no connection line: NCCL connects ranks at a "
+                "communicator's first collective, and the log ends before it)")
 
     def comms(self):
         for p in self.processes:
@@ -211,12 +213,14 @@ class Path:
                         shaped.add(name)
         return {h: v for h, v in out.items() if v[0]}
 
-    def lines(self) -> list[str]:
-        """The header's one or two lines (no `#`)."""
+    def lines(self, forced: bool = False) -> list[str]:
+        """The header's one or two lines (no `#`). `forced`: the communicators ran under
+        different forced algorithms, protocols and channel counts (tune's probe): what those
+        change (the channels, the algorithms connected) is left out."""
         if self.empty:
             return [self.unread_text() or "NCCL's log named no connection (the path is unknown)"]
-        facts = self.fact_list()
-        if self.algorithms:  # in the header only: which sizes a run swept decides it, not the path
+        facts = self.fact_list(forced)
+        if self.algorithms and not forced:  # in the header only: which sizes a run swept decides it, not the path
             facts.append(f"connected {'+'.join(self.algorithms)}")
         if self.env:
             facts.append("NCCL read " + " ".join(f"{k}={v}" for k, v in self.env.items()))
@@ -238,12 +242,12 @@ class Path:
         """`network IB, GDR 1, PXN 1, 16 channels, NVLS available`: what `compare` also sets side by side."""
         return ", ".join(self.fact_list())
 
-    def fact_list(self) -> list[str]:
+    def fact_list(self, forced: bool = False) -> list[str]:
         facts = []
         if self.uses_network:  # NCCL names its network and prints GDR/PXN on one host too, where they mean nothing
             facts += [f"{name} {value}" for name, value in (("network", self.network_label), ("GDR", self.gdr),
                                                             ("PXN", self.pxn)) if value is not None]
-        if self.channels:
+        if self.channels and not forced:
             facts.append(f"{self.channels} channels")
         if self.nvls is not None:
             facts.append("NVLS " + ("available" if self.nvls else "not available"))

@@ -135,8 +135,12 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
     attributions = analysis.attribute_choices(probe_items, probe_results, logs, worlds)
     nccl_text = nccl_version_text(logs, setup)
     path = analysis.probe_path(os.path.join(setup.output_dir, "probe")) if setup.backend == "nccl" else None
-    path_lines = path.lines() if path is not None else []
-    doc = {"tool": "ncclbench tune", "nccl": nccl_text, "nccl_path": path.to_dict() if path is not None else None,
+    path_lines = path.lines(forced=True) if path is not None else []
+    path_doc = None
+    if path is not None:  # one channel count would be one forced combination's
+        path_doc = dict(path.to_dict(), facts=", ".join(path.fact_list(forced=True)))
+        path_doc.pop("channels", None)
+    doc = {"tool": "ncclbench tune", "nccl": nccl_text, "nccl_path": path_doc,
            "path_lines": path_lines, "backend": setup.backend, "ranks": setup.nranks,
            "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
            "timing": setup.timing.text if setup.timing else "", "rule": RULE_TEXT.format(gain=setup.request.min_gain),
