@@ -381,6 +381,8 @@ def test_a_verdict_without_the_log_says_so_and_guesses_nothing():
 
     lines, _ = transport_notes("nccl", ["a", "b"], {}, [0, 0], {"NCCL_IB_DISABLE": "1"}, 1.0)
     assert lines[-1] == NOT_READ and not any("inferred" in line for line in lines)
+    lines, _ = transport_notes("nccl", ["a", "b"], {}, [0, 0], {}, 1.0, "rank(s) 1: NCCL_DEBUG=WARN is set")
+    assert lines[-1] == "NCCL path: not read (rank(s) 1: NCCL_DEBUG=WARN is set)"
 
 
 def test_compare_names_a_changed_path_as_the_likely_cause(tmp_path):

@@ -51,9 +51,10 @@ def report_lines(path: Path, *, best: float | None = None, nvlink_peak: float | 
     out = [f"# NCCL path of {len(path.processes)} process(es){where}{version}{source}"]
     if path.empty:
         out.append(f"# {path.unread_text() or 'NCCL log named no connection (one rank, or no collective ran)'}")
+    elif path.connected:  # the table names the transports: the header's first line would again
+        out += pathexplain.table(path) + [f"# {line.strip()}" for line in path.lines()[1:]]
     else:
-        out += pathexplain.table(path) if path.connected else []
-        out += [f"# {line.strip()}" for line in path.lines()[0 if not path.connected else 1:]]
+        out += [f"# {line.strip()}" for line in path.lines()]
     nics = path.nics_by_rank()
     if nics and len({tuple(v) for v in nics.values()}) > 1:  # one NIC for all is in the table already
         out.append("# NICs per rank: " + "; ".join(f"{r} {','.join(v)}" for r, v in

@@ -259,7 +259,7 @@ class Preflight:
 
     def _link_peaks(self, runs: dict) -> dict:
         """{group: link peak GB/s or None}, and the transport lines of each group."""
-        from ncclbench.api.verdict import NOT_READ, transport_notes
+        from ncclbench.api.verdict import transport_notes
         from ncclbench.engine.pathread import path_notes
         from ncclbench.topology.pathview import Path
 
@@ -270,16 +270,14 @@ class Preflight:
                 hosts = [self.host[r] for r in g]
                 devices = [self.facts[r]["device"] for r in g]
                 env = self.facts[g[0]]["env"]
-                self.transport[g], peaks[g] = transport_notes(self.backends[dim], hosts, self.topo, devices, env, best)
                 here = self.topo.get(hosts[0]) or {}
                 facts = {"ib_devices": sorted({n["name"] for n in here.get("nics", []) if n.get("name")})}
                 read = path_notes(self.paths.get(g), here.get("nvlink_peak"), best, facts, env)
-                if read is not None:  # what NCCL's log named replaces what the topology suggests
-                    self.transport[g], peaks[g] = read
-                elif self.transport[g] and self.transport[g][-1] == NOT_READ:
+                if read is None:  # what NCCL's log did not give: the topology and the settings
                     why = Path.from_dict(self.paths.get(g))
-                    if why is not None and why.unread_text():
-                        self.transport[g][-1] = f"NCCL path: not read ({why.unread_text()})"
+                    read = transport_notes(self.backends[dim], hosts, self.topo, devices, env, best,
+                                           why.unread_text() if why is not None else None)
+                self.transport[g], peaks[g] = read
         return peaks
 
     # ---- localisation and the report ----

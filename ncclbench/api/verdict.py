@@ -465,10 +465,10 @@ def nic_rate_gbps(rate: str | None) -> float | None:
 
 
 def transport_notes(backend: str, hosts: list[str], topo: dict, devices: list, env: dict,
-                    best: float | None) -> tuple[list[str], float | None]:
-    """(lines on the links and settings the group's traffic met, ending with NOT_READ where
-    NCCL's own log of the path could not be read; the link peak in GB/s a % floor is taken
-    of, or None). `topo`: {host: {"codes": GPU x GPU link codes in CUDA
+                    best: float | None, unread: str | None = None) -> tuple[list[str], float | None]:
+    """(lines on the links and settings the group's traffic met, for a group whose path NCCL's
+    own log did not give, ending with why: NOT_READ, or `unread`, the ranks' reasons; the
+    link peak in GB/s a % floor is taken of, or None). `topo`: {host: {"codes": GPU x GPU link codes in CUDA
     order, "nvlink_peak": GB/s, "nics": [{"name", "layer", "state", "rate_gbps"}]}}."""
     if backend == "gloo":
         return ["gloo: TCP through the hosts' network stack, not NCCL (no link peak)"], None
@@ -476,7 +476,7 @@ def transport_notes(backend: str, hosts: list[str], topo: dict, devices: list, e
         notes, peak = _one_host_notes(topo.get(hosts[0]) or {}, devices, env, best)
     else:
         notes, peak = _many_host_notes(hosts, topo, env, best)
-    return notes + [NOT_READ], peak
+    return notes + [f"NCCL path: not read ({unread})" if unread else NOT_READ], peak
 
 
 def _disabled(env: dict, name: str) -> bool:

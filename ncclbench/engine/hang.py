@@ -136,6 +136,17 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
     return Verdict(what, culprits, waiting, tuple(sorted(witnesses)), late)
 
 
+def _poll(done, wait_s: float, every: float) -> None:
+    """Ask `done()` every `every` s until it holds or `wait_s` has passed; a store that went
+    away (an exception) ends the wait: there is nothing left to wait for."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while not done() and time.monotonic() < deadline:
+            time.sleep(every)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _stopped(states: dict, r: int) -> bool:
     """Rank `r` was seen unable to answer: stopped, stuck in the kernel, or gone."""
     return r in states and (states[r] is None or states[r] in procs.FROZEN or states[r] in ("Z", "X"))
@@ -330,21 +341,11 @@ class Census:
 
     def wait_answers(self, ranks, wait_s: float) -> None:
         """Wait (at most `wait_s`) until each of `ranks` has posted its witness."""
-        try:
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and not self.store.check([self._key(r) for r in ranks]):
-                time.sleep(0.1)
-        except Exception:  # noqa: BLE001 - the store went away: nothing to wait for
-            pass
+        _poll(lambda: self.store.check([self._key(r) for r in ranks]), wait_s, 0.1)
 
     def wait_heard(self, answered: int, wait_s: float = 2.0) -> None:
         """Wait (at most `wait_s`) until `answered` other ranks said they have the verdict."""
-        try:
-            deadline = time.monotonic() + wait_s
-            while self.store.add(self._key("heard"), 0) < answered and time.monotonic() < deadline:
-                time.sleep(0.05)
-        except Exception:  # noqa: BLE001
-            pass
+        _poll(lambda: self.store.add(self._key("heard"), 0) >= answered, wait_s, 0.05)
 
     def heard(self) -> None:
         try:

@@ -350,6 +350,14 @@ _HANDLERS = [  # most frequent first
 ]
 
 
+def whole(text: str) -> str:
+    """`text` without its last line where that is an NCCL line NCCL had not finished writing
+    (no newline after it yet: a log copied, or read, while NCCL wrote it; what is left of such
+    a line would read as another transport)."""
+    last = text.rsplit("\n", 1)[-1]
+    return text if not last or not _PREFIX.search(last) else text[:len(text) - len(last)]
+
+
 def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     """Every process whose NCCL lines `text` holds, in order of first appearance. Lines with
     NCCL's `host:pid:tid [dev]` prefix go to their process; lines without one (a pasted
@@ -359,19 +367,7 @@ def parse_text(text: str, source: str = "<text>", marks=()) -> list[ProcessLog]:
     process's NCCL lines after which another operation began (ProcessLog.mark); a dict maps
     each to the size of that operation's communicator."""
     lines = text.splitlines()
-    return parse_lines(lines, source, marks, prefixed=any(_PREFIX.search(line) for line in lines))
-
-
-def whole(text: str) -> str:
-    """`text` without its last line where that is an NCCL line NCCL had not finished writing
-    (no newline after it yet): a log read while NCCL writes it."""
-    last = text.rsplit("\n", 1)[-1]
-    return text if not last or not _PREFIX.search(last) else text[:len(text) - len(last)]
-
-
-def parse_lines(lines, source: str = "<text>", marks=(), prefixed: bool = False) -> list[ProcessLog]:
-    """parse_text over an iterable of lines (a file read line by line); `prefixed`: whether
-    the text has lines with NCCL's prefix."""
+    prefixed = any(_PREFIX.search(line) for line in lines)
     found: dict = {}
     marks = dict(marks) if isinstance(marks, dict) else dict.fromkeys(marks)
     for line in lines:
@@ -409,19 +405,6 @@ def log_files(paths) -> list[_FsPath]:
     return out
 
 
-def _whole_lines(f):
-    """A file's lines, without the last one where the file ends mid-line in an NCCL line (a log
-    copied or cut while NCCL was writing it: what is left of that line would read as another
-    transport)."""
-    last = None
-    for line in f:
-        if last is not None:
-            yield last
-        last = line
-    if last is not None and (last.endswith("\n") or not _PREFIX.search(last)):
-        yield last
-
-
 def read_logs(paths) -> list[ProcessLog]:
     """Every process in the files and folders `paths` name; OSError for one that cannot be read
     or is not a regular file (a device or a pipe would never end)."""
@@ -430,9 +413,7 @@ def read_logs(paths) -> list[ProcessLog]:
         if not path.is_file():
             raise OSError(0, "not a regular file", str(path))
         with open(path, errors="replace") as f:
-            prefixed = any(_PREFIX.search(line) for line in f)
-            f.seek(0)
-            processes += parse_lines((line.rstrip("\r\n") for line in _whole_lines(f)), str(path), prefixed=prefixed)
+            processes += parse_text(whole(f.read()), str(path))
     return processes
 
 
