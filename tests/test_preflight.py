@@ -600,6 +600,52 @@ def _slow_nics(paths, instances, host, best_cells):
     return slow, bad
 
 
+def test_pairs_across_hosts_over_sockets_are_judged_at_the_socket_band():
+    """4 one-GPU hosts over NCCL's NET/Socket (measured on 4 H100 as simulated hosts): a healthy
+    rank 28% below at its best pair in all 3 sweeps drained its host at the 20% band; over
+    sockets the pairs across hosts are judged at SOCKET_BAND, so it passes, while a NIC at a
+    fifth of its rate (84% below) and a slow link are still named. Pairs on one host, a log
+    without the Socket transport, and a band the caller chose keep the run's bands."""
+    from types import SimpleNamespace
+
+    from ncclbench.api.preflight import Preflight
+    from ncclbench.api.preflight_inputs import SOCKET_BAND
+    from ncclbench.api.verdict import judge_group_pairs, judge_pairs
+
+    world = (0, 1, 2, 3)
+    host = {r: f"simnode{r}" for r in world}
+    across = (False, "net", None)
+    kind = lambda a, b: across  # noqa: E731 - every pair crosses hosts
+    socket = {world: _two_hosts_path({"simnode0": 1.25, "simnode1": 1.25})}
+    setup = dict(band=0.2, link_band=0.2, socket_band=SOCKET_BAND)
+    pf = SimpleNamespace(paths=socket, setup=setup)
+    bands = lambda k: Preflight.kind_bands(pf, k)  # noqa: E731
+    assert bands(across) == (SOCKET_BAND, SOCKET_BAND) and bands((True, "NV18", False)) is None
+    assert Preflight.kind_bands(SimpleNamespace(paths={world: None}, setup=setup), across) is None
+    chosen = dict(setup, socket_band=0.2)  # --band 20%: what the user asked for
+    assert Preflight.kind_bands(SimpleNamespace(paths=socket, setup=chosen), across) == (0.2, 0.2)
+
+    slow3 = {(0, 3): 1.32, (1, 3): 1.36, (2, 3): 1.38}  # the healthy run's rank 3: 28% below 1.93
+    healthy = _sweep(_four_pairs(1.93), {(0, 2): 1.95, (1, 2): 1.90, **slow3})
+    assert list(judge_group_pairs([healthy] * 3, [world], kind, 0.2)[0]) == [3]  # the false alarm
+    assert judge_group_pairs([healthy] * 3, [world], kind, 0.2, kind_bands=bands) == ({}, {})
+    nic = _sweep(_four_pairs(1.93), {(0, 2): 0.30, (1, 2): 0.31, (2, 3): 0.29})
+    assert list(judge_group_pairs([nic] * 3, [world], kind, 0.2, kind_bands=bands)[0]) == [2]
+    link = _sweep(_four_pairs(1.93), {(1, 3): 0.40})
+    assert list(judge_group_pairs([link] * 3, [world], kind, 0.2, kind_bands=bands)[1]) == [(1, 3)]
+    # a suspect with known-good partners, over sockets: 28% below passes, 84% below is bad
+    pairs = {(0, 3): 1.39, (1, 2): 1.93}
+    assert list(judge_pairs([pairs] * 2, [3], host, 0.2, kind)[0]) == [3]  # at the 20% band
+    assert judge_pairs([pairs] * 2, [3], host, 0.2, kind, bands) == ({}, {3})
+    assert list(judge_pairs([{(0, 3): 0.3, (1, 2): 1.93}] * 2, [3], host, 0.2, kind, bands)[0]) == [3]
+    # the report says which bar the pairs across hosts met
+    from ncclbench.api.verdict import PreflightReport
+
+    plan = {"band": 0.2, "socket_band": SOCKET_BAND, "summary": ""}
+    line = next(t for t in PreflightReport(True, margins={"ranks in world": 0.28}, plan=plan).lines() if "Worst" in t)
+    assert line.endswith("(slow beyond 20%; pairs across hosts over TCP sockets beyond 50%)")
+
+
 def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pair_can():
     """Two hosts: every pair crosses the slow NIC alike, so no measurement sets a host apart;
     the rate read on each host does, when the traffic between them ran below the faster one."""

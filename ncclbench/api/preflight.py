@@ -313,7 +313,8 @@ class Preflight:
         summary = "; ".join(f"{d}: {p['sizes']} B x {p['iters']} iters" for d, p in plans.items())
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
-                       "band": self.setup["band"], "link_band": self.setup["link_band"], "summary": summary}
+                       "band": self.setup["band"], "link_band": self.setup["link_band"],
+                       "socket_band": (self.kind_bands((False,)) or (None,))[0], "summary": summary}
         return report
 
     def _slow_nics(self, runs: dict, slow: dict, bad: dict) -> None:
@@ -351,7 +352,18 @@ class Preflight:
         if not rounds:
             return {}, set()
         repeats = [self._pairs(rounds, self.pair_bytes(), PAIR_SHARE * self.setup["budget"] / 2) for _ in range(2)]
-        return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind)
+        return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind, self.kind_bands)
+
+    def kind_bands(self, kind: tuple) -> tuple[float, float] | None:
+        """(band, link band) for pairs across hosts where NCCL's log named its NET/Socket
+        transport (preflight_inputs.SOCKET_BAND); None (the run's bands) for every other kind."""
+        from ncclbench.topology.pathview import Path
+
+        same_host = kind[0]
+        if same_host or not any((Path.from_dict(d) or Path([])).network == "Socket" for d in self.paths.values()):
+            return None
+        wide = self.setup.get("socket_band", self.setup["band"])
+        return max(self.setup["band"], wide), max(self.setup.get("link_band", self.setup["band"]), wide)
 
     def _pairs(self, rounds: list, nbytes: int, share_s: float) -> dict:
         """One pass of the rounds with the engine of `ncclbench pairs` on the default group,

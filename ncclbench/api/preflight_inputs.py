@@ -21,6 +21,12 @@ PREFLIGHT_COLLECTIVES = (ALL_REDUCE.name, ALL_GATHER.name, REDUCE_SCATTER.name)
 # pairs fell up to 91% below at their best, so gloo links are judged at LINK_BAND.
 DEFAULT_BAND = {"nccl": 0.2, "gloo": 0.6}
 LINK_BAND = {"nccl": 0.2, "gloo": 0.95}
+# NCCL between hosts over TCP sockets (its NET/Socket transport): a pair's rate follows both
+# hosts' proxy threads and TCP stacks. On 4 one-GPU hosts on one 4 x H100 machine (veth
+# links), 1 of 10 healthy runs had a rank 28% below at its best pair in all 3 sweeps (the
+# others 0-10%); a NIC capped to a fifth of its rate fell 84-87%. Pairs across hosts over
+# sockets are judged at SOCKET_BAND (ranks and links alike) when the band is "auto".
+SOCKET_BAND = 0.5
 
 
 def link_band(value, band: float, backends=("nccl",)) -> float:
@@ -111,7 +117,9 @@ def check_inputs(a: dict, dist) -> dict:
     backends = {name: group_backend_name(dist, g) for name, g in dims}
     band = parse_band(a["band"], sorted(set(backends.values())))
     links = link_band(a["band"], band, sorted(set(backends.values())))
+    auto = a["band"] is None or str(a["band"]).strip().lower() == "auto"
     return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band, link_band=links,
+                socket_band=max(band, SOCKET_BAND) if auto else band,
                 collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
 

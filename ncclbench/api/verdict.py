@@ -266,23 +266,26 @@ def pair_busbw(times: list[dict], nbytes: int) -> dict:
     return out
 
 
-def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: float, kind=None) -> tuple[dict, set]:
+def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: float, kind=None,
+                kind_bands=None) -> tuple[dict, set]:
     """({suspect: evidence line} slow with a known-good partner in every repeat, {suspects
     fine with one in every repeat}). Pairs are compared within their kind (`kind(a, b)`;
-    default: same host or across hosts); a kind with fewer than two pairs decides nothing."""
+    default: same host or across hosts); a kind with fewer than two pairs decides nothing.
+    `kind_bands(kind)`: (band, link band) for that kind, or None for `band`."""
     slow_in: dict = {s: [] for s in suspects}
     fine_in: dict = {s: 0 for s in suspects}
     for busbw in repeats:
         kinds: dict = {}
         for (a, b), v in busbw.items():
             kinds.setdefault(kind(a, b) if kind else host[a] == host[b], {})[(a, b)] = v
-        for values in kinds.values():
+        for k, values in kinds.items():
+            bar = (kind_bands(k) or (band,))[0] if kind_bands else band
             # the reference: pairs of known-good ranks where the round has any (a suspect's
             # pairs must not set the bar they are judged by), else the better half of all
             known = [v for (a, b), v in values.items() if a not in slow_in and b not in slow_in]
             ref = statistics.median(known) if known else (reference(list(values.values()))[0]
                                                           if len(values) >= 2 else None)
-            flagged = {p: 1.0 - v / ref for p, v in values.items() if ref and v < ref * (1.0 - band)}
+            flagged = {p: 1.0 - v / ref for p, v in values.items() if ref and v < ref * (1.0 - bar)}
             for (a, b), v in values.items():
                 if ref is None:
                     continue
@@ -327,7 +330,8 @@ def best_of(repeats: list[dict]) -> dict:
 
 
 def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, band: float,
-                      margins: dict | None = None, link_band: float | None = None) -> tuple[dict, dict]:
+                      margins: dict | None = None, link_band: float | None = None,
+                      kind_bands=None) -> tuple[dict, dict]:
     """({rank: evidence} slow ranks, {(a, b): evidence} slow links) inside each group, from
     pair sweeps ({(a, b): GB/s}) judged at their best: each pair by its best sweep, each
     rank by its best pair. Pairs are compared only with the group's pairs of the same
@@ -340,7 +344,8 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
     explains it (`link_band`, default `band`: one pair is noisier than a rank's best of
     several). `margins` (optional) gets {"ranks": {rank: fraction below}, "pairs": {pair:
     fraction below}, "judged": {pairs in a kind large enough}} for everything judged: how close
-    each came to being flagged (the pairs of a slow rank are not in "pairs")."""
+    each came to being flagged (the pairs of a slow rank are not in "pairs"). `kind_bands(kind)`:
+    (band, link band) for the pairs of that kind, or None for `band` and `link_band`."""
     best = best_of(repeats)
     bad: dict = {}
     links: dict = {}
@@ -350,9 +355,10 @@ def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, 
         for (a, b), v in best.items():
             if a in g and b in g:
                 kinds.setdefault(kind(a, b), {})[(a, b)] = v
-        for values in (v for v in kinds.values() if len(v) >= 3):
+        for k, values in ((k, v) for k, v in kinds.items() if len(v) >= 3):
             below["judged"] |= set(values)
-            _judge_kind(values, (band, band if link_band is None else link_band), bad, links, below)
+            bands = (kind_bands(k) if kind_bands else None) or (band, band if link_band is None else link_band)
+            _judge_kind(values, bands, bad, links, below)
     if margins is not None:
         margins.update(below)
     bad = {r: f"{line}, at best over {len(repeats)} sweep(s)" for r, line in bad.items()}
@@ -441,7 +447,10 @@ class PreflightReport:
             out.extend(f"#     {t}" for t in g.get("transport", []))
         if self.margins:
             worst = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.margins.items())
-            out.append(f"# Worst fall below the reference: {worst} (slow beyond {100 * self.plan.get('band', 0):.0f}%)")
+            sockets = self.plan.get("socket_band")
+            wide = (f"; pairs across hosts over TCP sockets beyond {100 * sockets:.0f}%"
+                    if sockets and sockets != self.plan.get("band") else "")
+            out.append(f"# Worst fall below the reference: {worst} (slow beyond {100 * self.plan.get('band', 0):.0f}%{wide})")
         out.extend(f"# Note: {n}" for n in self.notes)
         for h in self.hosts:
             if h["verdict"] != "ok":

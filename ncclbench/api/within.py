@@ -119,7 +119,7 @@ def judge_inside_pairs(pf, nbytes: int, share_s: float) -> tuple[dict, dict]:
             repeats.append(pf._pairs(rounds, nbytes, share_s / MAX_SWEEPS / len(swept)))
             below: dict = {}
             found, slow_links = judge_group_pairs(repeats, groups, pf.pair_kind, pf.setup["band"], below,
-                                                  pf.setup.get("link_band"))
+                                                  pf.setup.get("link_band"), pf.kind_bands)
         for what in ("ranks", "pairs"):
             pf.margins[f"{what} in {dim}"] = round(max(below.get(what, {}).values(), default=0.0), 4)
         pf.notes += unjudged_notes(dim, [p for p in repeats[0] if p not in below.get("judged", ())], pf.pair_kind)

@@ -47,7 +47,7 @@ def run_preflight_rank(o: dict, info) -> int:
 @click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds the measurement should take (a failure costs about this much more).")
 @click.option("--band", default="auto", show_default=True,
-              help="How far below its peers a group, rank or pair may fall (auto: 20% on NCCL; on gloo 60%, 95% for one pair).")
+              help="How far below its peers a group, rank or pair may fall (auto: 20% on NCCL, 50% for pairs across hosts over TCP sockets; on gloo 60%, 95% for one pair).")
 @click.option("--collectives", default=",".join(PREFLIGHT_COLLECTIVES), show_default=True)
 @click.option("--json", "json_path", default=None, help="Write the report (hosts to drain, evidence) to this file.")
 @click.option("-T", "--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
