@@ -636,7 +636,8 @@ def test_pairs_across_hosts_over_sockets_are_judged_at_the_socket_band():
     # a suspect with known-good partners, over sockets: 28% below passes, 84% below is bad
     pairs = {(0, 3): 1.39, (1, 2): 1.93}
     assert list(judge_pairs([pairs] * 2, [3], host, 0.2, kind)[0]) == [3]  # at the 20% band
-    assert judge_pairs([pairs] * 2, [3], host, 0.2, kind, bands) == ({}, {3})
+    assert judge_pairs([pairs] * 2, [3], host, 0.2, kind, bands) == ({}, set())  # not cleared either
+    assert judge_pairs([{(0, 3): 1.80, (1, 2): 1.93}] * 2, [3], host, 0.2, kind, bands) == ({}, {3})
     assert list(judge_pairs([{(0, 3): 0.3, (1, 2): 1.93}] * 2, [3], host, 0.2, kind, bands)[0]) == [3]
     # the report says which bar the pairs across hosts met
     from ncclbench.api.verdict import PreflightReport
@@ -644,6 +645,69 @@ def test_pairs_across_hosts_over_sockets_are_judged_at_the_socket_band():
     plan = {"band": 0.2, "socket_band": SOCKET_BAND, "summary": ""}
     line = next(t for t in PreflightReport(True, margins={"ranks in world": 0.28}, plan=plan).lines() if "Worst" in t)
     assert line.endswith("(slow beyond 20%; pairs across hosts over TCP sockets beyond 50%)")
+
+
+def _socket_run(sweeps, host, paths=None, band=0.2, link_band=0.2, socket_band=0.5):
+    """A stand-in Preflight over 4 simulated one-GPU hosts on NCCL's Socket network whose
+    pair passes return `sweeps` in turn."""
+    from types import SimpleNamespace
+
+    from ncclbench.api.preflight import Preflight
+    from ncclbench.api.preflight_verdict import pair_kind
+
+    world = tuple(sorted(host))
+    facts = [{"device": 0}] * len(host)
+    pf = SimpleNamespace(instances={"world": [world]}, host=host, margins={}, notes=[],
+                         setup=dict(band=band, link_band=link_band, socket_band=socket_band, budget=10.0),
+                         paths={world: _two_hosts_path({"simnode0": 1.25, "simnode1": 1.25})} if paths is None else paths,
+                         pair_kind=lambda a, b: pair_kind(host, {}, facts, a, b))
+    passes = iter(sweeps)
+    pf._pairs = lambda rounds, nbytes, share: next(passes)
+    pf.kind_bands = lambda k: Preflight.kind_bands(pf, k)
+    pf.pair_bytes = lambda: 1 << 20
+    return pf
+
+
+def test_the_socket_band_reaches_the_sweeps_and_localisation_and_only_pairs_that_cross_hosts_over_sockets():
+    from test_ncclpath import path_of
+
+    from ncclbench.api import within
+    from ncclbench.api.preflight import Preflight
+
+    host = {r: f"simnode{r}" for r in range(4)}
+    world = (0, 1, 2, 3)
+    healthy = _sweep(_four_pairs(1.93), {(0, 3): 1.32, (1, 3): 1.36, (2, 3): 1.38})  # rank 3 28% below
+    assert within.judge_inside_pairs(_socket_run([healthy] * 3, host), 1 << 20, 1.0) == ({}, {})
+    bad, _ = within.judge_inside_pairs(_socket_run([healthy] * 3, host, socket_band=0.2), 1 << 20, 1.0)
+    assert list(bad) == [3]  # an explicit 20% band
+    slow = {(0, 3): 0.3, (1, 2): 1.93}
+    bad, fine = Preflight._localise(_socket_run([slow] * 2, host), [3], {("world", world): ["slow"]})
+    assert list(bad) == [3] and fine == set()
+    ok = {(0, 3): 1.85, (1, 2): 1.93}
+    assert Preflight._localise(_socket_run([ok] * 2, host), [3], {("world", world): ["slow"]}) == ({}, {3})
+    mid = {(0, 3): 1.39, (1, 2): 1.93}  # 28% below: not slow over sockets, not cleared either
+    assert Preflight._localise(_socket_run([mid] * 2, host), [3], {("world", world): ["slow"]}) == ({}, set())
+    # no path read, a path on one host (NCCL says Socket there too), InfiniBand beside it
+    across = (False, "net", None)
+    one_host = path_of("one-host-p2p").to_dict()
+    ib = path_of("two-hosts-ib").to_dict()
+    for paths in ({world: None}, {world: one_host}, {world: ib, (0, 1): one_host}):
+        assert Preflight.kind_bands(_socket_run([], host, paths), across) is None, paths.keys()
+    sockets = {world: _two_hosts_path({"simnode0": 1.25, "simnode1": 1.25}), (0, 1): one_host}
+    assert Preflight.kind_bands(_socket_run([], host, sockets), across) == (0.5, 0.5)
+    # gloo's bands are never lowered
+    assert Preflight.kind_bands(_socket_run([], host, band=0.6, link_band=0.95, socket_band=0.6), across) == (0.6, 0.95)
+
+
+def test_only_band_auto_takes_the_socket_band(monkeypatch):
+    import ncclbench.backends.torch_dist as td
+    from ncclbench.api.preflight_inputs import SOCKET_BAND, check_inputs
+
+    monkeypatch.setattr(td, "group_backend_name", lambda dist, g: "nccl")
+    base = dict(budget_s=10, timeout=None, datatype="float", collectives=["all_reduce"], floor=None,
+                tolerance="10%", groups=None)
+    for band, want in (("auto", SOCKET_BAND), (None, SOCKET_BAND), ("30%", 0.3), (0.2, 0.2)):
+        assert check_inputs(dict(base, band=band), None)["socket_band"] == want, band
 
 
 def test_a_host_whose_nic_runs_at_a_fraction_of_the_others_is_named_where_no_pair_can():

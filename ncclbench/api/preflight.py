@@ -355,12 +355,16 @@ class Preflight:
         return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind, self.kind_bands)
 
     def kind_bands(self, kind: tuple) -> tuple[float, float] | None:
-        """(band, link band) for pairs across hosts where NCCL's log named its NET/Socket
-        transport (preflight_inputs.SOCKET_BAND); None (the run's bands) for every other kind."""
+        """(band, link band) for pairs across hosts where every path NCCL's log showed crossing
+        hosts ran over its Socket network (preflight_inputs.SOCKET_BAND); None (the run's
+        bands) for every other kind. NCCL names Socket on a host without RDMA devices too, so a
+        path counts only where it crossed hosts (NET links, or a communicator on several nodes)."""
         from ncclbench.topology.pathview import Path
 
+        crossed = [p for p in map(Path.from_dict, self.paths.values())
+                   if p is not None and (p.uses_network or any((c.get("nnodes") or 1) > 1 for c in p.comms()))]
         same_host = kind[0]
-        if same_host or not any((Path.from_dict(d) or Path([])).network == "Socket" for d in self.paths.values()):
+        if same_host or not crossed or any(p.network != "Socket" for p in crossed):
             return None
         wide = self.setup.get("socket_band", self.setup["band"])
         return max(self.setup["band"], wide), max(self.setup.get("link_band", self.setup["band"]), wide)

@@ -271,7 +271,9 @@ def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: floa
     """({suspect: evidence line} slow with a known-good partner in every repeat, {suspects
     fine with one in every repeat}). Pairs are compared within their kind (`kind(a, b)`;
     default: same host or across hosts); a kind with fewer than two pairs decides nothing.
-    `kind_bands(kind)`: (band, link band) for that kind, or None for `band`."""
+    `kind_bands(kind)`: (band, link band) for that kind, or None for `band`. A suspect is
+    cleared only by pairs within `band` itself: one between `band` and a wider kind band is
+    neither slow nor fine (not localised), never cleared to blame a link instead."""
     slow_in: dict = {s: [] for s in suspects}
     fine_in: dict = {s: 0 for s in suspects}
     for busbw in repeats:
@@ -279,7 +281,7 @@ def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: floa
         for (a, b), v in busbw.items():
             kinds.setdefault(kind(a, b) if kind else host[a] == host[b], {})[(a, b)] = v
         for k, values in kinds.items():
-            bar = (kind_bands(k) or (band,))[0] if kind_bands else band
+            bar = (kind_bands(k) or (band,))[0] if kind_bands and kind else band
             # the reference: pairs of known-good ranks where the round has any (a suspect's
             # pairs must not set the bar they are judged by), else the better half of all
             known = [v for (a, b), v in values.items() if a not in slow_in and b not in slow_in]
@@ -294,7 +296,7 @@ def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: floa
                         partner = b if s == a else a
                         slow_in[s].append(f"with rank {partner} ({host[partner]}): {v:.3g} GB/s, "
                                           f"{100 * flagged[(a, b)]:.0f}% below the reference {ref:.3g} GB/s")
-                    elif s in fine_in:
+                    elif s in fine_in and v >= ref * (1.0 - band):
                         fine_in[s] += 1
     n = len(repeats)
     bad = {s: lines[0] + (" (each time)" if n > 1 else "") for s, lines in slow_in.items() if len(lines) >= n and n}
