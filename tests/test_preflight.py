@@ -548,10 +548,11 @@ def _preflight_on_hosts(tmp_path, slow_rate=None):
         argv = cli_command() + ["preflight", "--backend", "gloo", "-T", "30", "--budget", str(BUDGET_S),
                                 "--json", str(out)]
         procs = [fleet.start(i, argv, 1, port=29561) for i in range(fleet.n)]
-        stdout, _ = procs[0].communicate(timeout=400)
+        stdout, stderr = procs[0].communicate(timeout=400)
         for p in procs[1:]:
             p.wait(timeout=120)
         wall = time.monotonic() - start
+    assert out.exists(), f"exit {procs[0].returncode}, no report:\n{stdout[-3000:]}\n{(stderr or '')[-3000:]}"
     return procs[0].returncode, stdout, json.loads(out.read_text()), wall
 
 

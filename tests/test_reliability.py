@@ -259,6 +259,22 @@ def test_an_interrupt_is_raised_once_and_its_repeats_noted(first, stops_with, si
     assert signals._held_signals == list(STOP_SIGNALS)
 
 
+def test_a_stop_signal_while_another_thread_writes_a_timeout_verdict_is_noted_not_raised(signal_state, monkeypatch):
+    """Rank 0 printed its -T verdict and waits on the watchdog's thread for the late ranks;
+    one of them leaves with 4 and torchrun's agent sends rank 0 SIGTERM. Raised in the main
+    thread it turned rank 0's exit into 130 (seen on 2 loaded cores); noted, the watchdog's
+    thread ends the rank with 4."""
+    from ncclbench.errors import ExitCode
+    from ncclbench.launch import stop as rank_stop
+
+    monkeypatch.setattr(rank_stop, "decided", lambda: int(ExitCode.TIMEOUT))
+    signals = signal_state
+    signals.stop_on_termination_signals()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # no KeyboardInterrupt here
+    assert signals._held_signals == [signal.SIGTERM]
+
+
 @pytest.mark.parametrize("fault,message", [("terms", "terminated by SIGTERM"), ("ints", "interrupted by the user (Ctrl-C)")])
 def test_a_burst_of_interrupts_still_ends_in_one_summary(fault, message, tmp_path):
     """50 SIGTERMs or SIGINTs in quick succession (what a rank sees when its -g launcher is

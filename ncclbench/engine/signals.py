@@ -52,7 +52,13 @@ def stop_on_termination_signals() -> None:
         # SIGKILL sends its ranks the parent-death SIGTERM once per launcher thread that exits
         # (seen on an H200), and on Ctrl-C a rank gets SIGINT from the terminal and again from
         # torchrun's agent, which forwards it to the ranks it shuts down.
+        # A -T verdict being written on the watchdog's thread (its code decided) ends the
+        # process itself: a launcher's SIGTERM then (torchrun's agent, once another rank
+        # left with that verdict) is noted, not raised, so the rank still ends 4, not 130.
         hold_termination_signals()
+        if rank_stop.decided() is not None:
+            _held_signals.append(signum)
+            return
         raise _interrupt_for(signum)
 
     _on_termination_signals(stop)

@@ -322,6 +322,12 @@ def outcome_code(code: int) -> None:
         _current._code = int(code)
 
 
+def decided() -> int | None:
+    """The exit code a thread writing the run's outcome decided on (a -T verdict on the
+    watchdog's thread), or None."""
+    return _current._code if _current is not None else None
+
+
 def stopping() -> bool:
     """Whether this rank's stop thread has taken over (a peer died, or a stop signal found
     the main thread stuck)."""
