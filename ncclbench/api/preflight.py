@@ -27,7 +27,8 @@ from functools import partial
 from ncclbench.api.measure import ranks_text
 from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
 from ncclbench.api.preflight_report import explain, group_records, host_verdicts, timed_out_report
-from ncclbench.api.preflight_verdict import best_cells, group_name, mesh_culprit, pair_kind, slow_groups
+from ncclbench.api.preflight_verdict import (best_cells, group_name, mesh_culprit, pair_kind, slow_groups,
+                                               sockets_between_hosts)
 from ncclbench.engine.collectives import ALL_REDUCE
 from ncclbench.errors import PlanError, TimeoutExpired
 
@@ -314,7 +315,8 @@ class Preflight:
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
                        "band": self.setup["band"], "link_band": self.setup["link_band"],
-                       "socket_band": (self.kind_bands((False,)) or (None,))[0], "summary": summary}
+                       "socket_band": self.setup["socket_band"] if sockets_between_hosts(self.paths) else None,
+                       "summary": summary}
         return report
 
     def _slow_nics(self, runs: dict, slow: dict, bad: dict) -> None:
@@ -355,19 +357,14 @@ class Preflight:
         return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind, self.kind_bands)
 
     def kind_bands(self, kind: tuple) -> tuple[float, float] | None:
-        """(band, link band) for pairs across hosts where every path NCCL's log showed crossing
-        hosts ran over its Socket network (preflight_inputs.SOCKET_BAND); None (the run's
-        bands) for every other kind. NCCL names Socket on a host without RDMA devices too, so a
-        path counts only where it crossed hosts (NET links, or a communicator on several nodes)."""
-        from ncclbench.topology.pathview import Path
-
-        crossed = [p for p in map(Path.from_dict, self.paths.values())
-                   if p is not None and (p.uses_network or any((c.get("nnodes") or 1) > 1 for c in p.comms()))]
+        """(band, link band) for pairs across hosts where NCCL ran between hosts over its
+        Socket network (preflight_inputs.SOCKET_BAND, never below the run's bands); None (the
+        run's bands) for every other kind."""
         same_host = kind[0]
-        if same_host or not crossed or any(p.network != "Socket" for p in crossed):
+        if same_host or not sockets_between_hosts(self.paths):
             return None
-        wide = self.setup.get("socket_band", self.setup["band"])
-        return max(self.setup["band"], wide), max(self.setup.get("link_band", self.setup["band"]), wide)
+        s = self.setup
+        return s["socket_band"], max(s["link_band"], s["socket_band"])
 
     def _pairs(self, rounds: list, nbytes: int, share_s: float) -> dict:
         """One pass of the rounds with the engine of `ncclbench pairs` on the default group,

@@ -111,6 +111,16 @@ def mesh_culprit(slow: dict, bad: dict, fine: set, host: dict, instances: dict) 
 NIC_OUTLIER = 0.5  # a host whose NICs give under half the other hosts' rate
 
 
+def sockets_between_hosts(paths: dict) -> bool:
+    """Whether NCCL ran between hosts over its Socket network: every path ({group:
+    pathview.Path.to_dict}) that crossed hosts names Socket, and one did (a path within one
+    host names Socket too where the host has no RDMA devices)."""
+    from ncclbench.topology.pathview import Path
+
+    crossed = [p for p in map(Path.from_dict, paths.values()) if p is not None and p.crosses_hosts]
+    return bool(crossed) and all(p.network == "Socket" for p in crossed)
+
+
 def slow_nic_hosts(paths: dict, best: dict) -> dict:
     """{group: {host: evidence}}: in a group whose NCCL path crossed hosts, a host whose NICs
     (the ones its NET connections used, at the rate read on that host: the link's, or a tbf

@@ -21,6 +21,12 @@ def _pairs_text(pairs, limit: int = 4) -> str:
     return shown + (f", +{len(pairs) - limit} more" if len(pairs) > limit else "")
 
 
+def _crossed(comm: dict) -> bool:
+    """Whether a communicator crossed a network: several nodes, or a NET/COLLNET link."""
+    return (comm.get("nnodes") or 1) > 1 or any(str(link[2]).startswith(("NET", "COLLNET"))
+                                                 for link in comm.get("links", []))
+
+
 def _one(values: set) -> str | None:
     """The one value the processes agree on, or `a/b` where they differ; None when none said."""
     values = {str(v) for v in values if v is not None}
@@ -117,9 +123,13 @@ class Path:
         or every communicator when none did: NCCL prints PXN and GDR for a communicator
         within one host too (GDR 1 there says nothing of the network)."""
         comms = list(self.comms())
-        net = [c for c in comms if (c.get("nnodes") or 1) > 1
-               or any(str(link[2]).startswith(("NET", "COLLNET")) for link in c.get("links", []))]
-        return net or comms
+        return [c for c in comms if _crossed(c)] or comms
+
+    @property
+    def crosses_hosts(self) -> bool:
+        """Whether a communicator crossed hosts (NET/COLLNET links, or several nodes): NCCL
+        names its network (Socket on a host without RDMA devices) within one host too."""
+        return any(_crossed(c) for c in self.comms())
 
     @property
     def gdr(self) -> int | None:
