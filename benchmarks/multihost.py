@@ -13,6 +13,8 @@ output. Needs root; makes network namespaces, veths and a bridge, and removes th
         --then "tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --verify /tmp/t/nccl_tuner.conf --plugin P" \
         -- tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --repeat 3 -o /tmp/t
 
+`--cpus split` gives each host CPUs of its own (those near its GPUs, shared out evenly;
+tests/netsim.py split_cpus), as separate machines have; `--cpus 0-7 8-15` names them.
 `--gpus` gives each host's CUDA_VISIBLE_DEVICES (omit for gloo ranks: then `--per-host`).
 Host 0's first process prints to stdout/stderr here; every process's output is also written
 to `--logs DIR` (host<i>.<k>.out/.err). `--freeze I@S` stops every process of host I with
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--gpus", nargs="*", help="each host's CUDA_VISIBLE_DEVICES, e.g. 0,1 2,3")
+    parser.add_argument("--cpus", nargs="*", help="`split`, or each host's CPU list, e.g. 0-7 8-15 (default: shared)")
     parser.add_argument("--per-host", type=int, help="ranks per host (default: the host's GPU count, else 1)")
     parser.add_argument("--launcher", choices=["spawn", "torchrun", "slurm", "mpi"], default="spawn")
     parser.add_argument("--port", type=int, default=29555)
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the ncclbench command after --")
     if opts.gpus is not None and len(opts.gpus) != opts.hosts:
         parser.error(f"--gpus names {len(opts.gpus)} hosts' GPUs for {opts.hosts} hosts")
+    if opts.cpus and opts.cpus != ["split"] and len(opts.cpus) != opts.hosts:
+        parser.error(f"--cpus names {len(opts.cpus)} hosts' CPUs for {opts.hosts} hosts")
     why = netsim.why_not()
     if why:
         print(f"multihost: {why}", file=sys.stderr)
@@ -94,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         opts.nccl_log.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,SHM,NET,GRAPH,ENV",
                    NCCL_DEBUG_FILE=str(opts.nccl_log.resolve() / "nccl.%h.%p.log"))
-    with netsim.SimFleet(opts.hosts, gpus=opts.gpus) as fleet:
+    try:
+        cpus = (None if not opts.cpus else netsim.split_cpus(opts.hosts, opts.gpus) if opts.cpus == ["split"]
+                else [set(netsim.parse_cpu_list(text)) for text in opts.cpus])
+    except ValueError as exc:
+        print(f"multihost: --cpus: {exc}", file=sys.stderr)
+        return 2
+    if cpus:
+        print("multihost: CPUs " + "; ".join(f"host {i}: {_cpu_text(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
+    with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus) as fleet:
         for spec in opts.slow_nic:
             host, rate = spec.split("=")
             fleet.slow_nic(int(host), rate)
@@ -118,6 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         for line in summaries:
             print(json.dumps(line), flush=True)
     return code
+
+
+def _cpu_text(cpus: set[int]) -> str:
+    runs, out = sorted(cpus), []
+    for c in runs:
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in out)
 
 
 def _summary(command: list[str], code: int, wall_s: float) -> dict:

@@ -5,6 +5,10 @@ a shared bridge, an address in 198.18.0.0/15, and optionally its own GPUs
 crosses the bridge with its NET transport (`via NET/Socket/0`) between them and P2P within
 one.
 
+Separate machines have CPUs of their own: `cpus` (or `split_cpus`) gives each host its own
+CPU set, so one host's sockets, NCCL proxy threads and the kernel's network work for its
+sends (a veth's sender does it) never share a core with another host's.
+
 Faults: a token bucket on a host's interface (a slow NIC), an htb class with a filter on one
 destination (a slow link), a host's link down, every process of a host killed or frozen
 (SIGSTOP).
@@ -95,6 +99,55 @@ def rate_bytes(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: give NUMBER followed by bit, kbit, mbit or gbit")
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """`0-3,8,10-11` -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _gpu_cpus(index: int) -> set[int] | None:
+    """The CPUs near GPU `index` (NVML's index: the PCI order, which CUDA's default order
+    matches on machines of one GPU model), or None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            words = ((os.cpu_count() or 64) + 63) // 64
+            masks = pynvml.nvmlDeviceGetCpuAffinity(pynvml.nvmlDeviceGetHandleByIndex(index), words)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML, no GPU: the caller splits evenly
+        return None
+    return {w * 64 + b for w, mask in enumerate(masks) for b in range(64) if mask >> b & 1} or None
+
+
+def split_cpus(n: int, gpus: list[str] | None = None) -> list[set[int]]:
+    """Each of `n` hosts its own CPUs, none shared: with `gpus`, the usable CPUs near each
+    host's first GPU, shared out in even blocks among the hosts whose GPUs sit near the same
+    ones; otherwise the usable CPUs in `n` even blocks. ValueError where there are fewer
+    usable CPUs than hosts in a group."""
+    usable = sorted(os.sched_getaffinity(0))
+    near = [(_gpu_cpus(int(g.split(",")[0])) if gpus else None) for g in (gpus or [None] * n)]
+    groups: dict[tuple, list[int]] = {}
+    for i, cpus in enumerate(near):
+        key = tuple(sorted(cpus & set(usable))) if cpus and cpus & set(usable) else tuple(usable)
+        groups.setdefault(key, []).append(i)
+    out: list[set[int]] = [set() for _ in range(n)]
+    for key, hosts in groups.items():
+        if len(key) < len(hosts):
+            raise ValueError(f"{len(hosts)} hosts on {len(key)} CPU(s): a host needs one of its own")
+        per = len(key) // len(hosts)
+        for k, i in enumerate(hosts):
+            out[i] = set(key[k * per:(k + 1) * per])
+    return out
+
+
 def _ns_inode(ns_name: str) -> int | None:
     try:
         return os.stat(NETNS_DIR / ns_name).st_ino
@@ -124,7 +177,11 @@ class SimFleet:
     CUDA_VISIBLE_DEVICES values; a host with GPUs also gets its own NCCL_HOSTID and NCCL is
     told to use eth0 and no InfiniBand."""
 
-    def __init__(self, n: int, gpus: list[str] | None = None, prefix: str = "simnode"):
+    def __init__(self, n: int, gpus: list[str] | None = None, prefix: str = "simnode",
+                 cpus: list[set[int]] | None = None):
+        if cpus is not None and len(cpus) != n:
+            raise ValueError(f"cpus names {len(cpus)} hosts' CPUs for {n} hosts")
+        self.cpus = cpus
         self.tag = uuid.uuid4().hex[:5]
         self.n = n
         self.gpus = gpus
@@ -321,10 +378,16 @@ class SimFleet:
 
     def _run_env(self, i: int, argv: list[str], full_env: dict, **popen) -> subprocess.Popen:
         ns, host = self.spaces[i], self.hosts[i]
+        cpus = self.cpus[i] if self.cpus else None
+
+        def become_host():
+            enter_host(ns, host)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
         popen.setdefault("stdout", subprocess.PIPE)
         popen.setdefault("stderr", subprocess.PIPE)
         popen.setdefault("text", True)
         proc = subprocess.Popen(argv, env=full_env, start_new_session=True,
-                                preexec_fn=lambda: enter_host(ns, host), **popen)
+                                preexec_fn=become_host, **popen)
         self.procs.append(proc)
         return proc

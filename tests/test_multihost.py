@@ -76,6 +76,34 @@ def test_each_host_has_its_name_its_interface_and_its_address():
     assert "eth0" in interfaces and "nbbr" not in interfaces
 
 
+def test_hosts_get_cpus_of_their_own_when_asked():
+    """split_cpus: disjoint even blocks of the usable CPUs (no GPU here: no NVML word on
+    where they sit), all of them used while they divide evenly; refused with fewer CPUs than hosts."""
+    usable = sorted(os.sched_getaffinity(0))
+    parts = netsim.split_cpus(len(usable))
+    assert [sorted(p) for p in parts] == [[c] for c in usable]
+    assert netsim.split_cpus(1) == [set(usable)]
+    with pytest.raises(ValueError, match="needs one of its own"):
+        netsim.split_cpus(len(usable) + 1)
+    assert netsim.parse_cpu_list("0-2, 5,7-8") == [0, 1, 2, 5, 7, 8]
+    with pytest.raises(ValueError, match="cpus names 1"):
+        netsim.SimFleet(2, cpus=[{0}])
+
+
+@rig
+def test_a_hosts_processes_run_on_its_cpus_only():
+    usable = sorted(os.sched_getaffinity(0))
+    cpus = [{usable[0]}, set(usable[1:]) or {usable[0]}]
+    with netsim.SimFleet(2, cpus=cpus) as fleet:
+        outs = []
+        for i in range(2):
+            proc = fleet.run_in(i, [sys.executable, "-c", "import os;print(sorted(os.sched_getaffinity(0)))"])
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            outs.append(out.strip())
+    assert outs == [str(sorted(c)) for c in cpus]
+
+
 @rig
 def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
     with netsim.SimFleet(3) as fleet:
