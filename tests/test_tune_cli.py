@@ -64,6 +64,7 @@ def test_the_console_script_says_it_in_one_line():
     (["allreduce", "--repeat", "2", "--verify", "x.conf", "--plugin", "y.so"], ["--verify needs --repeat 3 or more"]),
     (["allreduce", "--rehearse", "--timing", "graph"], ["gloo has no CUDA graphs"]),
     (["allreduce", "--rehearse", "-G", "0"], ["-G must be at least 1"]),
+    (["allreduce", "--rehearse", "-N", "0"], ["--run_cycles"]),
     (["allreduce", "--rehearse", "--nnodes", "2"], ["needs --master-addr"]),
     (["allreduce", "--rehearse", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], ["--node-rank 2"]),
 ])
@@ -144,3 +145,15 @@ def test_a_usable_plugin_gets_as_far_as_the_gpu_check(tmp_path, capsys):
     _refused(["allreduce", "-g", "2", "--verify", str(conf), "--plugin", str(new), "-o", str(tmp_path / "o")],
              "needs NCCL on CUDA GPUs", code=5, capsys=capsys)
     assert not (tmp_path / "o").exists()  # nothing created before the last check
+
+
+def test_a_request_whose_repeats_never_end_is_refused():
+    """-N 0 means "until interrupted" to the sweep commands; a suite's tune entry may pass it
+    in its options: tune refuses it in one line rather than never finishing a repeat."""
+    from ncclbench.errors import PlanError
+    from ncclbench.tune import run
+
+    request = run.TuneRequest(["all_reduce"], {"check": 1, "run_cycles": 0}, rehearse=True)
+    with pytest.raises(PlanError, match="run_cycles must be at least 1"):
+        run.check_request(request)
+    run.check_request(run.TuneRequest(["all_reduce"], {"check": 1, "run_cycles": 3}, rehearse=True))

@@ -23,8 +23,9 @@ def _tune(args, tmp_path, env=None):
 
 def test_rehearsal_launches_every_combination_and_writes_every_file(tmp_path):
     r, out = _tune(["allreduce", "allgather", "-g", "2", "--rehearse", "--algos", "ring", "--protos", "ll,simple",
-                    "--channels", "4", *SMALL[:-1]], tmp_path)
+                    "--channels", "4", "-N", "2", *SMALL[:-1]], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "each size measured in 2 sweeps per repeat (-N), their median kept" in r.stdout
     for coll in ("all_reduce", "all_gather"):
         assert f"# ncclbench tune: {coll}" in r.stdout
     assert "rehearsal on gloo" in r.stdout and "no winner called" in r.stdout
@@ -36,6 +37,8 @@ def test_rehearsal_launches_every_combination_and_writes_every_file(tmp_path):
     raw = sorted(p.name for p in (out / "raw").glob("*.json"))
     assert len(raw) == 2 * 5 * 2  # collectives x combinations x repeats
     assert "all_reduce.ring-ll-ch4.r2.json" in raw
+    cycles = json.loads((out / "raw" / "all_reduce.ring-ll-ch4.r2.json").read_text())["results"]
+    assert [r["size"] for r in cycles] == [1024, 4096, 16384] * 2  # -N 2: the sweep twice, one repeat
     env = json.loads((out / "raw" / "all_reduce.ring-ll-ch4.r2.json").read_text())["env"]
     assert "NCCL_ALGO=Ring" in env and "NCCL_PROTO=LL" in env  # the combination's environment, as the rank had it
     default_env = json.loads((out / "raw" / "all_reduce.default.r1.json").read_text())["env"]

@@ -3,8 +3,11 @@ files, on a made-up 8-rank all_reduce: the analysis a GPU run goes through, with
 
 import csv
 import json
+import math
 import subprocess
 import sys
+
+import pytest
 
 from ncclbench.tune import launches, report, run
 from ncclbench.tune.analysis import ItemResult
@@ -209,3 +212,30 @@ def test_the_probe_names_the_path_nccl_took_without_the_forced_settings(tmp_path
     shutil.rmtree(tmp_path / "probe")
     (tmp_path / "probe").mkdir()
     assert analysis.probe_path(str(tmp_path / "probe")) is None
+
+
+def test_cycles_of_one_repeat_count_once_at_their_median(tmp_path):
+    """-N 3: a repeat's file holds each size three times; it is one repeat, at the median
+    of its cycles (not three repeats, which would widen the noise with every cycle), and a
+    wrong element in any cycle marks the size."""
+    from ncclbench.tune import analysis
+
+    rows = []
+    for bw, wrong in ((10.0, 0.0), (30.0, 0.0), (12.0, 0.0)):
+        rows.append({"size": 1024, "count": 256, "type": "float", "redop": "sum", "root": "    -1",
+                     "out_of_place": {"time": 1024 / bw / 1e3, "alg_bw": bw, "bus_bw": bw, "nwrong": wrong},
+                     "in_place": {"time": 1.0, "alg_bw": bw, "bus_bw": bw, "nwrong": 0.0}})
+    rows.append(dict(rows[0], size=4096, count=1024, in_place={"time": 1.0, "alg_bw": 1, "bus_bw": 1, "nwrong": 2.0}))
+    path = tmp_path / "r1.json"
+    path.write_text(json.dumps({"version": 3, "results": rows, "ncclbench": {"nccl": "NCCL 2.28.9"}}))
+    m = analysis.Measured()
+    analysis.read_rows(str(path), m)
+    analysis.read_rows(str(path), m)
+    assert m.busbw[1024] == [12.0, 12.0]
+    assert m.time_us[1024] == [pytest.approx(1024 / 12.0 / 1e3)] * 2
+    assert m.wrong == {1024: False, 4096: True}
+    na = dict(rows[1], out_of_place={"time": None, "alg_bw": None, "bus_bw": None, "nwrong": None})
+    path.write_text(json.dumps({"version": 3, "results": [rows[0], na], "ncclbench": {}}))
+    m = analysis.Measured()
+    analysis.read_rows(str(path), m)
+    assert math.isnan(m.busbw[1024][0])

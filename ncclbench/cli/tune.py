@@ -26,6 +26,9 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations per size.")
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=5, show_default=True,
               help="Warm-up iterations.")
+@click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sweeps per repeat: each size measured this many times, spread over the repeat, and the median "
+              "kept (where a path's speed wanders within a run, e.g. TCP sockets between hosts).")
 @click.option("-d", "--datatype", default="float", show_default=True, help="One datatype.")
 @click.option("--op", default="sum", show_default=True, help="One reduction op (-o is the output folder here).")
 @click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True,
@@ -61,7 +64,8 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--master-port", type=click.IntRange(1, 65534), default=29500, show_default=True,
               help="With --nnodes > 1: the rendezvous ports (this one and the next, alternately).")
 @click.option("--worker", default=None, hidden=True)
-def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, datatype, op,
+def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, run_cycles,
+                 datatype, op,
                  check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
                  verify_conf, plugin, no_plot, timing, graph_replays, nnodes, node_rank, master_addr, master_port,
                  worker):
@@ -80,7 +84,7 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
         collectives=collective_names(collectives), ngpus=ngpus, backend=backend, rehearse=rehearse, repeat=repeat,
         options={"minbytes": minbytes, "maxbytes": maxbytes, "stepbytes": stepbytes, "stepfactor": stepfactor,
                  "op": op, "datatype": datatype, "iters": iters, "warmup_iters": warmup_iters, "check": check,
-                 "timeout": timeout, "average": average},
+                 "timeout": timeout, "average": average, "run_cycles": run_cycles},
         channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
         min_gain=min_gain, output_dir=output_folder(output_dir), verify=verify_conf, plugin=plugin,
         plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,

@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 
 from ncclbench.dtypes import DTYPES
@@ -135,23 +136,34 @@ class Measured:
 
 
 def read_rows(path: str, into: Measured) -> None:
-    """Add one raw ncclbench JSON's rows (out-of-place busbw and time; wrong if either
-    placement had a wrong element)."""
+    """Add one raw ncclbench JSON's rows as one repeat: per size the out-of-place busbw and
+    time (the median over the file's cycles where -N ran each size more than once), wrong if
+    either placement had a wrong element in any cycle."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     nb = doc.get("ncclbench", {})
     into.nccl, into.torch, into.gpu = nb.get("nccl", ""), nb.get("torch_version", ""), nb.get("gpu", "")
+    cycles: dict[int, tuple[list[float], list[float]]] = {}
     for r in doc.get("results", []):
         size = int(r["size"])
         oop = r["out_of_place"]
         # N/A (one rank on torch's backends: no out-of-place call) stays N/A, as nan: the
         # in-place cell there times a call NCCL skips, not the out-of-place busbw asked for
         bus, time_us = oop.get("bus_bw"), oop.get("time", oop.get("cpu_time"))
-        into.busbw.setdefault(size, []).append(float("nan") if bus is None else float(bus))
-        into.time_us.setdefault(size, []).append(float("nan") if time_us is None else float(time_us))
+        bw, times = cycles.setdefault(size, ([], []))
+        bw.append(float("nan") if bus is None else float(bus))
+        times.append(float("nan") if time_us is None else float(time_us))
         wrong = any(float(r[p]["nwrong"] or 0) > 0 for p in ("out_of_place", "in_place") if r[p]["nwrong"] is not None)
         into.wrong[size] = into.wrong.get(size, False) or wrong
         into.log_bytes[size] = log_bytes(int(r["count"]), r["type"])
+    for size, (bw, times) in cycles.items():
+        into.busbw.setdefault(size, []).append(_median_or_nan(bw))
+        into.time_us.setdefault(size, []).append(_median_or_nan(times))
+
+
+def _median_or_nan(values: list[float]) -> float:
+    """The median; nan when any value is N/A (one N/A cycle leaves the repeat unknown)."""
+    return float("nan") if any(math.isnan(v) for v in values) else statistics.median(values)
 
 
 @dataclass
@@ -215,8 +227,6 @@ def config_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> tuple[l
 
 def perf_rows(outcome: CollectiveOutcome, nnodes: int, nranks: int) -> list[PerfRow]:
     """Every forced combination's median at every size it ran cleanly and as forced."""
-    import statistics
-
     rows = []
     name = COLLECTIVES[outcome.collective][0]
     for combo in outcome.combos:

@@ -56,23 +56,26 @@ class Timing:
         return dict(GRAPH_ENV) if self.mode == "graph" else {}
 
 
-def choose_timing(backend: str, requested: str, replays: int, iters: int) -> Timing:
-    """How every combination is timed; ValueError for a request that cannot be honoured."""
+def choose_timing(backend: str, requested: str, replays: int, iters: int, cycles: int = 1) -> Timing:
+    """How every combination is timed; ValueError for a request that cannot be honoured.
+    `cycles` > 1 (-N): each size is measured in that many sweeps per repeat and their median
+    kept (read_rows), which the header says."""
     if requested not in TIMINGS:
         raise ValueError(f"--timing {requested!r}: choose from {', '.join(TIMINGS)}")
     if replays < 1:
         raise ValueError(f"-G must be at least 1 replay (got {replays}); --timing eager times without graphs")
+    over = (f"; each size measured in {cycles} sweeps per repeat (-N), their median kept" if cycles > 1 else "")
     if backend != "nccl":
         if requested == "graph":
             raise ValueError("--timing graph needs NCCL on GPUs: gloo has no CUDA graphs")
         return Timing("eager", 0, "eager: gloo (CPU) has no CUDA graphs, so every number includes the host's "
-                                  "cost per call")
+                                  "cost per call" + over)
     if requested == "eager":
         return Timing("eager", 0, "eager (--timing eager): below ~16 MB the host's cost per call and its jitter "
-                                  "dominate the numbers and the noise")
+                                  "dominate the numbers and the noise" + over)
     return Timing("graph", replays, f"CUDA-graph replay at every size ({replays} replays of {iters} ops, queued "
                                     f"while the GPU is held {QUEUE_AHEAD_S * 1e3:g} ms, so no host time is timed; "
-                                    "NCCL_GRAPH_REGISTER=0: unregistered buffers, as the tuner rows say)")
+                                    "NCCL_GRAPH_REGISTER=0: unregistered buffers, as the tuner rows say)" + over)
 
 
 def capture_failure(errors) -> str | None:

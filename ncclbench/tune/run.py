@@ -29,7 +29,7 @@ from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
 # options of the collective commands tune passes on (the rest keep their defaults)
 RUN_OPTIONS = ("minbytes", "maxbytes", "stepbytes", "stepfactor", "op", "datatype", "iters", "warmup_iters",
-               "check", "timeout", "average")
+               "check", "timeout", "average", "run_cycles")
 CONFLICTING_ENV = {
     "NCCL_ALGO": "tune sets NCCL_ALGO for each combination and measures NCCL's default with it unset",
     "NCCL_PROTO": "tune sets NCCL_PROTO for each combination and measures NCCL's default with it unset",
@@ -163,6 +163,9 @@ def check_request(request: TuneRequest) -> None:
         why = unsupported_collective(coll)
         if why:
             raise _fail(f"tune {coll}: {why}")
+    cycles = request.options.get("run_cycles", 1)
+    if not isinstance(cycles, int) or cycles < 1:
+        raise _fail(f"-N/--run_cycles must be at least 1 for tune (got {cycles!r}): every repeat ends")
     if not request.options.get("check"):
         raise _fail("tune always checks results (-c 1 or more): a forced protocol skips NCCL's own safety check")
     for key in ("datatype", "op"):
@@ -197,7 +200,8 @@ def prepare(request: TuneRequest, environ=None) -> Setup:
                   str(request.options.get("op", "sum")).strip().lower())
     setup = Setup(request, backend, candidate_plans(request, ctx, backend), nranks, nnodes, None, ctx.environ, notes)
     try:
-        setup.timing = choose_timing(backend, request.timing, request.graph_replays, int(request.options.get("iters", 20)))
+        setup.timing = choose_timing(backend, request.timing, request.graph_replays, int(request.options.get("iters", 20)),
+                                     int(request.options.get("run_cycles", 1)))
     except ValueError as exc:
         raise _fail(str(exc)) from None
     if setup.timing.mode == "graph" and environ.get("NCCL_GRAPH_REGISTER", "0") != "0":
