@@ -343,10 +343,6 @@ def test_a_host_whose_network_is_gone_is_named_as_not_answering(tmp_path):
     print(f"network gone: named after {to_name:.1f} s, all gone after {gone:.1f} s")
 
 # ---- on GPUs (NCCL) -----------------------------------------------------------------------------
-GPU_ARGS = ["allreduce", "-g", "4", "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",
-            "--no-save"]
-
-
 def _gpu_count() -> int:
     try:
         import torch
@@ -356,15 +352,38 @@ def _gpu_count() -> int:
         return 0
 
 
+GPUS = min(4, _gpu_count())
+GPU_ARGS = ["allreduce", "-g", str(GPUS), "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",
+            "--no-save"]
+RAS_CLAUSE = re.compile(r"; NCCL RAS \(([\d.]+), a second witness\): (.*)$")
+
+
+def _ras_names_only(line: str, victim: int) -> str:
+    """NCCL's RAS clause of a GPU verdict (engine.ras): present, and naming no rank but `victim`."""
+    found = RAS_CLAUSE.search(line)
+    assert found, line
+    named = {int(r) for r in re.findall(r"rank (\d+) = pid", found.group(2))}
+    assert named <= {victim}, line
+    return found.group(2)
+
+
 @pytest.mark.gpu
-def test_gpu_a_frozen_rank_of_four_is_named_alone(tmp_path):
-    """-g 4 on NCCL, rank 1 frozen by SIGSTOP mid-sweep: its peers wait inside NCCL's kernels;
-    rank 0 names rank 1 (state T) alone within -T + 5 s, everything gone within -T + 15 s."""
-    if _gpu_count() < 4:
-        pytest.skip("needs 4 GPUs")
+def test_gpu_a_frozen_rank_is_named_alone(tmp_path):
+    """-g 4 (or 2) on NCCL, rank 1 frozen by SIGSTOP mid-sweep: its peers wait inside NCCL's
+    kernels; rank 0 names rank 1 (state T) alone within -T + 5 s, everything gone within -T +
+    15 s. NCCL's RAS, asked meanwhile, names no other rank."""
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
     run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")])
-    to_name, to_gone = _freeze_rank_1_of_four(run, rows=6, settle_s=0.2)
-    print(f"GPU: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
+    try:
+        run.wait_rows(6)
+        time.sleep(0.2)
+        to_name, to_gone = _freeze_and_judge(run, 1, run.pids[1], GPUS)
+    finally:
+        run.kill(run.pids.values())
+    line = next(x for _, x in run.lines() if "timeout:" in x)
+    print(f"GPU: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10); "
+          f"RAS: {_ras_names_only(line, 1)}")
     assert run.proc.returncode == 4
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
     assert not wait_gone(str(tmp_path), seconds=10)
@@ -372,13 +391,15 @@ def test_gpu_a_frozen_rank_of_four_is_named_alone(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
-    """-g 4 on NCCL, a 600 s kernel queued on rank 2's stream before 16 MiB (gpu_sleep): its
-    host goes on and waits like the others; its GPU never reaches the all_reduce. Rank 2 is
-    named as such, ranks 0,1,3 as waiting for it, within -T + 5 s of the size's start."""
-    if _gpu_count() < 4:
-        pytest.skip("needs 4 GPUs")
+    """-g 4 (or 2) on NCCL, a 600 s kernel queued on the last rank's stream before 16 MiB
+    (gpu_sleep): its host goes on and waits like the others; its GPU never reaches the
+    all_reduce. That rank is named as such, the others as waiting for it, within -T + 5 s of
+    the size's start. NCCL's RAS counts what the host launched: it sees no hang."""
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    victim = GPUS - 1
     run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")],
-              env={"NCCLBENCH_FAULT": f"gpu_sleep:rank=2,size={16 << 20},seconds=600"})
+              env={"NCCLBENCH_FAULT": f"gpu_sleep:rank={victim},size={16 << 20},seconds=600"})
     try:
         run.wait_rows(4)  # 1, 2, 4, 8 MiB: the 16 MiB size starts now
         started = time.monotonic()
@@ -389,9 +410,12 @@ def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
     named = [(t, line) for t, line in lines if "timeout:" in line]
     assert run.proc.returncode == 4 and len(named) == 1, lines
     line = named[0][1]
-    assert re.search(r"timeout: all_reduce at 16777216 B \(float, sum, root -1\) did not finish within 10 s \(-T\): "
-                     r"rank 2 \(pid \d+\) on \S+: its GPU never reached it \(earlier work on its stream still runs\); "
-                     r"ranks 0,1,3 waited for rank 2 at ", line), line
+    others = ",".join(str(r) for r in range(GPUS) if r != victim)
+    waiting = f"ranks {others}" if GPUS > 2 else f"rank {others}"
+    assert re.search(rf"timeout: all_reduce at 16777216 B \(float, sum, root -1\) did not finish within 10 s \(-T\): "
+                     rf"rank {victim} \(pid \d+\) on \S+: its GPU never reached it \(earlier work on its stream still "
+                     rf"runs\); {waiting} waited for rank {victim} at ", line), line
+    assert "it sees no hang" in _ras_names_only(line, victim), line
     to_name, to_gone = named[0][0] - started, gone - started
     print(f"GPU: rank with a busy GPU named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)

@@ -176,7 +176,7 @@ class GroupCall:
         """A hang's census (engine.hang) on one of this call's progress boards."""
         from ncclbench.engine.hang import Census
 
-        return Census(board, step, what, "hang/", marker, where)
+        return Census(board, step, what, "hang/", marker, where, ras=self.engine_backend() == "nccl")
 
     def timed_out(self, what: str, census, timeout_s: float, rank: int) -> None:
         """The watchdog fired on group rank `rank` (watchdog thread): group rank 0 names the

@@ -70,6 +70,7 @@ class Verdict:
     waiting: dict = field(default_factory=dict)   # rank -> where it waited (None: unknown)
     answered: tuple = ()                          # the ranks that posted a witness
     late: tuple = ()  # ranks at the step, not seen stopped, that had not answered (yet)
+    second: str | None = None  # NCCL RAS's view (engine.ras), where asked
 
     def ranks(self) -> list[int]:
         return [r for r, _, _ in self.culprits]
@@ -89,6 +90,8 @@ class Verdict:
             parts.append(f"{who} {verb}{at}" if k == 0 else f"{who}{at}")
         if not self.culprits:
             parts.insert(0, "no rank was found behind, stopped, without its GPU or silent")
+        if self.second:
+            parts.append(self.second)
         return "; ".join(parts)
 
 
@@ -213,8 +216,9 @@ class Census:
     recorded before the step's first op, or None."""
 
     def __init__(self, board, step: int, what: str, prefix: str, marker=None, where: str | None = None,
-                 peers=()):
+                 peers=(), ras: bool = False):
         self.board, self.step, self.what, self.prefix = board, step, what, prefix
+        self.ras = ras  # NCCL runs: the deciding rank asks NCCL's RAS too (engine.ras)
         self.marker, self.where = marker, where
         self.peers = list(peers)  # (rank, host, pid) of the other ranks, where known without the store
         self.rank, self.nranks = board.rank, board.nranks
@@ -268,14 +272,22 @@ class Census:
         return decide(self.nranks, step, what, self.entries, witnesses, states)
 
     def gather_within(self, seconds: float = GATHER_S + 2 * STORE_WAIT_S) -> Verdict:
-        """gather(), or the rule on what came in if the store stops answering meanwhile."""
+        """gather(), or the rule on what came in if the store stops answering meanwhile; on
+        NCCL, with RAS's view beside it (asked at once, so that it costs no time of its own
+        while the witnesses come in)."""
+        from ncclbench.engine import ras
+
+        second = ras.Witness() if self.ras else None
         self.seen = ({}, {})
         verdict = within(seconds, self.gather)
-        if verdict is not None:
-            return verdict
-        if not self.seen[0]:
-            self.seen = ({self.rank: Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker))}, {})
-        return self.decide()
+        if verdict is None:
+            if not self.seen[0]:
+                self.seen = ({self.rank: Witness(self.rank, self.step, self.what, self.where,
+                                                 gpu_reached(self.marker))}, {})
+            verdict = self.decide()
+        if second is not None:
+            verdict.second = second.text({e.pid: r for r, e in self.entries.items() if e.pid})
+        return verdict
 
     def gather(self, wait_s: float = GATHER_S) -> Verdict:
         """Post this rank's witness, read the others' until each rank has answered or been

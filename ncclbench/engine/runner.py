@@ -91,7 +91,8 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
 
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
-        census = Census(board, int(step), label, hooks.census_prefix(run_number), marker[0], HERE.text(), peers.known())
+        census = Census(board, int(step), label, hooks.census_prefix(run_number), marker[0], HERE.text(), peers.known(),
+                        ras=plan.backend in ("nccl", "cupy"))
         hooks.timed_out(label, census, plan.timeout_s, backend.rank, finish_early if report is not None else None,
                         cause=lambda: read_cause(getattr(board, "store", None), key=hooks.cause_key(run_number)))
 

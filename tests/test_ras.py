@@ -1,0 +1,142 @@
+"""NCCL's RAS as a second witness of a hang (engine.ras): its wire protocol against a server
+that speaks it over a real socket, and what the verdict line says for each kind of report.
+The reports follow the JSON NCCL 2.28.7+ prints (NCCL's docs/troubleshooting/ras.rst)."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from ncclbench.engine import hang, ras
+from ncclbench.engine.watchdog import BoardEntry
+
+
+def rank(r, pid, counts=5, host="10.0.0.1"):
+    return {"rank": r, "host": host, "pid": pid, "cuda_dev": r, "nvml_dev": r,
+            "status": {"init_state": 0, "async_error": 0, "finalize_called": False},
+            "collective_counts": {"Broadcast": 0, "AllReduce": counts}}
+
+
+def report(ranks, missing=(), version="2.28.9"):
+    return {"nccl_version": version, "communicators_count": 1,
+            "communicators": [{"hash": "0xae94", "size": len(ranks) + len(missing), "ranks": list(ranks),
+                               "missing_ranks": list(missing)}],
+            "ras": {"collection_time_sec": 1.0, "timeouts_count": len(missing)}}
+
+
+class FakeRas:
+    """A listener speaking RAS's client protocol: handshake lines answered in turn, then
+    `body` after STATUS and the connection closed. `refuse_format`: answer SET FORMAT as an
+    older NCCL does; `stall_s`: wait that long before the body."""
+
+    def __init__(self, body: str, refuse_format=False, stall_s=0.0):
+        self.body, self.refuse_format, self.stall_s = body, refuse_format, stall_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.addr = self.sock.getsockname()
+        self.heard: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        conn, _ = self.sock.accept()
+        with conn, conn.makefile("rwb") as f:
+            for line in f:
+                text = line.decode().strip()
+                self.heard.append(text)
+                if text.startswith("CLIENT PROTOCOL"):
+                    f.write(b"SERVER PROTOCOL 2\n")
+                elif text.startswith("TIMEOUT"):
+                    f.write(b"OK\n")
+                elif text.startswith("SET FORMAT"):
+                    f.write(b"ERROR: unknown command\n" if self.refuse_format else b"OK\n")
+                elif text == "STATUS":
+                    time.sleep(self.stall_s)
+                    f.write(self.body.encode())
+                    f.flush()
+                    break
+                f.flush()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_the_client_speaks_rass_protocol_and_reads_the_report_to_its_end():
+    body = json.dumps(report([rank(0, 100)], [{"rank": 1, "host": "10.0.0.2", "pid": 101,
+                                               "status": {"unresponsive": True, "considered_dead": False}}]))
+    server = FakeRas(body)
+    doc = ras.query(server.addr)
+    assert server.heard == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    assert doc["communicators"][0]["missing_ranks"][0]["pid"] == 101
+    server.close()
+
+
+def test_an_nccl_without_json_or_without_an_answer_gives_a_reason_in_time():
+    old = FakeRas("Job summary\n", refuse_format=True)
+    with pytest.raises(ValueError, match="set answered 'ERROR"):
+        ras.query(old.addr)
+    slow = FakeRas("{}", stall_s=10)
+    began = time.monotonic()
+    text = ras.Witness(deadline_s=1.0, addr=slow.addr).text({})
+    assert time.monotonic() - began < 2.5 and text.startswith("NCCL RAS at 127.0.0.1:") and "no report" in text
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = ras.Witness(addr=("127.0.0.1", port)).text({})
+    assert "no report (ConnectionRefusedError" in text, text
+    old.close(), slow.close()
+
+
+def test_what_ras_saw_in_one_clause():
+    pids = {100: 0, 101: 1, 102: 2}
+    frozen = report([rank(0, 100), rank(2, 102)], [{"rank": 1, "host": "10.0.0.2", "pid": 101,
+                                                     "status": {"unresponsive": True, "considered_dead": False}}])
+    assert ras.summary(frozen, pids) == "NCCL RAS (2.28.9, a second witness): no answer from rank 1 = pid 101 on 10.0.0.2"
+    dead = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 101, "status": {"considered_dead": True}}])
+    assert ras.summary(dead, pids).endswith("no answer from rank 1 = pid 101 on h (considered dead)")
+    behind = report([rank(0, 100, 9), rank(1, 101, 7), rank(2, 102, 9)])
+    assert ras.summary(behind, pids).endswith("fewer collectives launched by rank 1 = pid 101 on 10.0.0.1 (7 against 9)")
+    blind = report([rank(0, 100), rank(1, 101), rank(2, 102)])
+    assert "every rank answered and launched as many collectives as the others: it sees no hang" in ras.summary(blind, pids)
+    other_job = report([rank(0, 900), rank(1, 901)])
+    assert ras.summary(other_job, pids).endswith("none of this run's processes in its report")
+    # a pid RAS names that is none of this run's board: no rank number is made up for it
+    stranger = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 555, "status": {}}])
+    assert ras.summary(stranger, pids).endswith("no answer from pid 555 on h")
+
+
+def test_the_address_follows_nccl_ras_addr():
+    assert ras.address({}) == ("localhost", 28028)
+    assert ras.address({"NCCL_RAS_ADDR": "127.0.0.1:29000"}) == ("127.0.0.1", 29000)
+    assert ras.address({"NCCL_RAS_ADDR": "[::1]:29001"}) == ("::1", 29001)
+    assert ras.address({"NCCL_RAS_ADDR": "nonsense"}) == ("localhost", 28028)
+
+
+def test_the_verdict_carries_ras_after_its_own_clauses_and_names_no_culprit_by_it(monkeypatch):
+    """The census asks RAS (NCCL runs) while the witnesses come in; its clause comes last
+    and never counts as a culprit of the line (culprits_in reads the verdict's own)."""
+    body = json.dumps(report([rank(0, 100), rank(2, 102)], [{"rank": 1, "host": "h0", "pid": 101,
+                                                              "status": {"unresponsive": True}}]))
+    server = FakeRas(body)
+    monkeypatch.setenv("NCCL_RAS_ADDR", f"{server.addr[0]}:{server.addr[1]}")
+
+    class Board:
+        rank, nranks, store = 0, 3, None
+
+        def entries(self, store=None):
+            return {r: BoardEntry(7, 100 + r, "h0", "all_reduce at 128 B") for r in range(3)}
+
+    census = hang.Census(Board(), 7, "all_reduce at 128 B", "p/", ras=True)
+    census.gather = lambda wait_s=hang.GATHER_S: (census.post(), hang.decide(
+        3, 7, "w", census.entries, {r: hang.Witness(r, 7, "w") for r in (0, 2)}, {1: "T"}))[1]
+    verdict = census.gather_within()
+    text = verdict.text()
+    assert text.startswith("rank 1 (pid 101) on h0 is stopped")
+    assert text.endswith("; NCCL RAS (2.28.9, a second witness): no answer from rank 1 = pid 101 on h0"), text
+    assert hang.culprits_in("timeout: w did not finish within 5 s (-T): " + text) == [1]
+    server.close()
+    plain = hang.Census(Board(), 7, "w", "p/")  # gloo: nothing asked
+    plain.gather = lambda wait_s=hang.GATHER_S: hang.decide(3, 7, "w", {}, {}, {})
+    assert plain.gather_within().second is None
