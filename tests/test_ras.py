@@ -29,19 +29,35 @@ def report(ranks, missing=(), version="2.28.9"):
 class FakeRas:
     """A listener speaking RAS's client protocol: handshake lines answered in turn, then
     `body` after STATUS and the connection closed. `refuse_format`: answer SET FORMAT as an
-    older NCCL does; `stall_s`: wait that long before the body."""
+    older NCCL does; `stall_s`: wait that long before the body; `port`: bind that port
+    beside another listener (SO_REUSEPORT, as every NCCL process of a host does)."""
 
-    def __init__(self, body: str, refuse_format=False, stall_s=0.0):
+    def __init__(self, body: str, refuse_format=False, stall_s=0.0, port=0, silent=False):
         self.body, self.refuse_format, self.stall_s = body, refuse_format, stall_s
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
         self.addr = self.sock.getsockname()
         self.heard: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        if not silent:  # a stopped process: the kernel queues connections nobody accepts
+            threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        conn, _ = self.sock.accept()
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+
+    def _talk(self, conn):
+        try:
+            self._answer(conn)
+        except OSError:  # a greeting the client closed once another connection answered
+            pass
+
+    def _answer(self, conn):
         with conn, conn.makefile("rwb") as f:
             for line in f:
                 text = line.decode().strip()
@@ -68,7 +84,8 @@ def test_the_client_speaks_rass_protocol_and_reads_the_report_to_its_end():
                                                "status": {"unresponsive": True, "considered_dead": False}}]))
     server = FakeRas(body)
     doc = ras.query(server.addr)
-    assert server.heard == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    # every connection greets; the one asked goes on to its report
+    assert [h for h in server.heard if h != "CLIENT PROTOCOL 2"] == ["TIMEOUT 1", "SET FORMAT json", "STATUS"]
     assert doc["communicators"][0]["missing_ranks"][0]["pid"] == 101
     server.close()
 
@@ -140,3 +157,67 @@ def test_the_verdict_carries_ras_after_its_own_clauses_and_names_no_culprit_by_i
     plain = hang.Census(Board(), 7, "w", "p/")  # gloo: nothing asked
     plain.gather = lambda wait_s=hang.GATHER_S: hang.decide(3, 7, "w", {}, {}, {})
     assert plain.gather_within().second is None
+
+
+def test_a_stopped_process_holding_the_port_beside_a_live_one_is_passed_by():
+    """Every NCCL process of a host listens on the port (SO_REUSEPORT); a stopped one takes
+    connections into its queue and answers none. Several greetings at once reach the live one."""
+    body = json.dumps(report([rank(0, 100)]))
+    silent = FakeRas("", silent=True)
+    live = FakeRas(body, port=silent.addr[1])
+    for _ in range(5):
+        assert ras.query(silent.addr, tries=16)["communicators"][0]["ranks"][0]["pid"] == 100
+    only_silent = FakeRas("", silent=True)
+    with pytest.raises(TimeoutError, match="none of 4 connections answered"):
+        ras.query(only_silent.addr, deadline_s=0.5, tries=4)
+    silent.close(), live.close(), only_silent.close()
+
+
+# a missing rank as NCCL 2.28.7-2.28.9 print it: no comma after "nvml_dev" (src/ras/client_support.cc)
+REPORT_2_28_9 = """{
+  "nccl_version": "2.28.9",
+  "communicators_count": 1,
+  "communicators": [
+    {
+      "hash": "0x1",
+      "size": 2,
+      "ranks": [
+        {
+          "rank": 0,
+          "pid": 100,
+          "collective_counts": {
+            "AllReduce": 12
+          }
+        }
+      ],
+      "missing_ranks": [
+        {
+          "rank": 1,
+          "host": "198.18.0.2",
+          "pid": 101,
+          "cuda_dev": 0,
+          "nvml_dev": 1
+          "status": {
+            "unresponsive": true,
+            "considered_dead": false
+          }
+        }
+      ]
+    }
+  ],
+  "ras": {
+    "collection_time_sec": 1.002,
+    "timeouts_count": 1
+  }
+}
+"""
+
+
+def test_the_missing_comma_of_nccl_2_28_9_is_put_back():
+    with pytest.raises(ValueError):
+        json.loads(REPORT_2_28_9)
+    doc = ras.parse(REPORT_2_28_9)
+    assert doc["communicators"][0]["missing_ranks"][0]["status"]["unresponsive"] is True
+    assert ras.summary(doc, {100: 0, 101: 1}).endswith("no answer from rank 1 = pid 101 on 198.18.0.2")
+    with pytest.raises(ValueError):
+        ras.parse("Job summary\n===========\n")

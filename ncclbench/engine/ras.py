@@ -4,6 +4,11 @@ Since NCCL 2.24 every NCCL process runs a RAS thread; one per host listens on
 localhost:28028 (NCCL_RAS_ADDR moves it) and answers a text protocol: `CLIENT PROTOCOL 2`,
 `TIMEOUT <s>` (how long it waits for each peer), `SET FORMAT json` (2.28.7 and later),
 `STATUS`, then the report until the connection closes (NCCL's docs/troubleshooting/ras.rst).
+Every NCCL process of a host binds that port (SO_REUSEPORT), and the kernel hands each
+new connection to one of them: one that is stopped accepts nothing. So several
+connections greet at once and the first process to answer is asked. NCCL 2.28.7-2.28.9
+print a missing rank without the comma after its "nvml_dev" (fixed later); the report is
+read with that comma put back.
 Its report lists each communicator's ranks: those that answered, with the collectives their
 host launched, and the missing ones (`unresponsive`, `considered_dead`). RAS counts
 operations when the host launches them, so a rank whose GPU never reached the op looks
@@ -36,23 +41,21 @@ def address(environ=None) -> tuple[str, int]:
         return DEFAULT_ADDR
 
 
-def query(addr=None, peer_wait_s: int = PEER_WAIT_S, deadline_s: float = ANSWER_WAIT_S) -> dict:
-    """RAS's JSON report; OSError/ValueError (with a reason) when it cannot be had in time."""
+def query(addr=None, peer_wait_s: int = PEER_WAIT_S, deadline_s: float = ANSWER_WAIT_S, tries: int = 8) -> dict:
+    """RAS's JSON report; OSError/ValueError (with a reason) when it cannot be had in time.
+    `tries` connections greet at once; the first that answers is asked."""
     addr = addr or address()
     end = time.monotonic() + deadline_s
-    with socket.create_connection(addr, timeout=min(1.0, deadline_s)) as sock:
-        reader = sock.makefile("rb")
-
+    sock = _first_answering(addr, tries, end)
+    with sock, sock.makefile("rb") as reader:
         def ask(line: str, expect: str) -> None:
             sock.settimeout(max(0.05, end - time.monotonic()))
             sock.sendall(line.encode() + b"\n")
             answer = reader.readline().decode(errors="replace").strip()
             if not answer.upper().startswith(expect):
                 raise ValueError(f"{line.split()[0].lower()} answered {answer[:60]!r}")
-        ask(f"CLIENT PROTOCOL {PROTOCOL}", "SERVER PROTOCOL")
         ask(f"TIMEOUT {peer_wait_s}", "OK")
         ask("SET FORMAT json", "OK")  # refused before NCCL 2.28.7
-        sock.settimeout(max(0.05, end - time.monotonic()))
         sock.sendall(b"STATUS\n")
         chunks = []
         while True:
@@ -61,7 +64,64 @@ def query(addr=None, peer_wait_s: int = PEER_WAIT_S, deadline_s: float = ANSWER_
             if not data:
                 break
             chunks.append(data)
-    return json.loads(b"".join(chunks).decode(errors="replace"))
+    return parse(b"".join(chunks).decode(errors="replace"))
+
+
+def _first_answering(addr, tries: int, end: float) -> socket.socket:
+    """A connection whose process answered `CLIENT PROTOCOL` (blocking again), the others closed."""
+    import selectors
+
+    socks, chosen = [], None
+    try:
+        for _ in range(max(1, tries)):
+            sock = socket.create_connection(addr, timeout=max(0.05, min(1.0, end - time.monotonic())))
+            sock.sendall(f"CLIENT PROTOCOL {PROTOCOL}\n".encode())
+            sock.setblocking(False)
+            socks.append(sock)
+        with selectors.DefaultSelector() as sel:
+            for sock in socks:
+                sel.register(sock, selectors.EVENT_READ)
+            heard = {}
+            while chosen is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"none of {len(socks)} connections answered")
+                for key, _ in sel.select(left):
+                    data = key.fileobj.recv(256)
+                    heard[key.fileobj] = heard.get(key.fileobj, b"") + data
+                    if not data:
+                        sel.unregister(key.fileobj)
+                    elif b"\n" in heard[key.fileobj]:
+                        line = heard[key.fileobj].split(b"\n", 1)[0].decode(errors="replace")
+                        if not line.upper().startswith("SERVER PROTOCOL"):
+                            raise ValueError(f"client answered {line[:60]!r}")
+                        chosen = key.fileobj
+                        break
+                if not sel.get_map():
+                    raise ConnectionError("every connection was closed unanswered")
+        chosen.setblocking(True)
+        return chosen
+    finally:
+        for sock in socks:
+            if sock is not chosen:
+                sock.close()
+
+
+def parse(text: str) -> dict:
+    """The report as JSON; a comma missing at a line's end before the next key put back
+    (NCCL 2.28.7-2.28.9 after a missing rank's "nvml_dev")."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        lines = text.splitlines()
+        fixed = []
+        for i, line in enumerate(lines):
+            follow = next((x for x in lines[i + 1:] if x.strip()), "")
+            end = line.rstrip()
+            if end and end[-1] not in "{[," and follow.lstrip().startswith('"'):
+                line = end + ","
+            fixed.append(line)
+        return json.loads("\n".join(fixed))
 
 
 def summary(doc: dict, pids: dict[int, int]) -> str:
