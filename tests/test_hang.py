@@ -355,7 +355,7 @@ def _gpu_count() -> int:
 GPUS = min(4, _gpu_count())
 GPU_ARGS = ["allreduce", "-g", str(GPUS), "-b", "1M", "-e", "256M", "-f", "2", "-n", "20", "-N", "0", "-T", "10",
             "--no-save"]
-RAS_CLAUSE = re.compile(r"; NCCL RAS \(([\d.]+), a second witness\): (.*)$")
+RAS_CLAUSE = re.compile(r"; NCCL RAS \(([^,]+), a second witness\): (.*)$")
 
 
 def _ras_names_only(line: str, victim: int) -> str:

@@ -107,7 +107,7 @@ def test_an_nccl_without_json_or_without_an_answer_gives_a_reason_in_time():
 
 
 def test_what_ras_saw_in_one_clause():
-    pids = {100: 0, 101: 1, 102: 2}
+    pids = {100: [0], 101: [1], 102: [2]}
     frozen = report([rank(0, 100), rank(2, 102)], [{"rank": 1, "host": "10.0.0.2", "pid": 101,
                                                      "status": {"unresponsive": True, "considered_dead": False}}])
     assert ras.summary(frozen, pids) == "NCCL RAS (2.28.9, a second witness): no answer from rank 1 = pid 101 on 10.0.0.2"
@@ -120,8 +120,69 @@ def test_what_ras_saw_in_one_clause():
     other_job = report([rank(0, 900), rank(1, 901)])
     assert ras.summary(other_job, pids).endswith("none of this run's processes in its report")
     # a pid RAS names that is none of this run's board: no rank number is made up for it
-    stranger = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 555, "status": {}}])
+    stranger = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 555, "status": {"unresponsive": True}}])
     assert ras.summary(stranger, pids).endswith("no answer from pid 555 on h")
+    # reachable but not in that communicator's data (init, teardown): not called silent
+    absent = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 101, "status": {"unresponsive": False}}])
+    assert "no data from rank 1 = pid 101 on h (it answers; not a member" in ras.summary(absent, pids)
+    failing = report([rank(0, 100), dict(rank(1, 101), status={"async_error": 6, "abort_flag": True})])
+    assert ras.summary(failing, pids).endswith("an error reported by rank 1 = pid 101 on 10.0.0.1 (NCCL error 6)")
+
+
+def test_a_process_id_on_two_hosts_is_no_rank_of_its_own():
+    """Containers: one pid on every host. RAS names hosts by address, the board by name, so
+    a pid held by two ranks gives no rank number, and the two processes stay apart."""
+    pids = {57: [0, 1]}
+    stopped = report([rank(1, 57, host="10.0.0.2")], [{"rank": 0, "host": "10.0.0.1", "pid": 57,
+                                                       "status": {"unresponsive": True}}])
+    assert ras.summary(stopped, pids).endswith("no answer from pid 57 on 10.0.0.1")
+    counts = report([rank(0, 57, 4, host="10.0.0.1"), rank(1, 57, 5, host="10.0.0.2")])
+    assert ras.summary(counts, pids).endswith("fewer collectives launched by pid 57 on 10.0.0.1 (4 against 5)")
+    two_unknown = report([rank(0, 100)], [{"rank": r, "host": "unknown", "pid": -1, "status": {"unresponsive": True}}
+                                          for r in (1, 2)])
+    assert ras.summary(two_unknown, {100: [0], -1: []}).count("pid -1 on unknown") == 2
+
+
+def test_a_report_of_a_shape_not_foreseen_is_said_so_never_raised():
+    for body in ("[1, 2]", json.dumps(report([rank(0, 100), None])),
+                 json.dumps(report([dict(rank(0, 100), collective_counts={"AllReduce": {"count": 5}})])),
+                 json.dumps({"communicators": [{"ranks": [{"pid": [1]}]}]})):
+        server = FakeRas(body)
+        text = ras.Witness(addr=server.addr).text({100: [0]})
+        assert text.startswith(("NCCL RAS (", "NCCL RAS at")) and "\n" not in text, text
+        server.close()
+
+
+def test_a_trickling_or_endless_answer_ends_at_the_deadline():
+    class Trickle(FakeRas):
+        def _answer(self, conn):
+            conn.recv(100)
+            conn.sendall(b"SERVER PROTOCOL 2\n")
+            for _ in range(400):
+                conn.sendall(b"O")
+                time.sleep(0.03)
+    server = Trickle("")
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        ras.query(server.addr, deadline_s=1.0, tries=1)
+    assert time.monotonic() - began < 1.5
+    server.close()
+
+
+def test_the_comma_repair_is_linear():
+    one = REPORT_2_28_9
+    many = one.replace('"missing_ranks": [', '"missing_ranks": [' + ",".join(
+        ['{"rank": %d, "pid": %d, "nvml_dev": 1\n "status": {"unresponsive": true}}' % (k, 1000 + k)
+         for k in range(3000)]) + ",", 1)
+    began = time.monotonic()
+    doc = ras.parse(many)
+    assert len(doc["communicators"][0]["missing_ranks"]) == 3001
+    assert time.monotonic() - began < 1.0
+
+
+def test_a_subgroups_clause_numbers_ranks_as_the_line_does():
+    doc = report([rank(0, 100)], [{"rank": 1, "host": "h", "pid": 101, "status": {"unresponsive": True}}])
+    assert ras.summary(doc, {100: [0], 101: [1]}, name=lambda r: [4, 5][r]).endswith("no answer from rank 5 = pid 101 on h")
 
 
 def test_the_address_follows_nccl_ras_addr():
@@ -218,6 +279,6 @@ def test_the_missing_comma_of_nccl_2_28_9_is_put_back():
         json.loads(REPORT_2_28_9)
     doc = ras.parse(REPORT_2_28_9)
     assert doc["communicators"][0]["missing_ranks"][0]["status"]["unresponsive"] is True
-    assert ras.summary(doc, {100: 0, 101: 1}).endswith("no answer from rank 1 = pid 101 on 198.18.0.2")
+    assert ras.summary(doc, {100: [0], 101: [1]}).endswith("no answer from rank 1 = pid 101 on 198.18.0.2")
     with pytest.raises(ValueError):
         ras.parse("Job summary\n===========\n")

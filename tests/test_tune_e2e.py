@@ -31,6 +31,7 @@ def test_rehearsal_launches_every_combination_and_writes_every_file(tmp_path):
     assert "rehearsal on gloo" in r.stdout and "no winner called" in r.stdout
     labels = ["default", "ring/ll", "ring/ll ch4", "ring/simple", "ring/simple ch4"]
     doc = json.loads((out / "tune.json").read_text())
+    assert doc["run_cycles"] == 2
     for coll in ("all_reduce", "all_gather"):
         assert {k: v["status"] for k, v in doc["collectives"][coll]["combinations"].items()} == dict.fromkeys(labels, "ok")
         assert [v["size"] for v in doc["collectives"][coll]["verdicts"]] == [1024, 4096, 16384]

@@ -96,3 +96,20 @@ def test_an_interrupted_item_is_the_users_interrupt_only_when_the_launch_says_so
     assert results[1].status == expected
     if expected == "interrupted":
         assert len(calls) == 1 and {results[i].status for i in range(2, 6)} == {"not run"}
+
+
+def test_the_probe_passes_once_whatever_the_sweeps_per_repeat(tmp_path, monkeypatch):
+    """-N 5 repeats each timed sweep; the untimed probe (NCCL's choices from its log) still
+    makes one call per size: N sweeps would only lengthen it and its log."""
+    setup = _setup(tmp_path)
+    setup.request.options["run_cycles"] = 5
+    seen = []
+
+    def spawn(s, argv, env):
+        seen.append(json.loads(open(argv[2]).read())["options"]["all_reduce"])
+        return ExitCode.OK
+    monkeypatch.setattr(launches, "spawn", spawn)
+    launches.run_phase(setup, "probe", _items(setup), {}, launches.PROBE_OVERRIDES, outputs=False)
+    launches.run_phase(setup, "raw", _items(setup), {})
+    assert seen[0]["run_cycles"] == 1 and seen[0]["iters"] == 1
+    assert seen[-1]["run_cycles"] == 5

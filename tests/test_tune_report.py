@@ -234,6 +234,13 @@ def test_cycles_of_one_repeat_count_once_at_their_median(tmp_path):
     assert m.busbw[1024] == [12.0, 12.0]
     assert m.time_us[1024] == [pytest.approx(1024 / 12.0 / 1e3)] * 2
     assert m.wrong == {1024: False, 4096: True}
+    # an even count: the lower middle cycle, with its own time (not the mean of two cycles)
+    even = rows[:3] + [dict(rows[0], out_of_place={"time": 1024 / 20.0 / 1e3, "alg_bw": 20.0, "bus_bw": 20.0,
+                                                   "nwrong": 0.0})]
+    path.write_text(json.dumps({"version": 3, "results": even, "ncclbench": {}}))
+    m = analysis.Measured()
+    analysis.read_rows(str(path), m)
+    assert m.busbw[1024] == [12.0] and m.time_us[1024] == [pytest.approx(1024 / 12.0 / 1e3)]
     na = dict(rows[1], out_of_place={"time": None, "alg_bw": None, "bus_bw": None, "nwrong": None})
     path.write_text(json.dumps({"version": 3, "results": [rows[0], na], "ncclbench": {}}))
     m = analysis.Measured()

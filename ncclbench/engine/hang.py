@@ -70,7 +70,7 @@ class Verdict:
     waiting: dict = field(default_factory=dict)   # rank -> where it waited (None: unknown)
     answered: tuple = ()                          # the ranks that posted a witness
     late: tuple = ()  # ranks at the step, not seen stopped, that had not answered (yet)
-    second: str | None = None  # NCCL RAS's view (engine.ras), where asked
+    second: object = None  # NCCL RAS's view (engine.ras), where asked: name(rank) -> its clause
 
     def ranks(self) -> list[int]:
         return [r for r, _, _ in self.culprits]
@@ -90,8 +90,8 @@ class Verdict:
             parts.append(f"{who} {verb}{at}" if k == 0 else f"{who}{at}")
         if not self.culprits:
             parts.insert(0, "no rank was found behind, stopped, without its GPU or silent")
-        if self.second:
-            parts.append(self.second)
+        if self.second is not None:
+            parts.append(self.second(name))
         return "; ".join(parts)
 
 
@@ -286,7 +286,17 @@ class Census:
                                                  gpu_reached(self.marker))}, {})
             verdict = self.decide()
         if second is not None:
-            verdict.second = second.text({e.pid: r for r, e in self.entries.items() if e.pid})
+            pids: dict = {}
+            for r, e in sorted(self.entries.items()):
+                if e.pid:
+                    pids.setdefault(e.pid, []).append(r)
+            clause = {}  # the wait happens here, once; the words follow the caller's rank names
+
+            def second_text(name, _w=second, _pids=pids):
+                if name not in clause:
+                    clause[name] = _w.text(_pids, name)
+                return clause[name]
+            verdict.second = second_text
         return verdict
 
     def gather(self, wait_s: float = GATHER_S) -> Verdict:

@@ -157,13 +157,19 @@ def read_rows(path: str, into: Measured) -> None:
         into.wrong[size] = into.wrong.get(size, False) or wrong
         into.log_bytes[size] = log_bytes(int(r["count"]), r["type"])
     for size, (bw, times) in cycles.items():
-        into.busbw.setdefault(size, []).append(_median_or_nan(bw))
-        into.time_us.setdefault(size, []).append(_median_or_nan(times))
+        k = _median_cycle(bw)
+        into.busbw.setdefault(size, []).append(float("nan") if k is None else bw[k])
+        into.time_us.setdefault(size, []).append(float("nan") if k is None else times[k])
 
 
-def _median_or_nan(values: list[float]) -> float:
-    """The median; nan when any value is N/A (one N/A cycle leaves the repeat unknown)."""
-    return float("nan") if any(math.isnan(v) for v in values) else statistics.median(values)
+def _median_cycle(busbw: list[float]) -> int | None:
+    """The cycle whose busbw is the median (the lower middle one of an even count: a cycle
+    that ran, not the mean of two), so that its time goes with it; None when any is N/A
+    (one N/A cycle leaves the repeat unknown)."""
+    if any(math.isnan(v) for v in busbw):
+        return None
+    order = sorted(range(len(busbw)), key=lambda i: busbw[i])
+    return order[(len(order) - 1) // 2]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from ncclbench.errors import ExitCode
 from ncclbench.topology import nccldebug
 from ncclbench.tune.analysis import ItemResult
 
-PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0}
+PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0, "run_cycles": 1}  # one untimed call per size
 PROBE_SUBSYS = nccldebug.with_subsys(nccldebug.SUBSYS, "TUNING")  # the path's lines too
 
 

@@ -142,7 +142,8 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         path_doc.pop("channels", None)
     doc = {"tool": "ncclbench tune", "nccl": nccl_text, "nccl_path": path_doc,
            "path_lines": path_lines, "backend": setup.backend, "ranks": setup.nranks,
-           "nodes": setup.nnodes, "repeat": setup.request.repeat, "min_gain_pct": setup.request.min_gain,
+           "nodes": setup.nnodes, "repeat": setup.request.repeat,
+           "run_cycles": int(setup.request.options.get("run_cycles", 1)), "min_gain_pct": setup.request.min_gain,
            "timing": setup.timing.text if setup.timing else "", "rule": RULE_TEXT.format(gain=setup.request.min_gain),
            "notes": list(setup.notes), "interrupted": interrupted, "collectives": {}}
     outcomes = []
