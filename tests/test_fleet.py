@@ -526,7 +526,10 @@ def test_a_node_slow_alone_in_every_reading_is_drained_after_its_re_tests(tmp_pa
     drained = [d["host"] for d in report["drain"]]
     assert r.returncode == 1 and len(drained) == 1 and drained[0].endswith("-n1"), r.stdout + r.stderr[-2000:]
     assert "node-local" in report["drain"][0]["reason"]
-    assert report["schedule"]["node_alone_retests"] == {drained[0]: 2}
+    retests = report["schedule"]["node_alone_retests"]
+    # node 1: both re-tests, then drained. A healthy node caught slow in a reading by a loaded
+    # box (CI once saw vm-n2 re-tested once) is re-tested and cleared: the drain above names n1 alone.
+    assert retests[drained[0]] == 2, retests
 
 
 def test_a_node_slow_in_one_reading_alone_is_named_in_a_note_not_drained():
