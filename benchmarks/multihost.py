@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import netsim  # noqa: E402
+from ncclbench.topology.pci import format_index_ranges, parse_index_ranges  # noqa: E402
 
 
 def _timed(spec: str) -> tuple[int, float]:
@@ -101,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                    NCCL_DEBUG_FILE=str(opts.nccl_log.resolve() / "nccl.%h.%p.log"))
     try:
         cpus = (None if not opts.cpus else netsim.split_cpus(opts.hosts, opts.gpus) if opts.cpus == ["split"]
-                else [set(netsim.parse_cpu_list(text)) for text in opts.cpus])
+                else [set(parse_index_ranges(text)) for text in opts.cpus])
     except ValueError as exc:
         print(f"multihost: --cpus: {exc}", file=sys.stderr)
         return 2
     if cpus:
-        print("multihost: CPUs " + "; ".join(f"host {i}: {_cpu_text(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
+        print("multihost: CPUs " + "; ".join(f"host {i}: {format_index_ranges(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
     with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus) as fleet:
         for spec in opts.slow_nic:
             host, rate = spec.split("=")
@@ -131,16 +132,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in summaries:
             print(json.dumps(line), flush=True)
     return code
-
-
-def _cpu_text(cpus: set[int]) -> str:
-    runs, out = sorted(cpus), []
-    for c in runs:
-        if out and out[-1][1] == c - 1:
-            out[-1][1] = c
-        else:
-            out.append([c, c])
-    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in out)
 
 
 def _summary(command: list[str], code: int, wall_s: float) -> dict:

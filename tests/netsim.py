@@ -99,17 +99,6 @@ def rate_bytes(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: give NUMBER followed by bit, kbit, mbit or gbit")
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """`0-3,8,10-11` -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus: list[int] = []
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
 def _gpu_cpus(index: int) -> set[int] | None:
     """The CPUs near GPU `index` (NVML's index: the PCI order, which CUDA's default order
     matches on machines of one GPU model), or None where NVML cannot say."""
@@ -124,7 +113,9 @@ def _gpu_cpus(index: int) -> set[int] | None:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML, no GPU: the caller splits evenly
         return None
-    return {w * 64 + b for w, mask in enumerate(masks) for b in range(64) if mask >> b & 1} or None
+    from ncclbench.topology.pci import format_cpu_list, parse_index_ranges
+
+    return set(parse_index_ranges(format_cpu_list(masks))) or None
 
 
 def split_cpus(n: int, gpus: list[str] | None = None) -> list[set[int]]:

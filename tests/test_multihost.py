@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli_command, load_script, table_rows
+from ncclbench.topology.pci import parse_index_ranges
 
 sys.path.insert(0, str(ROOT / "tests"))
 import netsim  # noqa: E402
@@ -85,7 +86,7 @@ def test_hosts_get_cpus_of_their_own_when_asked():
     assert netsim.split_cpus(1) == [set(usable)]
     with pytest.raises(ValueError, match="needs one of its own"):
         netsim.split_cpus(len(usable) + 1)
-    assert netsim.parse_cpu_list("0-2, 5,7-8") == [0, 1, 2, 5, 7, 8]
+    assert parse_index_ranges("0-2, 5,7-8") == [0, 1, 2, 5, 7, 8]  # what --cpus LIST reads
     with pytest.raises(ValueError, match="cpus names 1"):
         netsim.SimFleet(2, cpus=[{0}])
 

@@ -22,6 +22,7 @@ no rank is blamed, and the line says so."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -290,13 +291,8 @@ class Census:
             for r, e in sorted(self.entries.items()):
                 if e.pid:
                     pids.setdefault(e.pid, []).append(r)
-            clause = {}  # the wait happens here, once; the words follow the caller's rank names
-
-            def second_text(name, _w=second, _pids=pids):
-                if name not in clause:
-                    clause[name] = _w.text(_pids, name)
-                return clause[name]
-            verdict.second = second_text
+            # its words follow the caller's rank names (Verdict.text's `name`)
+            verdict.second = functools.partial(second.text, pids)
         return verdict
 
     def gather(self, wait_s: float = GATHER_S) -> Verdict:

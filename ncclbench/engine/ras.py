@@ -192,8 +192,8 @@ def summary(doc: dict, pids: dict, name=str) -> str:
         return f"{label}pid {r.get('pid')} on {r.get('host', '?')}"
 
     def key(r: dict, comm: dict):
-        return (r.get("host"), r.get("pid"), id(comm) if r.get("pid") in (-1, None) else None,
-                r.get("rank") if r.get("pid") in (-1, None) else None)
+        """One process: its host and pid; where NCCL could not tell them (pid -1), its rank."""
+        return (r.get("host"), r.get("pid")) if r.get("pid") not in (-1, None) else (id(comm), r.get("rank"))
     silent, absent, behind, failing = {}, {}, {}, {}
     for comm in ours:
         for r in entries(comm, "missing_ranks"):
