@@ -166,13 +166,24 @@ def test_gloo_job_across_hosts_under_each_launcher(how):
 
 
 # ---- NCCL across hosts (GPU) ---------------------------------------------------------------
-def _layout(hosts: int) -> list[str] | None:
-    """Each host's CUDA_VISIBLE_DEVICES when this machine's GPUs split evenly into `hosts`."""
+def _layout(hosts: int, per: int | None = None) -> list[str] | None:
+    """Each host's CUDA_VISIBLE_DEVICES: `per` GPUs each (default: this machine's GPUs split
+    evenly, at least one each), GPUs of their own where the machine has hosts x per of them;
+    on a smaller machine of 2 or more GPUs the GPUs are dealt out in turn, so that two
+    simulated hosts may drive one GPU (NCCL tells them apart by NCCL_HOSTID and crosses
+    between them over its network all the same; two ranks of one host never share one).
+    None where there are too few GPUs for that."""
     n = _gpu_count()
-    if n < hosts:
+    per = per or max(1, n // hosts)
+    if n < 2 or n < per:
         return None
-    per = n // hosts
-    return [",".join(str(h * per + k) for k in range(per)) for h in range(hosts)]
+    return [",".join(str((h * per + k) % n) for k in range(per)) for h in range(hosts)]
+
+
+def _shared(gpus: list[str]) -> bool:
+    """Whether two simulated hosts drive one GPU."""
+    used = [g for host in gpus for g in host.split(",")]
+    return len(used) != len(set(used))
 
 
 def _nccl_log_env(folder: Path) -> dict:
@@ -186,7 +197,6 @@ def _busbw(stdout: str) -> dict[int, float]:
 
 
 needs2 = pytest.mark.skipif(_layout(2) is None, reason="needs 2 GPUs")
-needs4 = pytest.mark.skipif(_gpu_count() < 4, reason="needs 4 GPUs")
 
 
 @rig
@@ -210,7 +220,7 @@ def test_the_maintainers_command_runs_commands_in_turn_and_sums_them_up(tmp_path
 @needs2
 @pytest.mark.parametrize("how", ["spawn", "torchrun", "slurm", "mpi"])
 def test_nccl_crosses_hosts_over_its_net_transport(how, tmp_path):
-    gpus = _layout(2)
+    gpus = _layout(2, 2)
     per = len(gpus[0].split(","))
     args = ["allgather" if how != "spawn" else "allreduce", "-b", "1M", "-e", "16M", "-f", "4", "-T", "120"]
     with netsim.SimFleet(2, gpus=gpus) as fleet:
@@ -262,7 +272,7 @@ def _preflight(fleet, per, tmp_path, extra=()):
 
 @pytest.mark.gpu
 @rig
-@needs4
+@needs2
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_preflight_across_hosts_names_the_host_with_a_slow_nic_within_its_budget(hosts, tmp_path):
     gpus = _layout(hosts)
@@ -296,10 +306,10 @@ def _fleet(fleet, tmp_path, extra=(), freeze=None, kill=None):
 
 @pytest.mark.gpu
 @rig
-@needs4
+@needs2
 @pytest.mark.parametrize("fault", ["none", "nic", "link", "kill", "freeze"])
 def test_fleet_across_four_gpu_hosts(fault, tmp_path):
-    with netsim.SimFleet(4, gpus=["0", "1", "2", "3"]) as fleet:
+    with netsim.SimFleet(4, gpus=_layout(4, 1)) as fleet:
         if fault == "nic":
             fleet.slow_nic(2, "2gbit")
         if fault == "link":
@@ -318,33 +328,38 @@ def test_fleet_across_four_gpu_hosts(fault, tmp_path):
 @pytest.mark.gpu
 @rig
 @needs2
-def test_a_frozen_host_is_named_alone_across_hosts(tmp_path):
-    """Every process of host 1 stopped mid-sweep (SIGSTOP): the run names a rank of host 1
-    as the one that stopped, never a rank of host 0, within -T + 5 s of the freeze."""
-    gpus = _layout(2)
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_frozen_host_is_named_alone_across_hosts(hosts, tmp_path):
+    """Every process of the last host stopped mid-sweep (SIGSTOP): the run names a rank of
+    that host as the one that stopped, never a rank of another host, within -T + 5 s of the
+    freeze; NCCL's RAS, asked on host 0, names no rank of a healthy host either."""
+    gpus = _layout(hosts)
     per = len(gpus[0].split(","))
+    frozen, name = hosts - 1, f"simnode{hosts - 1}"
     args = ["allreduce", "-b", "64M", "-e", "64M", "-n", "100000", "-T", "10"]
-    with netsim.SimFleet(2, gpus=gpus) as fleet:
+    with netsim.SimFleet(hosts, gpus=gpus) as fleet:
         procs = fleet.launch("spawn", args, per, port=29660, ncclbench=cli_command(),
                              env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
         _wait_for_sweep(procs[0])
         time.sleep(3)  # inside the 64 MiB size's timed loop
         frozen_at = time.monotonic()
-        fleet.freeze(1)
+        fleet.freeze(frozen)
         out, err = procs[0].communicate(timeout=60)
         named_after = time.monotonic() - frozen_at
-        fleet.thaw(1)
+        fleet.thaw(frozen)
     text = out + err
     lines = [line for line in err.splitlines() if line.startswith("ncclbench: error")]
     assert procs[0].returncode == 4, text[-3000:]
-    assert lines and "simnode1" in lines[-1], text[-3000:]
-    assert not re.search(r"rank \d+ (failed|died)", lines[-1].split("simnode1")[0]), lines[-1]
+    assert lines and name in lines[-1], text[-3000:]
+    assert not re.search(r"rank \d+ (failed|died)", lines[-1].split(name)[0]), lines[-1]
+    culprit_hosts = set(re.findall(r"\(pid \d+\) on ([\w.-]+)", lines[-1].split("; NCCL RAS")[0]))
+    assert culprit_hosts == {name}, lines[-1]
     assert named_after < 10 + 5 + 5, named_after  # -T + 5 s, plus this host's own start-up slack
-    # NCCL's RAS on host 0, asked while the witnesses came in, names no rank of host 0
     ras = re.search(r"; NCCL RAS \([^,]+, a second witness\): (.*)$", lines[-1])
     assert ras, lines[-1]
-    assert not {int(r) for r in re.findall(r"rank (\d+) = pid", ras.group(1))} & set(range(per)), lines[-1]
-    print(f"frozen host named after {named_after:.1f} s; RAS: {ras.group(1)}")
+    named = {int(r) for r in re.findall(r"rank (\d+) = pid", ras.group(1))}
+    assert named <= set(range(frozen * per, hosts * per)), lines[-1]
+    print(f"{hosts} hosts ({' '.join(gpus)}): frozen host named after {named_after:.1f} s; RAS: {ras.group(1)}")
 
 
 def _wait_for_sweep(proc) -> None:
