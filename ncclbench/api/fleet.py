@@ -58,6 +58,9 @@ class FleetPlan:
     timeout_s: float
     band: float
     floor: float | None = None
+    # the band pairs are judged at when NCCL's path between the nodes is its Socket network
+    # (None: the band alone); `--band auto` sets preflight's socket band
+    socket_band: float | None = None
     gpus_per_node: int | None = None
     all_pairs_rounds: int = 15
     screen_rounds: int = 4

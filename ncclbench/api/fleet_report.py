@@ -70,6 +70,10 @@ class FleetReport:
                            "localisation_rounds": sum(1 for r in rounds if r and r[0][2] != "screen"),
                            "nodes_in_pairs": len(loc.active)}
         report.cost_s = dict(costs)
+        if loc.band > plan.band:
+            report.notes.append(f"pairs between the nodes ran over TCP sockets (NCCL's NET/Socket), whose healthy pairs "
+                                f"spread wider: judged at a {100 * loc.band:.0f}% band, as preflight does (--band sets one)")
+        report.plan["band_used"] = loc.band
         if len(loc.active) == 2 and not plan.floor:
             report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
         return report

@@ -274,6 +274,9 @@ class Coordinator:
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
+        if p.socket_band and over_sockets(self.paths):
+            loc.band = max(loc.band, p.socket_band)
+            say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * loc.band:.0f}% band")
         loc.set_reference()
         for k in range(p.max_localise):
             loc.dead |= self.out_of_pairs
@@ -342,3 +345,10 @@ class PairClock:
     def done(self, target: float) -> None:
         self.overhead = max(0.0, time.monotonic() - self.round_begun - target)
         self.rounds_left = max(1, self.rounds_left - 1)
+
+
+def over_sockets(paths: dict) -> bool:
+    """Whether NCCL ran every node pair whose path its log named over its Socket network
+    ({(a, b): label such as "NET/Socket/Shared"}), and named one."""
+    named = [label for label in paths.values() if label]
+    return bool(named) and all(label.startswith("NET/Socket") for label in named)
