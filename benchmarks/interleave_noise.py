@@ -1,0 +1,186 @@
+"""How precisely two NCCL configurations can be compared across simulated hosts when they
+are measured side by side: every configuration keeps its own live communicator (NCCL_ALGO /
+NCCL_PROTO set when it is made), and each repeat times every configuration at a size back
+to back, in a rotating order, as CUDA-graph replays queued behind a short spinning kernel
+(no host time timed). Prints, per size and configuration, the spread of its own times over
+the repeats and the spread of its ratio to NCCL's default within the same repeat: drift
+that hits configurations measured a few milliseconds apart alike cancels in the ratio.
+
+    python benchmarks/interleave_noise.py --hosts 2 --gpus 0 1 --repeats 60 --out DIR
+
+Needs root and GPUs (tests/netsim.py builds the hosts). One JSON file with every time and a
+table on stdout. A maintainers' experiment for tune's precision across hosts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = {"default": {}, "tree/LL": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"},
+           "ring/LL": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"},
+           "ring/simple": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}}
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median, in %."""
+    return (max(values) - min(values)) / statistics.median(values) * 100
+
+
+def iqr(values: list[float]) -> float:
+    """Interquartile range / median, in %."""
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / statistics.median(values) * 100
+
+
+def say(text: str) -> None:
+    print(f"interleave_noise: rank {os.environ.get('RANK')}: {time.strftime('%H:%M:%S')} {text}",
+          file=sys.stderr, flush=True)
+
+
+def rank_main(opts) -> int:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    dist.init_process_group("nccl", device_id=dev)
+    rank = dist.get_rank()
+    groups = {}
+    for name, env in CONFIGS.items():
+        saved = {k: os.environ.get(k) for k in ("NCCL_ALGO", "NCCL_PROTO")}
+        os.environ.update(env)
+        for k in ("NCCL_ALGO", "NCCL_PROTO"):
+            if k not in env:
+                os.environ.pop(k, None)
+        g = dist.new_group(backend="nccl")
+        warm = torch.ones(1024, device=dev)
+        dist.all_reduce(warm, group=g)  # the communicator is made now, under this environment
+        torch.cuda.synchronize()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        groups[name] = g
+        say(f"communicator {name} made")
+    sizes = [int(s) for s in opts.sizes.split(",")]
+    graphs = {}
+    stream = torch.cuda.Stream()
+    for name, g in groups.items():
+        for nbytes in sizes:
+            buf = torch.ones(max(1, nbytes // 4), device=dev)
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    dist.all_reduce(buf, group=g)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(opts.ops):
+                    dist.all_reduce(buf, group=g)
+            torch.cuda.synchronize()
+            graphs[(name, nbytes)] = (graph, buf)
+    say(f"{len(graphs)} graphs captured")
+    names = list(CONFIGS)
+    times = {f"{n}@{s}": [] for n in names for s in sizes}
+    stamps = []
+    t0 = time.monotonic()
+    for rep in range(opts.repeats):
+        stamps.append(time.monotonic() - t0)
+        for nbytes in sizes:
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                graph, _buf = graphs[(name, nbytes)]
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(int(0.002 * 2e9))  # the GPU held while the replays are queued
+                start.record()
+                for _ in range(opts.replays):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                times[f"{name}@{nbytes}"].append(start.elapsed_time(end) * 1e3 / (opts.replays * opts.ops))
+        time.sleep(opts.pause)
+        if rep % 10 == 9:
+            say(f"repeat {rep + 1} of {opts.repeats}")
+    dist.barrier()
+    if rank == 0:
+        print("RESULT " + json.dumps({"times_us": times, "stamps_s": stamps, "sizes": sizes, "configs": names}),
+              flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def report(doc: dict) -> list[str]:
+    lines = [f"{'size':>8s} {'config':<12s} {'median us':>10s} {'spread':>8s} {'IQR':>7s} "
+             f"{'ratio':>7s} {'r.spread':>8s} {'r.IQR':>7s}"]
+    t = doc["times_us"]
+    for s in doc["sizes"]:
+        base = t[f"default@{s}"]
+        for name in doc["configs"]:
+            v = t[f"{name}@{s}"]
+            ratio = [b / x for b, x in zip(base, v)]  # speed relative to the default, per repeat
+            lines.append(f"{s:>8d} {name:<12s} {statistics.median(v):>10.2f} {spread(v):>7.1f}% {iqr(v):>6.1f}% "
+                         + (f"{statistics.median(ratio):>7.3f} {spread(ratio):>7.1f}% {iqr(ratio):>6.1f}%"
+                            if name != "default" else ""))
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--gpus", nargs="*", default=["0", "1"])
+    ap.add_argument("--sizes", default="8,4096,262144,2097152", help="bytes, comma-separated")
+    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--ops", type=int, default=10, help="ops captured in one graph")
+    ap.add_argument("--replays", type=int, default=5, help="graph replays per measurement")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds between repeats")
+    ap.add_argument("--port", type=int, default=29700)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
+    ap.add_argument("--out", type=Path, default=None, help="folder for each host's output and the JSON")
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    if opts.rank:
+        return rank_main(opts)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import netsim
+
+    args = [sys.executable, "-u", str(Path(__file__).resolve()), "--rank", "--sizes", opts.sizes, "--repeats",
+            str(opts.repeats), "--ops", str(opts.ops), "--replays", str(opts.replays), "--pause", str(opts.pause)]
+    out = opts.out or Path(tempfile.mkdtemp(prefix="interleave-"))
+    out.mkdir(parents=True, exist_ok=True)
+    with netsim.SimFleet(opts.hosts, gpus=opts.gpus) as fleet:
+        procs = []
+        for i in range(opts.hosts):  # each host's output into files, read as it comes: no pipe fills up
+            env = fleet.env_for(i)
+            env.update(RANK=str(i), WORLD_SIZE=str(opts.hosts), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR=fleet.addrs[0], MASTER_PORT=str(opts.port))
+            with open(out / f"host{i}.out", "w") as o, open(out / f"host{i}.err", "w") as e:
+                procs.append(fleet._run_env(i, args, env, stdout=o, stderr=e))
+        deadline = time.monotonic() + opts.timeout
+        for p in procs:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"interleave_noise: no end within {opts.timeout:g} s; each host's output is in {out}",
+                      file=sys.stderr)
+                return 1
+    codes = [p.returncode for p in procs]
+    line = next((x for x in (out / "host0.out").read_text().splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        print(f"interleave_noise: no result (exit codes {codes}); each host's output is in {out}", file=sys.stderr)
+        return 1
+    doc = json.loads(line[len("RESULT "):])
+    (out / "interleave.json").write_text(json.dumps(doc))
+    print("\n".join(report(doc)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
