@@ -614,7 +614,8 @@ def test_pairs_over_tcp_sockets_are_judged_at_the_socket_band(capsys):
     rng = random.Random(3)
     mild = lambda a, b: 1.5 * (0.76 if 2 in (a, b) else 1.0) * rng.gauss(1, 0.02)  # noqa: E731
     loc, _c = _pairs_over("NET/Socket/Shared", mild)
-    assert loc.band == 0.5 and loc.verdict(str)[0] == {}, loc.verdict(str)
+    assert loc.band == 0.5 and loc.verdict(str) == ({}, {}, {}), loc.verdict(str)
+    assert loc.ref.cut(0) == pytest.approx(0.5 * loc.ref.ref(0))  # the pairs' cut too, not only the nodes'
     assert "judged at a 50% band" in capsys.readouterr().err
     loc, _c = _pairs_over("NET/IB/0/GDRDMA", mild)
     assert loc.band == 0.2 and list(loc.verdict(str)[0]) == [2], loc.verdict(str)
@@ -624,3 +625,17 @@ def test_pairs_over_tcp_sockets_are_judged_at_the_socket_band(capsys):
     loc, _c = _pairs_over("NET/Socket/Shared", slow)
     assert loc.band == 0.5 and list(loc.verdict(str)[0]) == [2], loc.verdict(str)
     assert not loc.verdict(str)[1]
+
+
+@pytest.mark.parametrize("band,backend,expected", [(None, "nccl", (0.2, 0.5)), ("auto", "nccl", (0.2, 0.5)),
+                                                   (" AUTO ", "nccl", (0.2, 0.5)), ("30%", "nccl", (0.3, None)),
+                                                   ("0.6", "nccl", (0.6, None)), ("auto", "gloo", (0.6, None))])
+def test_the_socket_band_comes_with_band_auto_on_nccl_only(band, backend, expected):
+    from ncclbench.cli.fleet import build_plan
+
+    o = {"size": None, "min_busbw": None, "json_path": None, "csv_path": None, "drain_path": None, "band": band,
+         "iters": None, "warmup_iters": 1, "timeout": 30.0, "budget": 30.0, "gpus_per_node": None,
+         "all_pairs_up_to": 16, "rounds": 4, "localise_rounds": 6, "seed": 0, "sim_node_size": None}
+    plan = build_plan(o, backend)
+    assert plan.band == pytest.approx(expected[0])
+    assert plan.socket_band == (pytest.approx(expected[1]) if expected[1] else None)

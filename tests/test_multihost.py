@@ -323,6 +323,8 @@ def test_fleet_across_four_gpu_hosts(fault, tmp_path):
                 "kill": (["simnode3"], []), "freeze": (["simnode3"], [])}[fault]
     assert (drained, links) == expected, stdout[-3000:]
     assert code == (0 if fault == "none" else 1)
+    if fault in ("none", "nic", "link"):  # NCCL's log named NET/Socket for the pairs: the socket band
+        assert report["plan"]["band_used"] == 0.5, report["plan"]
 
 
 @pytest.mark.gpu

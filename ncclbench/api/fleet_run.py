@@ -274,10 +274,11 @@ class Coordinator:
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
+        band = None
         if p.socket_band and over_sockets(self.paths):
-            loc.band = max(loc.band, p.socket_band)
-            say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * loc.band:.0f}% band")
-        loc.set_reference()
+            band = max(loc.band, p.socket_band)
+            say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * band:.0f}% band")
+        loc.set_reference(band)
         for k in range(p.max_localise):
             loc.dead |= self.out_of_pairs
             node_pairs = localisation_round(loc, p.seed + k)

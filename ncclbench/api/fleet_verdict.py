@@ -248,7 +248,11 @@ class Localiser:
     def record(self, tests: list[PairTest]) -> None:
         self.tests.extend(tests)
 
-    def set_reference(self) -> None:
+    def set_reference(self, band: float | None = None) -> None:
+        """The pairs' cut from the screening tests, at `band` from now on when given (the
+        nodes' cut, made at each judgement, follows it)."""
+        if band is not None:
+            self.band = band
         screening = [t for t in self.tests if t.kind == "screen" and not {t.a, t.b} & self.dead]
         self.ref = rail_reference(screening, self.band, self.floor)
         self._judged = None
