@@ -107,6 +107,8 @@ def rank_main(opts) -> int:
                 end.synchronize()
                 times[f"{name}@{nbytes}"].append(start.elapsed_time(end) * 1e3 / (opts.replays * opts.ops))
         time.sleep(opts.pause)
+        if rep == 0:
+            say("repeat 1 (us per op): " + ", ".join(f"{k} {v[0]:.1f}" for k, v in times.items()))
         if rep % 10 == 9:
             say(f"repeat {rep + 1} of {opts.repeats}")
     dist.barrier()
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--gpus", nargs="*", default=["0", "1"])
-    ap.add_argument("--sizes", default="8,4096,262144,2097152", help="bytes, comma-separated")
+    ap.add_argument("--sizes", default="8,4096,65536,262144",
+                    help="bytes, comma-separated (LL over sockets is slow at MiB sizes)")
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--ops", type=int, default=10, help="ops captured in one graph")
     ap.add_argument("--replays", type=int, default=5, help="graph replays per measurement")
