@@ -387,13 +387,16 @@ def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatc
         return {r: v for r, v in t.items() if only is None or r in only}
 
     monkeypatch.setattr(within, "solo_times", solo_times)
-    again = [({1}, 50)] * (within.SOLO_RUNS - 1)
+    again = [({0, 1}, 50)] * (within.SOLO_RUNS - 1)  # the flagged rank, and rank 0 beside it as the yardstick
     for sequence, want, runs in (([slow1, healthy], [], 2), ([slow1, slow2], [], 2),
                                  ([slow1] * (within.SOLO_RUNS - 1) + [healthy], [], within.SOLO_RUNS),
                                  ([slow1] * within.SOLO_RUNS, [1], within.SOLO_RUNS)):
         times, asked[:] = iter(sequence), []
         assert sorted(within.judge_alone(pf, 1 << 20, 50)) == want, sequence
         assert asked == [(None, 50)] + again[:runs - 1]
+    # slow again, but so was the yardstick beside it (a moment slow for everyone): cleared
+    times, asked[:] = iter([slow1, {0: 4e-4, 1: 4e-4}]), []
+    assert within.judge_alone(pf, 1 << 20, 50) == {} and len(asked) == 2
     # a rank 20 ms late per op: each later run is cut to about SOLO_AGAIN_S
     times, asked[:] = iter([late1] * within.SOLO_RUNS), []
     assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
