@@ -180,12 +180,6 @@ def _layout(hosts: int, per: int | None = None) -> list[str] | None:
     return [",".join(str((h * per + k) % n) for k in range(per)) for h in range(hosts)]
 
 
-def _shared(gpus: list[str]) -> bool:
-    """Whether two simulated hosts drive one GPU."""
-    used = [g for host in gpus for g in host.split(",")]
-    return len(used) != len(set(used))
-
-
 def _nccl_log_env(folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     return dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,SHM,NET",
