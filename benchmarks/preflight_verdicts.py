@@ -54,6 +54,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import ncclbench
+    from ncclbench import failpoints
 
     gpu = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if gpu:
@@ -75,11 +76,13 @@ def main() -> None:
             saved = slow_in_torch(dist, args.delay_us / 1e6)
         elif planted and planted != "torch":
             os.environ["NCCLBENCH_FAULT"] = planted
+        failpoints.reset()  # what is planted is read once per process: read it again
         start = time.time()
         try:
             report = ncclbench.preflight(groups, budget_s=args.budget)
         finally:
             os.environ.pop("NCCLBENCH_FAULT", None)
+            failpoints.reset()
             for name, fn in saved.items():
                 setattr(dist, name, fn)
         lines.append({"case": case, "planted": planted, "passed": report.passed, "bad_ranks": report.bad_ranks,

@@ -192,6 +192,26 @@ def freeze(_plant, value, _context):
     return value
 
 
+def in_kernel(plant: Plant, value, _context):
+    """This thread waits inside the kernel (state D, as in a driver call that does not return)
+    for `seconds`: it starts a vfork child that sleeps in libc on a stack of its own, and a
+    vfork parent waits in the kernel until that child ends. Only SIGKILL ends the wait; the
+    process's other threads run on. Linux only."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.clone.restype = ctypes.c_int
+    libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    stack = ctypes.create_string_buffer(256 << 10)
+    top = (ctypes.addressof(stack) + len(stack) - 256) & ~15
+    clone_vm, clone_vfork = 0x100, 0x4000
+    sleep = ctypes.cast(libc.sleep, ctypes.c_void_p).value  # sleep(seconds): its one argument is clone's arg
+    child = libc.clone(sleep, top, clone_vm | clone_vfork | signal.SIGCHLD, max(1, int(plant.seconds)))
+    if child > 0:
+        os.waitpid(child, 0)
+    return value
+
+
 def kill_held(plant: Plant, value, context):
     """Killed, its connections held open by a forked child for `seconds` or until the
     launcher is gone: its peers then wait inside the collective in C code, where no signal
@@ -307,6 +327,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "kill": (("engine.before_size", kill, "rank"),),
     "kill_held": (("engine.before_size", kill_held, "rank"),),
     "freeze": (("engine.before_size", freeze, "rank"),),
+    "in_kernel": (("engine.before_size", in_kernel, "rank"),),
     "late_timeout": (("engine.watchdog_fires", sleep, "rank"),),
     "stall": (("engine.before_size", sleep, "rank"),),
     "pair_stall": (("fleet.pair", sleep, "rank"),),

@@ -58,6 +58,20 @@ def test_a_rank_behind_on_the_board_never_reached_it():
     assert sorted(v.waiting) == [0, 1]
 
 
+def test_a_rank_behind_that_answered_from_another_thread_says_its_main_thread_is_in_the_kernel():
+    """Its watchdog thread answers while its main thread waits in the kernel (state D): named
+    as never reaching the step, with that state; a main thread merely waiting (S) adds nothing."""
+    wits = {0: witness(0), 1: witness(1), 2: witness(2, where="before its collectives")}
+    wits[2].own = "D"
+    v = hang.decide(3, 7, "w", board({0: 7, 1: 7, 2: 6}), wits, {})
+    assert v.ranks() == [2] and v.culprits[0][1] == hang.NEVER
+    assert v.text().startswith("rank 2 (pid 102) on h0 never reached it: its last step was all_reduce at 64 B, "
+                               "where it is before its collectives; its main thread is stuck in the kernel (state D)")
+    assert hang.Witness.parse(wits[2].line()) == wits[2]
+    wits[2].own = "S"
+    assert "main thread" not in hang.decide(3, 7, "w", board({0: 7, 1: 7, 2: 6}), wits, {}).text()
+
+
 def test_a_gpu_that_never_reached_the_op_is_named_only_when_nothing_else_is():
     wits = {r: witness(r, gpu=(r != 2)) for r in range(4)}
     v = hang.decide(4, 7, "w", board({r: 7 for r in range(4)}), wits, {})
@@ -224,6 +238,35 @@ def test_a_rank_that_stalls_before_a_collective_is_named_as_never_reaching_it(tm
                      r"\(float, sum, root -1\), where it is before its collectives; ranks 0,1,3 waited for rank 2 "
                      r"at out-of-place, its first \(untimed\) op$", lines[0]), lines[0]
     assert not wait_gone(str(tmp_path), seconds=10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="state D is planted with Linux's vfork")
+def test_a_rank_stuck_in_the_kernel_is_named_with_state_d(tmp_path):
+    """-g 4 -T 5, rank 2's main thread held inside the kernel (state D) before 4 KiB for 25 s,
+    its other threads running on: rank 2 alone is named as never reaching the size, with its
+    state read on its host, the others as waiting for it; exit 4 within -T + 5 s, and SIGKILL
+    ends it long before its wait would have. Before the plant, state D was held by the rule's
+    unit test only."""
+    run = Run(cli_command() + [ARGS[0], "-g", "4", *ARGS[1:], "--csv", str(tmp_path / "r.csv")],
+              env={"NCCLBENCH_FAULT": "in_kernel:rank=2,size=4096,seconds=25"})
+    try:
+        run.wait_rows(1)
+        started = time.monotonic()
+        gone = run.finish(limit_s=120) - started
+    finally:
+        run.kill(run.pids.values())
+    lines = run.lines()
+    named = [(t, line) for t, line in lines if "timeout:" in line]
+    assert run.proc.returncode == 4 and len(named) == 1, lines
+    assert re.search(r"timeout: all_reduce at 4096 B \(float, sum, root -1\) did not finish within 5 s \(-T\): "
+                     r"rank 2 \(pid \d+\) on \S+ never reached it: its last step was all_reduce at 2048 B .*its "
+                     r"main thread is stuck in the kernel \(state D\); ranks 0,1,3 waited for rank 2 at ", named[0][1]), \
+        named[0][1]
+    to_name = named[0][0] - started
+    print(f"rank in state D named after {to_name:.1f} s, all gone after {gone:.1f} s")
+    assert to_name < NAME_BOUND and gone < GONE_BOUND, (to_name, gone)
+    # the ranks are gone; the plant's own sleeping child (sharing rank 2's command line) ends at 25 s
+    assert not wait_gone(str(tmp_path), seconds=30)
 
 
 @pytest.mark.parametrize("victim", [2, 0])
@@ -420,3 +463,33 @@ def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
     print(f"GPU: rank with a busy GPU named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
     assert not wait_gone(str(tmp_path), seconds=10)
+
+
+@pytest.mark.gpu
+def test_gpu_a_rank_stuck_in_the_kernel_is_named(tmp_path):
+    """-g 4 (or 2) on NCCL, the last rank's main thread held inside the kernel (state D) before
+    16 MiB for 40 s: named alone as never reaching the size, with its main thread's state,
+    within -T + 5 s of the size's start; the others waited inside NCCL. Its RAS clause names
+    no other rank."""
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    victim = GPUS - 1
+    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")],
+              env={"NCCLBENCH_FAULT": f"in_kernel:rank={victim},size={16 << 20},seconds=40"})
+    try:
+        run.wait_rows(4)
+        started = time.monotonic()
+        gone = run.finish(limit_s=120)
+    finally:
+        run.kill(run.pids.values())
+    lines = run.lines()
+    named = [(t, line) for t, line in lines if "timeout:" in line]
+    assert run.proc.returncode == 4 and len(named) == 1, lines
+    line = named[0][1]
+    assert re.search(rf"\(-T\): rank {victim} \(pid \d+\) on \S+ never reached it: its last step was all_reduce at "
+                     rf"8388608 B .*(its main thread|its process) is stuck in the kernel \(state D\); ", line), line
+    ras = _ras_names_only(line, victim)
+    to_name, to_gone = named[0][0] - started, gone - started
+    print(f"GPU: rank in state D named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10); RAS: {ras}")
+    assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
+    assert not wait_gone(str(tmp_path), seconds=45)

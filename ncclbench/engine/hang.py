@@ -5,10 +5,11 @@ Every rank whose watchdog fires (its process runs) posts a witness in the rendez
 the step it was given, where its main thread is (engine.position: placement, timed
 iteration), whether its GPU reached the step's first op (an event recorded just before it;
 None on the CPU), and the process state, read in /proc, of the ranks on its own host (from
-the progress board's pids). A rank stopped by a signal (state T) or stuck in the kernel (D)
-cannot post; a rank whose host or network is gone cannot reach the store. The reporting rank
-gathers the witnesses for up to GATHER_S (less once every rank has answered or been seen
-stopped) and applies one rule (decide):
+the progress board's pids), and its own main thread's state (a rank whose main thread is
+stuck in the kernel, state D, may still answer from its watchdog thread). A rank stopped by a
+signal (state T) cannot post; a rank whose host or network is gone cannot reach the store.
+The reporting rank gathers the witnesses for up to GATHER_S (less once every rank has
+answered or been seen stopped) and applies one rule (decide):
 
 1. a rank whose last step on the progress board is before the step that overran never
    reached it (stalled on its host, or frozen before it);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import socket
 import threading
@@ -50,6 +52,7 @@ class Witness:
     where: str | None = None  # where its main thread is (position)
     gpu: bool | None = None   # its GPU reached the step's first op (None: no GPU, or unknown)
     states: dict = field(default_factory=dict)  # rank -> /proc state letter (None: gone) of ranks on its host
+    own: str | None = None    # its main thread's /proc state, read by its watchdog thread (D: in the kernel)
 
     def line(self) -> str:
         return json.dumps(asdict(self))
@@ -59,7 +62,7 @@ class Witness:
         try:
             d = json.loads(text)
             return cls(int(d["rank"]), int(d["step"]), str(d["what"]), d.get("where"), d.get("gpu"),
-                       {int(k): v for k, v in (d.get("states") or {}).items()})
+                       {int(k): v for k, v in (d.get("states") or {}).items()}, d.get("own"))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -120,6 +123,8 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
                 clause += f", where it is {w.where}"
             if seen:
                 clause += f"; its process is {procs.state_text(letter)}"
+            elif w is not None and w.own in procs.FROZEN:  # it answered from another thread
+                clause += f"; its main thread is {procs.state_text(w.own)}"
             culprits.append((r, NEVER, clause))
         elif _stopped(states, r):
             culprits.append((r, FROZEN, f"{who(r)} is {procs.state_text(letter)} inside it"))
@@ -251,7 +256,8 @@ class Census:
                 if r != self.rank and e.host == host and e.pid}
 
     def post(self) -> Witness:
-        me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {})
+        me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {},
+                               procs.state(os.getpid()))
         self.seen = ({self.rank: me}, {})
         self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
