@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli_command, load_script, table_rows
+from ncclbench.engine import ras
 from ncclbench.topology.pci import parse_index_ranges
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -351,11 +352,11 @@ def test_a_frozen_host_is_named_alone_across_hosts(hosts, tmp_path):
     culprit_hosts = set(re.findall(r"\(pid \d+\) on ([\w.-]+)", lines[-1].split("; NCCL RAS")[0]))
     assert culprit_hosts == {name}, lines[-1]
     assert named_after < 10 + 5 + 5, named_after  # -T + 5 s, plus this host's own start-up slack
-    ras = re.search(r"; NCCL RAS \([^,]+, a second witness\): (.*)$", lines[-1])
-    assert ras, lines[-1]
-    named = {int(r) for r in re.findall(r"rank (\d+) = pid", ras.group(1))}
+    said = re.search(r"; NCCL RAS \([^,]+, a second witness\): (.*)$", lines[-1])
+    assert said, lines[-1]
+    named = {int(r) for r in re.findall(r"rank (\d+) = pid", said.group(1).split("; " + ras.LAGGING)[0])}
     assert named <= set(range(frozen * per, hosts * per)), lines[-1]
-    print(f"{hosts} hosts ({' '.join(gpus)}): frozen host named after {named_after:.1f} s; RAS: {ras.group(1)}")
+    print(f"{hosts} hosts ({' '.join(gpus)}): frozen host named after {named_after:.1f} s; RAS: {said.group(1)}")
 
 
 def _wait_for_sweep(proc) -> None:

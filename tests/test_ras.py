@@ -115,6 +115,15 @@ def test_what_ras_saw_in_one_clause():
     assert ras.summary(dead, pids).endswith("no answer from rank 1 = pid 101 on h (considered dead)")
     behind = report([rank(0, 100, 9), rank(1, 101, 7), rank(2, 102, 9)])
     assert ras.summary(behind, pids).endswith("fewer collectives launched by rank 1 = pid 101 on 10.0.0.1 (7 against 9)")
+    # rank 3 silent, rank 0 one launch short of 1 and 2: seen with a frozen host across 4 hosts
+    pids4 = {**pids, 103: [3]}
+    waited = report([rank(0, 100, 1076), rank(1, 101, 1077), rank(2, 102, 1077)],
+                    [{"rank": 3, "host": "h3", "pid": 103, "status": {"unresponsive": True}}])
+    assert ras.summary(waited, pids4).endswith(
+        "no answer from rank 3 = pid 103 on h3; one collective fewer launched by rank 0 = pid 100 on 10.0.0.1 "
+        "(1076 against 1077), as ranks waiting for a silent one can be")
+    waited["communicators"][0]["ranks"][0]["collective_counts"] = {"AllReduce": 1075}  # two short: behind
+    assert "; fewer collectives launched by rank 0 = pid 100 on 10.0.0.1 (1075 against 1077)" in ras.summary(waited, pids4)
     blind = report([rank(0, 100), rank(1, 101), rank(2, 102)])
     assert "every rank answered and launched as many collectives as the others: it sees no hang" in ras.summary(blind, pids)
     other_job = report([rank(0, 900), rank(1, 901)])

@@ -34,6 +34,7 @@ PROTOCOL = 2
 PEER_WAIT_S = 1      # TIMEOUT sent to RAS: how long it waits for each peer's data
 ANSWER_WAIT_S = 3.5  # the most the whole query may take
 MAX_REPORT = 64 << 20  # bytes of report read at most
+LAGGING = "one collective fewer launched by"  # the clause on ranks one launch short while one is silent
 
 
 def address(environ=None) -> tuple[str, int]:
@@ -194,12 +195,14 @@ def summary(doc: dict, pids: dict, name=str) -> str:
     def key(r: dict, comm: dict):
         """One process: its host and pid; where NCCL could not tell them (pid -1), its rank."""
         return (r.get("host"), r.get("pid")) if r.get("pid") not in (-1, None) else (id(comm), r.get("rank"))
-    silent, absent, behind, failing = {}, {}, {}, {}
+    silent, absent, behind, lagging, failing = {}, {}, {}, {}, {}
     for comm in ours:
+        comm_silent = False
         for r in entries(comm, "missing_ranks"):
             status = r.get("status") if isinstance(r.get("status"), dict) else {}
             if status.get("unresponsive") or status.get("considered_dead"):
                 silent[key(r, comm)] = who(r) + (" (considered dead)" if status.get("considered_dead") else "")
+                comm_silent = True
             else:
                 absent[key(r, comm)] = who(r)
         ranks = entries(comm, "ranks")
@@ -214,7 +217,10 @@ def summary(doc: dict, pids: dict, name=str) -> str:
             top = max(counts.values())
             for r in ranks:
                 if counts[id(r)] < top:
-                    behind[key(r, comm)] = f"{who(r)} ({counts[id(r)]} against {top})"
+                    # one short while a member is silent: the ranks that answered stop wherever
+                    # the silent one left each of them, one launch apart at most
+                    (lagging if comm_silent and top - counts[id(r)] == 1 else behind)[key(r, comm)] = \
+                        f"{who(r)} ({counts[id(r)]} against {top})"
     parts = []
     if silent:
         parts.append(f"no answer from {', '.join(silent.values())}")
@@ -225,6 +231,8 @@ def summary(doc: dict, pids: dict, name=str) -> str:
         parts.append(f"an error reported by {', '.join(failing.values())}")
     if behind:
         parts.append(f"fewer collectives launched by {', '.join(behind.values())}")
+    if lagging:
+        parts.append(f"{LAGGING} {', '.join(lagging.values())}, as ranks waiting for a silent one can be")
     if parts:
         return f"{head}: " + "; ".join(parts)
     return (f"{head}: every rank answered and launched as many collectives as the others: it sees no hang "
