@@ -316,7 +316,9 @@ def test_fleet_across_four_gpu_hosts(fault, tmp_path):
     links = [link["hosts"] for link in report["links"]]
     expected = {"none": ([], []), "nic": (["simnode2"], []), "link": ([], [["simnode1", "simnode3"]]),
                 "kill": (["simnode3"], []), "freeze": (["simnode3"], [])}[fault]
-    assert (drained, links) == expected, stdout[-3000:]
+    tests = "\n".join(f"{t['host_a']}-{t['host_b']} round {t['round']}: {t['busbw_gbps']} GB/s at {t['bytes']} B, "
+                      f"{t['below_reference_pct']}% below {t['reference_gbps']}" for t in report["tests"])
+    assert (drained, links) == expected, stdout[-3000:] + "\n" + tests
     assert code == (0 if fault == "none" else 1)
     if fault in ("none", "nic", "link"):  # NCCL's log named NET/Socket for the pairs: the socket band
         assert report["plan"]["band_used"] == 0.5, report["plan"]
