@@ -195,9 +195,13 @@ def freeze(_plant, value, _context):
 def in_kernel(plant: Plant, value, _context):
     """This thread waits inside the kernel (state D, as in a driver call that does not return)
     for `seconds`: it starts a vfork child that sleeps in libc on a stack of its own, and a
-    vfork parent waits in the kernel until that child ends. Only SIGKILL ends the wait; the
-    process's other threads run on. Linux only."""
+    vfork parent waits in the kernel until that child ends. The child starts with every
+    signal blocked, so only SIGKILL cuts the wait short (signals to the process wait, as they
+    do for a real one); a watcher process of its own session ends the child at `seconds` or
+    as soon as this process is gone. The process's other threads run on. Linux only."""
     import ctypes
+    import subprocess
+    import sys
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.clone.restype = ctypes.c_int
@@ -206,10 +210,68 @@ def in_kernel(plant: Plant, value, _context):
     top = (ctypes.addressof(stack) + len(stack) - 256) & ~15
     clone_vm, clone_vfork = 0x100, 0x4000
     sleep = ctypes.cast(libc.sleep, ctypes.c_void_p).value  # sleep(seconds): its one argument is clone's arg
-    child = libc.clone(sleep, top, clone_vm | clone_vfork | signal.SIGCHLD, max(1, int(plant.seconds)))
-    if child > 0:
+    watcher = subprocess.Popen([sys.executable, "-c", _IN_KERNEL_WATCHER, str(os.getpid()), str(plant.seconds)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:  # the child's own sleep ends it if the watcher is gone
+        child = libc.clone(sleep, top, clone_vm | clone_vfork | signal.SIGCHLD, int(plant.seconds) + 2)
+        err = ctypes.get_errno()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if child < 0:
+        watcher.kill()
+        watcher.wait()
+        raise OSError(err, f"NCCLBENCH_FAULT in_kernel: clone failed: {os.strerror(err)}")
+    try:
         os.waitpid(child, 0)
+    except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+        pass
+    try:
+        watcher.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        watcher.kill()
     return value
+
+
+# in_kernel's watcher: argv rank pid, seconds. It finds the rank's vfork child (its child with
+# the rank's command line: they share one address space) and SIGKILLs it at `seconds` or once
+# the rank is gone; it ends when the child has ended, or finds none within 10 s.
+_IN_KERNEL_WATCHER = """
+import os, signal, sys, time
+rank, seconds = int(sys.argv[1]), float(sys.argv[2])
+def read(path):
+    try:
+        with open(path, 'rb') as f:
+            return f.read()
+    except OSError:
+        return None
+def stat(pid):
+    text = read(f'/proc/{pid}/stat')
+    return text.rsplit(b')', 1)[1].split() if text else None
+def alive(pid):
+    fields = stat(pid)
+    return fields is not None and fields[0] not in (b'Z', b'X')
+cmdline, child, start = read(f'/proc/{rank}/cmdline'), None, time.monotonic()
+while True:
+    now = time.monotonic() - start
+    if child is None:
+        for name in os.listdir('/proc'):
+            fields = stat(name) if name.isdigit() else None
+            if fields and int(fields[1]) == rank and read(f'/proc/{name}/cmdline') == cmdline:
+                child = int(name)
+        if child is None and (now > 10 or not alive(rank)):
+            break
+    elif not alive(child):
+        break
+    elif now >= seconds or not alive(rank):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+    time.sleep(0.1)
+"""
 
 
 def kill_held(plant: Plant, value, context):

@@ -189,3 +189,70 @@ def test_a_misspelt_fault_is_refused_naming_the_variable(text, says):
     with pytest.raises(ValueError) as e:
         failpoints.parse(text)
     assert str(e.value).startswith(failpoints.ENV) and says in str(e.value)
+
+
+IN_KERNEL = """
+import os, sys, time
+from ncclbench import failpoints
+plant = failpoints.Plant("in_kernel", failpoints.in_kernel, seconds=float(sys.argv[1]))
+print(os.getpid(), flush=True)
+began = time.monotonic()
+failpoints.in_kernel(plant, None, {})
+print(f"{time.monotonic() - began:.2f}", flush=True)
+"""
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _twins(pid, cmdline):
+    """Processes other than `pid` with its command line (in_kernel's child shares its memory)."""
+    import os
+
+    out = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read() == cmdline and int(name) != pid:
+                    out.append(int(name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="Linux's vfork")
+def test_in_kernel_holds_state_d_through_signals_and_leaves_nothing_when_killed():
+    """The process's main thread sits in state D: a SIGTERM to its process group (as a launcher
+    sends) changes nothing, SIGKILL to it alone ends it, and its vfork child goes with it
+    (before: the child slept on for `seconds`, holding the rank's sockets and files). Left
+    alone, the wait ends after `seconds`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cmd = [sys.executable, "-c", IN_KERNEL]
+    proc = subprocess.Popen([*cmd, "60"], stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    try:
+        pid = int(proc.stdout.readline())
+        time.sleep(1.0)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        assert _state(pid) == "D" and len(_twins(pid, cmdline)) == 1
+        os.killpg(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert _state(pid) == "D"
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 3
+        while _twins(pid, cmdline) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _twins(pid, cmdline) == []
+    finally:
+        proc.kill()
+    short = subprocess.run([*cmd, "1"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert short.returncode == 0 and 0.9 < float(short.stdout.split()[1]) < 4, short

@@ -122,6 +122,13 @@ def test_what_ras_saw_in_one_clause():
     assert ras.summary(waited, pids4).endswith(
         "no answer from rank 3 = pid 103 on h3; one collective fewer launched by rank 0 = pid 100 on 10.0.0.1 "
         "(1076 against 1077), as ranks waiting for a silent one can be")
+    # a second communicator with nobody silent: one short there is plainly fewer
+    other = report([rank(0, 100, 8), rank(1, 101, 9)])["communicators"][0]
+    both = dict(waited, communicators=[waited["communicators"][0], other])
+    assert ras.summary(both, pids4).endswith(
+        "no answer from rank 3 = pid 103 on h3; fewer collectives launched by rank 0 = pid 100 on 10.0.0.1 (8 against 9)"
+        "; one collective fewer launched by rank 0 = pid 100 on 10.0.0.1 (1076 against 1077), as ranks waiting for a "
+        "silent one can be")
     waited["communicators"][0]["ranks"][0]["collective_counts"] = {"AllReduce": 1075}  # two short: behind
     assert "; fewer collectives launched by rank 0 = pid 100 on 10.0.0.1 (1075 against 1077)" in ras.summary(waited, pids4)
     blind = report([rank(0, 100), rank(1, 101), rank(2, 102)])

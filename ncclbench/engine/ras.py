@@ -217,8 +217,9 @@ def summary(doc: dict, pids: dict, name=str) -> str:
             top = max(counts.values())
             for r in ranks:
                 if counts[id(r)] < top:
-                    # one short while a member is silent: the ranks that answered stop wherever
-                    # the silent one left each of them, one launch apart at most
+                    # one short while a member is silent: the ranks that answered stop where the
+                    # silent one left each of them, seen one launch apart (not a rule of NCCL's;
+                    # a rank held before its launch reads the same, and the census names it)
                     (lagging if comm_silent and top - counts[id(r)] == 1 else behind)[key(r, comm)] = \
                         f"{who(r)} ({counts[id(r)]} against {top})"
     parts = []
