@@ -198,7 +198,8 @@ def in_kernel(plant: Plant, value, _context):
     vfork parent waits in the kernel until that child ends. The child starts with every
     signal blocked, so only SIGKILL cuts the wait short (signals to the process wait, as they
     do for a real one); a watcher process of its own session ends the child at `seconds` or
-    as soon as this process is gone. The process's other threads run on. Linux only."""
+    as soon as this process is gone. The process's other threads run on. Linux only, glibc
+    2.25 or later (older ones cache the process id in memory the child shares)."""
     import ctypes
     import subprocess
     import sys
