@@ -434,17 +434,10 @@ def test_gpu_a_frozen_rank_is_named_alone(tmp_path):
     assert not wait_gone(str(tmp_path), seconds=10)
 
 
-@pytest.mark.gpu
-def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
-    """-g 4 (or 2) on NCCL, a 600 s kernel queued on the last rank's stream before 16 MiB
-    (gpu_sleep): its host goes on and waits like the others; its GPU never reaches the
-    all_reduce. That rank is named as such, the others as waiting for it, within -T + 5 s of
-    the size's start. NCCL's RAS counts what the host launched: it sees no hang."""
-    if GPUS < 2:
-        pytest.skip("needs 2 GPUs")
-    victim = GPUS - 1
-    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")],
-              env={"NCCLBENCH_FAULT": f"gpu_sleep:rank={victim},size={16 << 20},seconds=600"})
+def _gpu_fault_before_16m(tmp_path, fault: str) -> tuple[str, float, float]:
+    """GPU_ARGS with `fault` planted at 16 MiB: (the one timeout line, seconds from the size's
+    start to it, seconds to every process gone); exit 4 checked."""
+    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")], env={"NCCLBENCH_FAULT": fault})
     try:
         run.wait_rows(4)  # 1, 2, 4, 8 MiB: the 16 MiB size starts now
         started = time.monotonic()
@@ -454,14 +447,25 @@ def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
     lines = run.lines()
     named = [(t, line) for t, line in lines if "timeout:" in line]
     assert run.proc.returncode == 4 and len(named) == 1, lines
-    line = named[0][1]
+    return named[0][1], named[0][0] - started, gone - started
+
+
+@pytest.mark.gpu
+def test_gpu_a_gpu_that_never_reaches_the_op_is_named(tmp_path):
+    """-g 4 (or 2) on NCCL, a 600 s kernel queued on the last rank's stream before 16 MiB
+    (gpu_sleep): its host goes on and waits like the others; its GPU never reaches the
+    all_reduce. That rank is named as such, the others as waiting for it, within -T + 5 s of
+    the size's start. NCCL's RAS counts what the host launched: it sees no hang."""
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    victim = GPUS - 1
+    line, to_name, to_gone = _gpu_fault_before_16m(tmp_path, f"gpu_sleep:rank={victim},size={16 << 20},seconds=600")
     others = ",".join(str(r) for r in range(GPUS) if r != victim)
     waiting = f"ranks {others}" if GPUS > 2 else f"rank {others}"
     assert re.search(rf"timeout: all_reduce at 16777216 B \(float, sum, root -1\) did not finish within 10 s \(-T\): "
                      rf"rank {victim} \(pid \d+\) on \S+: its GPU never reached it \(earlier work on its stream still "
                      rf"runs\); {waiting} waited for rank {victim} at ", line), line
     assert "it sees no hang" in _ras_names_only(line, victim), line
-    to_name, to_gone = named[0][0] - started, gone - started
     print(f"GPU: rank with a busy GPU named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10)")
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
     assert not wait_gone(str(tmp_path), seconds=10)
@@ -476,22 +480,10 @@ def test_gpu_a_rank_stuck_in_the_kernel_is_named(tmp_path):
     if GPUS < 2:
         pytest.skip("needs 2 GPUs")
     victim = GPUS - 1
-    run = Run(cli_command() + GPU_ARGS + ["--csv", str(tmp_path / "r.csv")],
-              env={"NCCLBENCH_FAULT": f"in_kernel:rank={victim},size={16 << 20},seconds=40"})
-    try:
-        run.wait_rows(4)
-        started = time.monotonic()
-        gone = run.finish(limit_s=120)
-    finally:
-        run.kill(run.pids.values())
-    lines = run.lines()
-    named = [(t, line) for t, line in lines if "timeout:" in line]
-    assert run.proc.returncode == 4 and len(named) == 1, lines
-    line = named[0][1]
+    line, to_name, to_gone = _gpu_fault_before_16m(tmp_path, f"in_kernel:rank={victim},size={16 << 20},seconds=40")
     assert re.search(rf"\(-T\): rank {victim} \(pid \d+\) on \S+ never reached it: its last step was all_reduce at "
                      rf"8388608 B .*(its main thread|its process) is stuck in the kernel \(state D\); ", line), line
     ras = _ras_names_only(line, victim)
-    to_name, to_gone = named[0][0] - started, gone - started
     print(f"GPU: rank in state D named after {to_name:.1f} s, all gone after {to_gone:.1f} s (-T 10); RAS: {ras}")
     assert to_name < 10 + 5 and to_gone < 10 + 15, (to_name, to_gone)
-    assert not wait_gone(str(tmp_path), seconds=45)
+    assert not wait_gone(str(tmp_path), seconds=10)
