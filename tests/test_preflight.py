@@ -764,3 +764,57 @@ def test_the_slow_nic_rule_counts_each_hosts_own_nics_and_names_a_host_once():
                             3: "simnode1.cluster"},
                            {"world": (world, 0.355), "rail": ((1, 3), 0.2)})
     assert list(bad) == [2] and list(slow) == [("world", world)]
+
+
+def test_every_rank_stops_calibrating_at_the_same_size_whatever_its_own_clock(monkeypatch):
+    """Two ranks calibrate one dimension; rank 0's clock runs on while it waits in each
+    exchange for rank 1, which came in later and has spent less. Both must stop at the same
+    size: before, each judged the time left on its own clock, rank 0 stopped a size early and
+    went on to the next dimension's group while rank 1 waited for it in this one (a hang
+    seen in CI: two ranks each waiting in a different group until -T)."""
+    import threading
+
+    from ncclbench.api import preflight as pf
+
+    barrier, box, clocks = threading.Barrier(2, timeout=10), [None, None], threading.local()
+
+    class Clock:  # each thread its own clock: rank 0's advances 0.5 s at each exchange
+        @staticmethod
+        def monotonic():
+            return clocks.now
+
+    class World:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def exchange(self, value, what, timeout):
+            box[self.rank] = value
+            barrier.wait()
+            everyone = list(box)
+            barrier.wait()
+            clocks.now += 0.5 if self.rank == 0 else 0.0
+            return everyone
+
+    class Rows(list):
+        has_rows = True
+
+    row = type("Row", (), {"out_of_place": type("C", (), {"time_us": 1000.0})(), "in_place": None})()
+    monkeypatch.setattr(pf, "time", Clock)
+    results = [None, None]
+
+    def rank(r):
+        clocks.now = 0.0
+        p = pf.Preflight.__new__(pf.Preflight)
+        p.world, p.timeout_s = World(r), 5.0
+        p._measure = lambda *a, **k: Rows([row])
+        try:
+            results[r] = [size for size, _t in p._calibrate("dp", 256 << 20, share=1.2)[0]]
+        except threading.BrokenBarrierError:
+            results[r] = "waited for the other rank in vain"
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results[0] == results[1] and isinstance(results[0], list), results

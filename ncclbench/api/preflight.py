@@ -208,18 +208,22 @@ class Preflight:
     def _calibrate(self, dim: str, cap: int, share: float) -> tuple[list[tuple[int, float]], float]:
         """([(bytes, slowest group's seconds per all_reduce)] at sizes growing PROBE_STEP-fold
         from MIN_BYTES (or `cap` if smaller), while the next step's predicted ops fit `share`;
-        the seconds one measure() call costs besides its ops, the least seen)."""
+        the seconds one measure() call costs besides its ops, the least seen). Whether to go on
+        is decided on what every rank sent, so every rank decides alike: a rank that came in
+        later has spent less of its own clock, and had it stopped on its own while another went
+        on, each would wait for the other in a different group."""
         start, size, probed, overhead = time.monotonic(), min(MIN_BYTES, cap), [], []
         while True:
             began = time.monotonic()
             rows = self._measure(dim, ALL_REDUCE.name, str(size), iters=PROBE_ITERS, warmup_iters=0, check=0)
             mine = _row_time_us(rows[0]) / 1e6 if rows.has_rows and len(rows) else None
             wall = time.monotonic() - began
-            everyone = self.world.exchange((mine, wall), f"preflight: calibrating {dim}", self.timeout_s)
-            t_op = max((t for t, _w in everyone if t), default=1e-3)
+            everyone = self.world.exchange((mine, wall, time.monotonic() - start), f"preflight: calibrating {dim}",
+                                           self.timeout_s)
+            t_op = max((t for t, _w, _s in everyone if t), default=1e-3)
             probed.append((size, t_op))
-            overhead.append(max(0.0, max(w for _t, w in everyone) - PROBE_OPS * t_op))
-            left = share - (time.monotonic() - start)
+            overhead.append(max(0.0, max(w for _t, w, _s in everyone) - PROBE_OPS * t_op))
+            left = share - max(spent for _t, _w, spent in everyone)
             nxt = min(cap, size * PROBE_STEP)
             if nxt <= size or PROBE_OPS * t_op * nxt / size > left:
                 return probed, min(overhead)
