@@ -211,9 +211,12 @@ def in_kernel(plant: Plant, value, _context):
     top = (ctypes.addressof(stack) + len(stack) - 256) & ~15
     clone_vm, clone_vfork = 0x100, 0x4000
     sleep = ctypes.cast(libc.sleep, ctypes.c_void_p).value  # sleep(seconds): its one argument is clone's arg
-    watcher = subprocess.Popen([sys.executable, "-c", _IN_KERNEL_WATCHER, str(os.getpid()), str(plant.seconds)],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    watcher = subprocess.Popen([sys.executable, "-c", "import sys; from ncclbench.failpoints import watch_in_kernel; "
+                                "watch_in_kernel(int(sys.argv[1]), float(sys.argv[2]))", str(os.getpid()),
+                                str(plant.seconds)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:  # the child's own sleep ends it if the watcher is gone
         child = libc.clone(sleep, top, clone_vm | clone_vfork | signal.SIGCHLD, int(plant.seconds) + 2)
@@ -235,44 +238,40 @@ def in_kernel(plant: Plant, value, _context):
     return value
 
 
-# in_kernel's watcher: argv rank pid, seconds. It finds the rank's vfork child (its child with
-# the rank's command line: they share one address space) and SIGKILLs it at `seconds` or once
-# the rank is gone; it ends when the child has ended, or finds none within 10 s.
-_IN_KERNEL_WATCHER = """
-import os, signal, sys, time
-rank, seconds = int(sys.argv[1]), float(sys.argv[2])
-def read(path):
-    try:
-        with open(path, 'rb') as f:
-            return f.read()
-    except OSError:
-        return None
-def stat(pid):
-    text = read(f'/proc/{pid}/stat')
-    return text.rsplit(b')', 1)[1].split() if text else None
-def alive(pid):
-    fields = stat(pid)
-    return fields is not None and fields[0] not in (b'Z', b'X')
-cmdline, child, start = read(f'/proc/{rank}/cmdline'), None, time.monotonic()
-while True:
-    now = time.monotonic() - start
-    if child is None:
-        for name in os.listdir('/proc'):
-            fields = stat(name) if name.isdigit() else None
-            if fields and int(fields[1]) == rank and read(f'/proc/{name}/cmdline') == cmdline:
-                child = int(name)
-        if child is None and (now > 10 or not alive(rank)):
-            break
-    elif not alive(child):
-        break
-    elif now >= seconds or not alive(rank):
+def watch_in_kernel(rank: int, seconds: float) -> None:
+    """in_kernel's watcher (a process of its own): finds the rank's vfork child (its child
+    with the rank's command line: they share one address space) and SIGKILLs it at `seconds`
+    or once the rank is gone; returns when the child has ended, or when none came within 10 s."""
+    from ncclbench import procs
+
+    def read(path):
         try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        break
-    time.sleep(0.1)
-"""
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def parent(pid):
+        text = read(f"/proc/{pid}/stat")
+        return int(text.rsplit(b")", 1)[1].split()[1]) if text else None
+
+    cmdline, child, start = read(f"/proc/{rank}/cmdline"), None, time.monotonic()
+    while True:
+        now = time.monotonic() - start
+        if child is None:
+            child = next((int(n) for n in os.listdir("/proc") if n.isdigit() and parent(n) == rank
+                          and read(f"/proc/{n}/cmdline") == cmdline), None)
+            if child is None and (now > 10 or not procs.alive(rank)):
+                return
+        elif not procs.alive(child):
+            return
+        elif now >= seconds or not procs.alive(rank):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        time.sleep(0.1)
 
 
 def kill_held(plant: Plant, value, context):

@@ -202,11 +202,6 @@ print(f"{time.monotonic() - began:.2f}", flush=True)
 """
 
 
-def _state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def _twins(pid, cmdline):
     """Processes other than `pid` with its command line (in_kernel's child shares its memory)."""
     import os
@@ -234,6 +229,7 @@ def test_in_kernel_holds_state_d_through_signals_and_leaves_nothing_when_killed(
     import sys
 
     from conftest import ROOT
+    from ncclbench import procs
 
     cmd = [sys.executable, "-c", IN_KERNEL]
     proc = subprocess.Popen([*cmd, "60"], stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
@@ -242,10 +238,10 @@ def test_in_kernel_holds_state_d_through_signals_and_leaves_nothing_when_killed(
         time.sleep(1.0)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
-        assert _state(pid) == "D" and len(_twins(pid, cmdline)) == 1
+        assert procs.state(pid) == "D" and len(_twins(pid, cmdline)) == 1
         os.killpg(pid, signal.SIGTERM)
         time.sleep(1.0)
-        assert _state(pid) == "D"
+        assert procs.state(pid) == "D"
         os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=5)
         deadline = time.monotonic() + 3
