@@ -352,3 +352,53 @@ def test_same_output_ignores_numbers_of_timed_runs_only():
     # result-store names carry the time of day
     line = "ncclbench: results saved to store/20261126-164030_all_reduce_1r_gloo.json"
     assert same.collapse(line, False) == same.collapse(line.replace("164030", "171501"), False)
+
+
+def _paired_times(ratio_by_set, per_set, seed):
+    """Default and other times for `per_set` repeats in each communicator set: a drift every
+    few repeats hits both alike, each time gets its own +-30 % jitter, and the other runs
+    `ratio` times faster in its set."""
+    import random
+
+    rng = random.Random(seed)
+    base, other, sets = [], [], []
+    for rep in range(per_set * len(ratio_by_set)):
+        c = rep % len(ratio_by_set)
+        drift = 1 + 0.5 * ((rep // 50) % 2)
+        base.append(60 * drift * rng.uniform(0.7, 1.3))
+        other.append(60 * drift * rng.uniform(0.7, 1.3) / ratio_by_set[c])
+        sets.append(c)
+    return base, other, sets
+
+
+def test_interleave_estimate_finds_a_planted_ratio_through_drift_and_jitter():
+    mod = load_script("interleave_noise")
+    base, other, sets = _paired_times([1.10], 600, seed=3)
+    est = mod.ratio_estimate(base, other, sets, draws=400)
+    assert est["low"] <= 1.10 <= est["high"] and est["low"] > 1.0
+    assert est["half_width_pct"] < 5
+    # the same sets with no difference: the interval holds 1
+    base, other, sets = _paired_times([1.0], 600, seed=4)
+    est = mod.ratio_estimate(base, other, sets, draws=400)
+    assert est["low"] <= 1.0 <= est["high"]
+
+
+def test_interleave_estimate_widens_when_communicators_disagree():
+    """Communicator sets that disagree (0.56 and 0.67, as tree/LL at 256K across sockets)
+    must widen the interval beyond what one set's repeats alone would give."""
+    mod = load_script("interleave_noise")
+    one = mod.ratio_estimate(*_paired_times([0.62], 600, seed=5), draws=400)
+    four = mod.ratio_estimate(*_paired_times([0.56, 0.67, 0.58, 0.66], 150, seed=5), draws=400)
+    assert four["half_width_pct"] > 2 * one["half_width_pct"]
+    assert min(four["set_medians"]) < 0.59 and max(four["set_medians"]) > 0.64
+
+
+def test_interleave_report_prints_each_configuration_against_the_default():
+    mod = load_script("interleave_noise")
+    base, other, sets = _paired_times([1.10, 1.12], 100, seed=6)
+    doc = {"sizes": [8], "configs": ["default", "tree/LL"], "sets": sets,
+           "times_us": {"default@8": base, "tree/LL@8": other}}
+    lines = mod.report(doc, draws=200)
+    assert len(lines) == 3 and "95% CI" in lines[0]
+    row = lines[2].split()
+    assert row[:2] == ["8", "tree/LL"] and 1.05 < float(row[5]) < 1.17

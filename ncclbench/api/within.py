@@ -66,15 +66,30 @@ def solo_times(pf, nbytes: int, iters: int, only=None) -> dict:
     return {r: t / 1e6 for r, t in enumerate(everyone) if t}
 
 
+def host_waves(ranks: list, host: dict) -> list[list]:
+    """`ranks` in waves that hold at most one rank of each host, in order: ranks of one host
+    measured in turn, never beside each other on the cores they share."""
+    waves: list[list] = []
+    for r in ranks:
+        wave = next((w for w in waves if all(host[q] != host[r] for q in w)), None)
+        if wave is None:
+            waves.append([r])
+        else:
+            wave.append(r)
+    return waves
+
+
 def judge_alone(pf, nbytes: int, iters: int) -> dict:
-    """{rank: evidence} for the ranks slow alone at their best: measured once, and where
-    that flags ranks, those again while the others wait, up to SOLO_RUNS runs in all (on a
-    host whose cores the ranks share, the others' ops running beside it slowed a healthy rank
-    3.3x: 245 against 73.7 us, 4 gloo ranks on 2 cores), the fastest rank not flagged beside
-    them as a yardstick: a re-measure counts scaled by how much slower the yardstick ran
-    then than at its best (a moment slow for everyone on shared cores cleared nothing before:
-    a healthy gloo rank stayed 3x "slow" through all 4 runs in about 1 test run in 10 on 2
-    cores); each rank's best time against the others' best times."""
+    """{rank: evidence} for the ranks slow alone at their best: measured once, all at once,
+    and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
+    all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
+    share its cores: run side by side, the others' ops slowed a healthy rank 3.3x, 245 against
+    73.7 us, 4 gloo ranks on 2 cores, and under a whole test suite's load two healthy ranks
+    stayed 72% slow through 4 runs side by side). The fastest rank not flagged is the
+    yardstick of each wave: beside it where its host has no rank in the wave, else alone just
+    before it; a re-measure counts scaled by how much slower the yardstick ran then than at
+    its best (a moment slow for everyone on shared cores clears nothing). Each rank's best
+    time against the others' best times."""
     from ncclbench.api.verdict import judge_solo, worst_below
 
     if len(pf.host) < 2:
@@ -84,14 +99,17 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     runs = 1
     while flagged and runs < SOLO_RUNS:
         slowest = max(best[r] for r in flagged)
-        # the fastest rank not flagged is measured beside them, as a yardstick of the moment
+        again_iters = max(3, min(iters, int(SOLO_AGAIN_S / slowest)))
         ref = min((r for r in best if r not in flagged), key=lambda r: best[r], default=None)
-        again = solo_times(pf, nbytes, max(3, min(iters, int(SOLO_AGAIN_S / slowest))),
-                           only=set(flagged) | ({ref} if ref is not None else set()))
-        # a host slow for everyone at that moment (its cores busy) slows the yardstick alike:
-        # each re-measure counts scaled by how much slower the yardstick ran than at its best
-        scale = best[ref] / again[ref] if ref is not None and again.get(ref) else 1.0
-        best = {r: min(t, again[r] * min(1.0, scale)) if r in again and r != ref else t for r, t in best.items()}
+        for wave in host_waves(sorted(flagged), pf.host):
+            beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
+            before = solo_times(pf, nbytes, again_iters, only={ref}) if ref is not None and not beside else {}
+            again = solo_times(pf, nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
+            yard = again.get(ref) if beside else before.get(ref)
+            scale = best[ref] / yard if yard else 1.0
+            for r in wave:
+                if again.get(r):
+                    best[r] = min(best[r], again[r] * min(1.0, scale))
         flagged = judge_solo(best, pf.setup["band"])
         runs += 1
     pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
