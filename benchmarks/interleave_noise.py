@@ -97,14 +97,16 @@ def rank_main(opts) -> int:
     say(f"{len(graphs)} graphs captured")
     names = list(CONFIGS)
     times = {f"{n}@{s}": [] for n in names for s in sizes}
-    stamps, sets = [], []
+    stamps, sets, turns = [], [], []
     t0 = time.monotonic()
     for rep in range(opts.repeats):
         stamps.append(time.monotonic() - t0)
         c = rep % opts.communicators
+        turn = (rep // opts.communicators) % len(names)  # every set runs in every order, not set c in order c
         sets.append(c)
+        turns.append(turn)
         for nbytes in sizes:
-            order = names[rep % len(names):] + names[:rep % len(names)]
+            order = names[turn:] + names[:turn]
             for name in order:
                 graph, _buf = graphs[(name, c, nbytes)]
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -122,7 +124,7 @@ def rank_main(opts) -> int:
             say(f"repeat {rep + 1} of {opts.repeats}")
     dist.barrier()
     if rank == 0:
-        print("RESULT " + json.dumps({"times_us": times, "stamps_s": stamps, "sets": sets, "sizes": sizes,
+        print("RESULT " + json.dumps({"times_us": times, "stamps_s": stamps, "sets": sets, "turns": turns, "sizes": sizes,
                                             "configs": names}),
               flush=True)
     # no destroy_process_group: with 4 communicators and their captured graphs it has hung
@@ -146,7 +148,8 @@ def ratio_estimate(base: list[float], other: list[float], sets: list[int], draws
     groups = list(by_set.values())
     medians = sorted(statistics.median([r for g in rng.choices(groups, k=len(groups))
                                         for r in rng.choices(g, k=len(g))]) for _ in range(draws))
-    lo, hi = medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+    tail = int(0.025 * draws)
+    lo, hi = medians[tail], medians[draws - 1 - tail]
     return {"median": middle, "low": lo, "high": hi, "half_width_pct": (hi - lo) / 2 / middle * 100,
             "set_medians": [statistics.median(g) for g in groups]}
 

@@ -386,29 +386,60 @@ def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatc
         t = next(times)
         return {r: v for r, v in t.items() if only is None or r in only}
 
-    def runs_of(first, *later):  # each later run: the yardstick alone, then the flagged rank
-        return [first] + [t for t in later for _ in range(2)]
+    def runs_of(first, *later):  # each later run: the yardstick alone, the flagged rank, the yardstick
+        return [first] + [t for t in later for _ in range(3)]
 
     monkeypatch.setattr(within, "solo_times", solo_times)
-    # one host: the yardstick (rank 0, the fastest not flagged) alone, then the flagged rank alone
-    again = [({0}, 50), ({1}, 50)] * (within.SOLO_RUNS - 1)
+    # one host: the yardstick (rank 0, the fastest not flagged) alone, the flagged rank alone, the yardstick
+    again = [({0}, 50), ({1}, 50), ({0}, 50)] * (within.SOLO_RUNS - 1)
     for sequence, want, runs in ((runs_of(slow1, healthy), [], 2), (runs_of(slow1, slow2), [], 2),
                                  (runs_of(*[slow1] * (within.SOLO_RUNS - 1), healthy), [], within.SOLO_RUNS),
                                  (runs_of(*[slow1] * within.SOLO_RUNS), [1], within.SOLO_RUNS)):
         times, asked[:] = iter(sequence), []
         assert sorted(within.judge_alone(pf, 1 << 20, 50)) == want, sequence
-        assert asked == [(None, 50)] + again[:2 * (runs - 1)]
-    # slow again, but so was the yardstick just before it (a moment slow for everyone): cleared
-    times, asked[:] = iter([slow1, {0: 4e-4}, {1: 4e-4}]), []
-    assert within.judge_alone(pf, 1 << 20, 50) == {} and len(asked) == 3
+        assert asked == [(None, 50)] + again[:3 * (runs - 1)]
+    # slow again, but so was the yardstick before and after it (a moment slow for everyone): cleared
+    times, asked[:] = iter([slow1, {0: 4e-4}, {1: 4e-4}, {0: 4e-4}]), []
+    assert within.judge_alone(pf, 1 << 20, 50) == {} and len(asked) == 4
+    # the yardstick slow only before it: its faster time counts, the rank stays slow in every run
+    times, asked[:] = iter([slow1] + [{0: 4e-4}, {1: 4e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    # every rank 3x slow at first (busy cores), rank 1 really 2x slow: measured alone later, on
+    # idle cores, it is scaled back up by the yardstick's 3x and stays slow
+    busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
+    times, asked[:] = iter([busy] + [{0: 1e-4}, {1: 2e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
     # a rank 20 ms late per op: each later run is cut to about SOLO_AGAIN_S
     times, asked[:] = iter(runs_of(*[late1] * within.SOLO_RUNS)), []
     assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
-    assert [n for _, n in asked] == [50] + [int(within.SOLO_AGAIN_S / 0.02)] * 2 * (within.SOLO_RUNS - 1)
-    # two hosts: the yardstick of another host runs beside the flagged rank
+    assert [n for _, n in asked] == [50] + [int(within.SOLO_AGAIN_S / 0.02)] * 3 * (within.SOLO_RUNS - 1)
+    # two hosts: the yardstick comes from the host without a flagged rank and runs beside it,
+    # though rank 0 beside the flagged rank is faster
     pf.host = {0: "a", 1: "a", 2: "b", 3: "b"}
-    times, asked[:] = iter([{**slow1, 0: 1.1e-4, 3: 1.1e-4}, healthy]), []
+    times, asked[:] = iter([{**slow1, 0: 0.9e-4}, healthy]), []
     assert within.judge_alone(pf, 1 << 20, 50) == {} and asked == [(None, 50), ({1, 2}, 50)]
+
+
+def test_a_run_of_many_waves_is_cut_to_about_solo_again_s(monkeypatch):
+    """8 ranks of one host all 20 ms late (8 waves of one rank) and a healthy second host:
+    each wave is cut to 3 iterations at least, a run to about SOLO_AGAIN_S."""
+    from types import SimpleNamespace
+
+    from ncclbench.api import within
+
+    own = {r: 0.02 if r < 8 else 1e-4 for r in range(16)}
+    pf = SimpleNamespace(host={r: "a" if r < 8 else "b" for r in range(16)}, setup={"band": 0.2}, margins={})
+    asked = []
+
+    def solo_times(pf, nbytes, iters, only=None):
+        asked.append((only, iters))
+        return {r: t for r, t in own.items() if only is None or r in only}
+
+    monkeypatch.setattr(within, "solo_times", solo_times)
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == list(range(8))
+    later = asked[1:]
+    assert len(later) == 8 * (within.SOLO_RUNS - 1) and all(len(only) == 2 and 8 in only for only, _ in later)
+    assert {n for _, n in later} == {3}  # 0.25 s / 8 waves / 20 ms rounds down to 1: 3 at least
 
 
 def test_host_waves_put_one_rank_of_each_host_in_a_wave():

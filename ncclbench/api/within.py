@@ -34,8 +34,8 @@ SOLO_MIN_BYTES_GPU = 256 << 20
 # SOLO_RUNS runs in all. On 2 cores under 6 busy loops (load 6-8), 2 of 20 healthy 4-rank
 # gloo runs still had a rank 69-70% slow after 2 runs (its worker thread's wake-ups waited
 # for a core at every iteration); a slow rank stays slow in every run. Each run after the
-# first lasts about SOLO_AGAIN_S at most: its iterations are cut to fit, so that a rank 20 ms
-# late per call adds a few tenths of a second per run, not a second.
+# first lasts about SOLO_AGAIN_S (at least 3 iterations per wave): its iterations are cut to
+# fit, so that a rank 20 ms late per call adds a few tenths of a second per run, not a second.
 SOLO_RUNS = 4
 SOLO_AGAIN_S = 0.25
 
@@ -66,6 +66,14 @@ def solo_times(pf, nbytes: int, iters: int, only=None) -> dict:
     return {r: t / 1e6 for r, t in enumerate(everyone) if t}
 
 
+def yardstick(best: dict, flagged, host: dict):
+    """The fastest rank not flagged, on a host with no flagged rank where there is one (it
+    then runs beside every wave); None when every rank is flagged."""
+    busy = {host[r] for r in flagged}
+    pool = [r for r in best if r not in flagged and host[r] not in busy] or [r for r in best if r not in flagged]
+    return min(pool, key=lambda r: best[r], default=None)
+
+
 def host_waves(ranks: list, host: dict) -> list[list]:
     """`ranks` in waves that hold at most one rank of each host, in order: ranks of one host
     measured in turn, never beside each other on the cores they share."""
@@ -85,11 +93,13 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
     share its cores: run side by side, the others' ops slowed a healthy rank 3.3x, 245 against
     73.7 us, 4 gloo ranks on 2 cores, and under a whole test suite's load two healthy ranks
-    stayed 72% slow through 4 runs side by side). The fastest rank not flagged is the
-    yardstick of each wave: beside it where its host has no rank in the wave, else alone just
-    before it; a re-measure counts scaled by how much slower the yardstick ran then than at
-    its best (a moment slow for everyone on shared cores clears nothing). Each rank's best
-    time against the others' best times."""
+    stayed 72% slow through 4 runs side by side). A yardstick, the fastest rank not flagged
+    (on a host without flagged ranks where there is one), runs beside each wave, or where its
+    host has a rank in the wave, alone just before and just after it, its faster time kept.
+    A re-measure counts scaled by the yardstick's best time over its time then, both ways: a
+    moment slow for everyone clears nothing, and a rank measured on idle cores is not
+    compared with the others' times on busy ones. Each rank's best time against the others'
+    best times."""
     from ncclbench.api.verdict import judge_solo, worst_below
 
     if len(pf.host) < 2:
@@ -98,18 +108,21 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     flagged = judge_solo(best, pf.setup["band"])
     runs = 1
     while flagged and runs < SOLO_RUNS:
-        slowest = max(best[r] for r in flagged)
-        again_iters = max(3, min(iters, int(SOLO_AGAIN_S / slowest)))
-        ref = min((r for r in best if r not in flagged), key=lambda r: best[r], default=None)
-        for wave in host_waves(sorted(flagged), pf.host):
+        waves = host_waves(sorted(flagged), pf.host)
+        # each wave about SOLO_AGAIN_S / waves: a run lasts about SOLO_AGAIN_S whatever the waves
+        again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in flagged))))
+        ref = yardstick(best, flagged, pf.host)
+        for wave in waves:
             beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
-            before = solo_times(pf, nbytes, again_iters, only={ref}) if ref is not None and not beside else {}
+            alone = ref is not None and not beside
+            before = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
             again = solo_times(pf, nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
-            yard = again.get(ref) if beside else before.get(ref)
+            after = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
+            yard = again.get(ref) if beside else min((t for t in (before.get(ref), after.get(ref)) if t), default=None)
             scale = best[ref] / yard if yard else 1.0
             for r in wave:
                 if again.get(r):
-                    best[r] = min(best[r], again[r] * min(1.0, scale))
+                    best[r] = min(best[r], again[r] * scale)
         flagged = judge_solo(best, pf.setup["band"])
         runs += 1
     pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
