@@ -420,9 +420,10 @@ def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatc
     assert within.judge_alone(pf, 1 << 20, 50) == {} and asked == [(None, 50), ({1, 2}, 50)]
 
 
-def test_a_run_of_many_waves_is_cut_to_about_solo_again_s(monkeypatch):
+def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch):
     """8 ranks of one host all 20 ms late (8 waves of one rank) and a healthy second host:
-    each wave is cut to 3 iterations at least, a run to about SOLO_AGAIN_S."""
+    SOLO_AGAIN_S split over 8 waves leaves each the fewest iterations (3 timed), where one
+    wave would have had 12; the yardstick from the healthy host runs beside every wave."""
     from types import SimpleNamespace
 
     from ncclbench.api import within
@@ -440,6 +441,60 @@ def test_a_run_of_many_waves_is_cut_to_about_solo_again_s(monkeypatch):
     later = asked[1:]
     assert len(later) == 8 * (within.SOLO_RUNS - 1) and all(len(only) == 2 and 8 in only for only, _ in later)
     assert {n for _, n in later} == {3}  # 0.25 s / 8 waves / 20 ms rounds down to 1: 3 at least
+
+
+def test_alone_reruns_ignore_a_lost_yardstick_and_name_only_ranks_flagged_every_run(monkeypatch):
+    from types import SimpleNamespace
+
+    from ncclbench.api import within
+
+    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    asked = []
+
+    def solo_times(pf, nbytes, iters, only=None):
+        asked.append((only, iters))
+        t = next(times)
+        return {r: v for r, v in t.items() if only is None or r in only}
+
+    monkeypatch.setattr(within, "solo_times", solo_times)
+    runs = within.SOLO_RUNS - 1
+    # busy first run, rank 1 really 2x slow; the yardstick's times are lost: rank 1 alone on
+    # idle cores (200 us) is not taken unscaled, and stays the only one named
+    busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
+    times, asked[:] = iter([busy] + [{}, {1: 2e-4}, {}] * runs), []
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    # rank 1 clears in the last run and the reference moves: ranks 2 and 3, never measured
+    # again, are not named
+    first = {0: 1e-4, 1: 4e-4, 2: 1.3e-4, 3: 1.3e-4}
+    later = [[{0: 1e-4}, {1: 4e-4}, {0: 1e-4}]] * (runs - 1) + [[{0: 1e-4}, {1: 1e-4}, {0: 1e-4}]]
+    times, asked[:] = iter([first] + [t for run in later for t in run]), []
+    assert within.judge_alone(pf, 1 << 20, 50) == {}
+    # each wave's iterations from its own slowest rank: a 20 ms rank does not cut a healthy
+    # rank's wave to a handful
+    two = {0: 1e-4, 1: 0.02, 2: 4e-4, 3: 1e-4}
+    times, asked[:] = iter([two] + [{0: 1e-4}, {1: 0.02}, {0: 1e-4}, {0: 1e-4}, {2: 4e-4}, {0: 1e-4}] * runs), []
+    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1, 2]
+    assert asked[1:7] == [({0}, 6), ({1}, 6), ({0}, 6), ({0}, 50), ({2}, 50), ({0}, 50)]
+
+
+def test_a_free_hosts_yardstick_slow_in_the_first_run_does_not_keep_a_healthy_rank_flagged(monkeypatch):
+    """Host b's ranks 1.24x slow in the first run only (not flagged), rank 1 of host a slow
+    that moment: measured again beside host b's yardstick, both at their true speed, rank 1
+    is scaled by the fastest rank's level (host a's), not by host b's slow first reading."""
+    from types import SimpleNamespace
+
+    from ncclbench.api import within
+
+    first = {0: 150e-6, 1: 200e-6, 2: 151e-6, 3: 152e-6, 4: 182e-6, 5: 183e-6, 6: 183e-6, 7: 184e-6}
+    pf = SimpleNamespace(host={r: "a" if r < 4 else "b" for r in range(8)}, setup={"band": 0.2}, margins={})
+    seq = iter([first] + [{1: 153e-6, 4: 147e-6}] * within.SOLO_RUNS)
+
+    def solo_times(pf, nbytes, iters, only=None):
+        t = next(seq)
+        return {r: v for r, v in t.items() if only is None or r in only}
+
+    monkeypatch.setattr(within, "solo_times", solo_times)
+    assert within.judge_alone(pf, 1 << 20, 50) == {}
 
 
 def test_host_waves_put_one_rank_of_each_host_in_a_wave():

@@ -34,8 +34,9 @@ SOLO_MIN_BYTES_GPU = 256 << 20
 # SOLO_RUNS runs in all. On 2 cores under 6 busy loops (load 6-8), 2 of 20 healthy 4-rank
 # gloo runs still had a rank 69-70% slow after 2 runs (its worker thread's wake-ups waited
 # for a core at every iteration); a slow rank stays slow in every run. Each run after the
-# first lasts about SOLO_AGAIN_S (at least 3 iterations per wave): its iterations are cut to
-# fit, so that a rank 20 ms late per call adds a few tenths of a second per run, not a second.
+# first lasts about SOLO_AGAIN_S, split over its waves (at least 3 timed and 2 warm-up ops a
+# wave): its iterations are cut to fit, so that a rank 20 ms late per call adds a few tenths
+# of a second per run, not a second.
 SOLO_RUNS = 4
 SOLO_AGAIN_S = 0.25
 
@@ -96,10 +97,12 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     stayed 72% slow through 4 runs side by side). A yardstick, the fastest rank not flagged
     (on a host without flagged ranks where there is one), runs beside each wave, or where its
     host has a rank in the wave, alone just before and just after it, its faster time kept.
-    A re-measure counts scaled by the yardstick's best time over its time then, both ways: a
-    moment slow for everyone clears nothing, and a rank measured on idle cores is not
-    compared with the others' times on busy ones. Each rank's best time against the others'
-    best times."""
+    A re-measure counts scaled by the level of the ranks not flagged (the fastest one's best
+    time) over the yardstick's time then, both ways: a moment slow for
+    everyone clears nothing, and a rank measured on idle cores is not compared with the
+    others' times on busy ones; a re-measure without a yardstick time counts for nothing.
+    Each rank's best time against the others' best times; a rank is named only when every
+    run flagged it (one that a changed reference flags late is not named unmeasured)."""
     from ncclbench.api.verdict import judge_solo, worst_below
 
     if len(pf.host) < 2:
@@ -109,21 +112,24 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     runs = 1
     while flagged and runs < SOLO_RUNS:
         waves = host_waves(sorted(flagged), pf.host)
-        # each wave about SOLO_AGAIN_S / waves: a run lasts about SOLO_AGAIN_S whatever the waves
-        again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in flagged))))
         ref = yardstick(best, flagged, pf.host)
+        level = min((best[q] for q in best if q not in flagged), default=None)
         for wave in waves:
+            # each wave about SOLO_AGAIN_S / waves (at least 3 timed ops, 2 warm-up), from its own slowest rank
+            again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in wave))))
             beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
             alone = ref is not None and not beside
             before = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
             again = solo_times(pf, nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
             after = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
             yard = again.get(ref) if beside else min((t for t in (before.get(ref), after.get(ref)) if t), default=None)
-            scale = best[ref] / yard if yard else 1.0
+            if ref is not None and not yard:
+                continue  # no yardstick time: the moment is unknown, the re-measure says nothing
+            scale = level / yard if yard else 1.0
             for r in wave:
                 if again.get(r):
                     best[r] = min(best[r], again[r] * scale)
-        flagged = judge_solo(best, pf.setup["band"])
+        flagged = {r: v for r, v in judge_solo(best, pf.setup["band"]).items() if r in flagged}
         runs += 1
     pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
     out = {}
