@@ -497,6 +497,36 @@ def test_a_free_hosts_yardstick_slow_in_the_first_run_does_not_keep_a_healthy_ra
     assert within.judge_alone(pf, 1 << 20, 50) == {}
 
 
+def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
+    """Healthy gloo ranks sharing 2 loaded cores fell up to 74% below alone (named at the 60%
+    gloo band); at ALONE_BAND_GLOO they pass, while a rank late 2 ms per call is still named.
+    NCCL groups and a band the caller chose keep the run's band."""
+    from types import SimpleNamespace
+
+    from ncclbench.api import within
+    from ncclbench.api.preflight_inputs import ALONE_BAND_GLOO, alone_band
+
+    assert alone_band(0.6, True, ["gloo"]) == ALONE_BAND_GLOO
+    assert alone_band(0.2, True, ["nccl", "gloo"]) == 0.2 and alone_band(0.6, False, ["gloo"]) == 0.6
+    first = {0: 84e-6, 1: 22e-6, 2: 22.5e-6, 3: 23e-6}  # the CI run's rank 0: 74% below
+    seq = []
+
+    def solo_times(pf, nbytes, iters, only=None):
+        t = seq.pop(0)
+        return {r: v for r, v in t.items() if only is None or r in only}
+
+    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.6, "alone_band": ALONE_BAND_GLOO},
+                         margins={})
+    monkeypatch.setattr(within, "solo_times", solo_times)
+    seq[:] = [first]
+    assert within.judge_alone(pf, 1 << 16, 50) == {}
+    seq[:] = [{**first, 0: 2e-3}] * 10  # 2 ms per call: 99% below
+    assert list(within.judge_alone(pf, 1 << 16, 50)) == [0]
+    pf.setup = {"band": 0.6}  # the 60% band: the healthy rank 0 is named
+    seq[:] = [first] * 10
+    assert list(within.judge_alone(pf, 1 << 16, 50)) == [0]
+
+
 def test_host_waves_put_one_rank_of_each_host_in_a_wave():
     from ncclbench.api.within import host_waves
 

@@ -319,6 +319,7 @@ class Preflight:
         report.plan = {"collectives": list(self.setup["collectives"]), "datatype": self.setup["datatype"],
                        "per_dimension": plans, "floor": self.setup["floor"].describe(),
                        "band": self.setup["band"], "link_band": self.setup["link_band"],
+                       "alone_band": self.setup.get("alone_band", self.setup["band"]),
                        "socket_band": self.setup["socket_band"] if sockets_between_hosts(self.paths) else None,
                        "summary": summary}
         return report

@@ -27,12 +27,25 @@ LINK_BAND = {"nccl": 0.2, "gloo": 0.95}
 # others 0-10%); a NIC capped to a fifth of its rate fell 84-87%. Pairs across hosts over
 # sockets are judged at SOCKET_BAND (ranks and links alike) when the band is "auto".
 SOCKET_BAND = 0.5
+# A gloo rank's own op alone (a 64 KiB copy, best of up to 4 runs) on a host whose cores its
+# ranks share: 4 ranks on 2 cores under a whole test suite's load, healthy ranks fell 72% and
+# 74% below the others (3.6-3.8x) in 2 of 5 full test runs, and 60% in 1 of 42 runs of three
+# such tests beside a test suite, named at the 60% gloo band; a rank late 2 ms or 20 ms per
+# call falls 94-99.9% below. Ranks alone on CPU-only groups are judged
+# at ALONE_BAND_GLOO when the band is "auto".
+ALONE_BAND_GLOO = 0.85
 
 
 def link_band(value, band: float, backends=("nccl",)) -> float:
     """The band for a single pair: the band asked for, or with 'auto' LINK_BAND's widest."""
     text = str(value).strip().lower()
     return max(LINK_BAND[b] for b in backends) if value is None or text == "auto" else band
+
+
+def alone_band(band: float, auto: bool, backends) -> float:
+    """The band of the ranks-alone check: ALONE_BAND_GLOO at least on CPU-only groups when the
+    band is "auto", else the run's band."""
+    return max(band, ALONE_BAND_GLOO) if auto and "nccl" not in set(backends) else band
 
 
 def parse_band(value, backends=("nccl",)) -> float:
@@ -120,6 +133,7 @@ def check_inputs(a: dict, dist) -> dict:
     auto = a["band"] is None or str(a["band"]).strip().lower() == "auto"
     return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band, link_band=links,
                 socket_band=max(band, SOCKET_BAND) if auto else band,
+                alone_band=alone_band(band, auto, backends.values()),
                 collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
 

@@ -107,8 +107,9 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
 
     if len(pf.host) < 2:
         return {}
+    alone_band = pf.setup.get("alone_band", pf.setup["band"])
     best = solo_times(pf, nbytes, iters)
-    flagged = judge_solo(best, pf.setup["band"])
+    flagged = judge_solo(best, alone_band)
     runs = 1
     while flagged and runs < SOLO_RUNS:
         waves = host_waves(sorted(flagged), pf.host)
@@ -129,7 +130,7 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
             for r in wave:
                 if again.get(r):
                     best[r] = min(best[r], again[r] * scale)
-        flagged = {r: v for r, v in judge_solo(best, pf.setup["band"]).items() if r in flagged}
+        flagged = {r: v for r, v in judge_solo(best, alone_band).items() if r in flagged}
         runs += 1
     pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
     out = {}
