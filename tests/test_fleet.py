@@ -217,20 +217,41 @@ def test_simulated_healthy_fleet_passes_repeatedly(healthy_runs):
         assert (code, report["drain"], report["links"]) == (0, [], []), stdout
 
 
+def others_reach(report: dict, host: str) -> float:
+    """What the nodes other than `host` reached at best in one run: the median of their bests."""
+    return statistics.median(node_best(report, n["host"]) for n in report["nodes"] if n["host"] != host)
+
+
 @sim
 @pytest.mark.slow
 def test_simulated_nic_4x_slow_drains_that_node_alone(healthy_runs, tmp_path):
-    """Node 3's NIC capped at a quarter of what healthy nodes reached at best in the healthy
-    runs (gloo over veth on shared cores is CPU-bound: healthy pairs spread 5x and more, so a
-    fixed rate would be no fault on one machine and a gross one on another). Judged by its
-    best against the others' best, with the 60% gloo band (it was 90%)."""
+    """Node 3's NIC capped at a quarter of what healthy nodes reached at best (gloo over veth on
+    shared cores is CPU-bound: healthy pairs spread 5x and more, so a fixed rate would be no
+    fault on one machine and a gross one on another). Judged by its best against the others'
+    best, with the 60% gloo band (it was 90%).
+
+    The machine's speed can move between runs by more than the band: once in CI the healthy
+    nodes of the capped run reached less than 2.5x the cap set from the healthy runs, and node
+    3 passed. So a run is judged only where the fault showed in that run (node 3's best at most
+    a third of the others'); otherwise the cap is set again from that run's healthy nodes, up
+    to 3 runs. A run where it showed must drain node 3 alone."""
     reach = healthy_reach([r for _c, r, _s in healthy_runs])
-    with netsim.SimFleet(6) as fleet:
-        cap_nic(fleet, 3, reach / 4)
-        code, stdout, report, drain = _run(fleet, tmp_path)
-    assert code == 1, stdout
-    assert [d["host"] for d in report["drain"]] == ["simnode3"] and not report["links"], stdout
-    assert node_best(report, "simnode3") < reach / 2.5  # the cap held
+    seen = []
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        with netsim.SimFleet(6) as fleet:
+            cap_nic(fleet, 3, reach / 4)
+            code, stdout, report, _ = _run(fleet, tmp_path / str(attempt))
+        mine, others = node_best(report, "simnode3"), others_reach(report, "simnode3")
+        seen.append((round(reach / 4, 3), round(mine, 3), round(others, 3), code))
+        if mine <= others / 3:
+            break
+        reach = others  # the fault did not show in this run: set the cap from this run's speed
+    else:
+        pytest.fail(f"a NIC capped 4x below the healthy nodes never ran 3x below them in 3 runs "
+                    f"(cap, node 3's best, the others' median best, exit code): {seen}")
+    assert code == 1, (seen, stdout)
+    assert [d["host"] for d in report["drain"]] == ["simnode3"] and not report["links"], (seen, stdout)
     assert report["plan"]["band"] == 0.6
 
 
