@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -139,19 +138,15 @@ def ratio_estimate(base: list[float], other: list[float], sets: list[int], draws
     repeat): the median over every repeat, a 95 % interval from a two-level bootstrap (the
     communicator sets drawn again with replacement, then the repeats within each drawn set),
     its half-width in % of the median, and each set's own median."""
+    from ncclbench.tune.paired import ratio_interval
+
+    pairs = [(c, b / x) for b, x, c in zip(base, other, sets)]
+    middle, lo, hi = ratio_interval(pairs, draws, seed)
     by_set: dict[int, list[float]] = {}
-    for b, x, c in zip(base, other, sets):
-        by_set.setdefault(c, []).append(b / x)
-    pooled = [r for rs in by_set.values() for r in rs]
-    middle = statistics.median(pooled)
-    rng = random.Random(seed)
-    groups = list(by_set.values())
-    medians = sorted(statistics.median([r for g in rng.choices(groups, k=len(groups))
-                                        for r in rng.choices(g, k=len(g))]) for _ in range(draws))
-    tail = int(0.025 * draws)
-    lo, hi = medians[tail], medians[draws - 1 - tail]
+    for c, r in pairs:
+        by_set.setdefault(c, []).append(r)
     return {"median": middle, "low": lo, "high": hi, "half_width_pct": (hi - lo) / 2 / middle * 100,
-            "set_medians": [statistics.median(g) for g in groups]}
+            "set_medians": [statistics.median(g) for g in by_set.values()]}
 
 
 def report(doc: dict, draws: int = 1000) -> list[str]:

@@ -182,3 +182,25 @@ def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
         assert {(r["nodes"], r["ranks"]) for r in csv.DictReader(f)} == {("2", "2")}
     devices = json.loads((out / "raw" / "all_reduce.default.r1.json").read_text())["config"]["devices"]
     assert len(devices) == 2   # one process per node took part in the measurement
+
+
+def test_paired_keeps_one_communicator_per_configuration_and_set(tmp_path):
+    """--paired 2 over 8 repeats on gloo ranks: each configuration's two communicators are made
+    in repeats 1 and 2 and every later repeat runs on one of them (rank 0's status lines say
+    which items made one); the order turns every 2 repeats; the table and tune.json say so."""
+    r, out = _tune(["allreduce", "-g", "2", "--rehearse", "--algos", "ring", "--protos", "ll,simple", "-b", "1K",
+                    "-e", "4K", "-f", "4", "-n", "2", "-w", "1", "--repeat", "8", "--paired", "2", "--no-plot"],
+                   tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "side by side (--paired 2)" in r.stdout and "# rule: paired:" in r.stdout
+    work = json.loads((out / "launches" / "raw.work.json").read_text())["items"]
+    done = {e["index"]: e for e in map(json.loads, (out / "launches" / "raw.status.jsonl").read_text().splitlines())
+            if e["event"] == "done"}
+    assert len(done) == len(work) == 3 * 8 and all(e["status"] == "ok" for e in done.values())
+    made = {(it["combo"]["algo"], it["combo"]["proto"], it["comm_set"])
+            for it in work if done[it["index"]]["comm_made"]}
+    assert len(made) == 3 * 2 and all(done[it["index"]]["comm_made"] == (it["round"] <= 2) for it in work)
+    firsts = [it["combo"]["proto"] for it in work if it["index"] % 3 == 0]
+    assert firsts == [None, None, "ll", "ll", "simple", "simple", None, None]
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["paired"] == 2 and all(v["ratio_interval"] for v in doc["collectives"]["all_reduce"]["verdicts"])

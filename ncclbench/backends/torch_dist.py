@@ -178,12 +178,27 @@ class TorchBackend:
         at each communicator's init (src/graph/tuning.cc), so a caller sets them first.
         `channels`: the communicator's minCTAs = maxCTAs (ncclConfig_t), NCCL's channel
         limit for this communicator alone (NCCL_MIN/MAX_NCHANNELS are read once per process)."""
-        import inspect
-
         previous = getattr(self, "_renewed", None)
         if previous is not None:
             self.group, self._renewed = None, None
             self.dist.destroy_process_group(previous)
+        self._renewed = self._world_group(channels)
+        self.group = self._renewed
+
+    def kept_communicator(self, key, channels: int | None = None) -> bool:
+        """Run the collectives on the communicator kept under `key`, made now (under the
+        environment as it is, as renew_communicator's) if there is none yet; kept until the
+        process group ends. True when it was made now."""
+        kept = self.__dict__.setdefault("_kept", {})
+        made = key not in kept
+        if made:
+            kept[key] = self._world_group(channels)
+        self.group = kept[key]
+        return made
+
+    def _world_group(self, channels: int | None):
+        import inspect
+
         kwargs = {"timeout": self._timeout}
         if self.name == "nccl":
             if channels:
@@ -193,8 +208,7 @@ class TorchBackend:
                 kwargs["pg_options"] = options
             if "device_id" in inspect.signature(self.dist.new_group).parameters:
                 kwargs["device_id"] = self.device  # created now, not at the first collective
-        self._renewed = self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
-        self.group = self._renewed
+        return self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
 
     # ---- description -------------------------------------------------------------
     @property

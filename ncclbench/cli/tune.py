@@ -40,6 +40,10 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--repeat", type=int, default=DEFAULT_REPEATS, show_default=True,
               help=f"Measure every combination this many times (interleaved): the noise a win must clear; no win "
               f"and no --verify under {MIN_REPEATS}.")
+@click.option("--paired", type=int, default=0, show_default=True, metavar="C",
+              help="Side by side: C communicators per configuration kept for the launch, every configuration run "
+              "back to back in each repeat, judged by the 95 % interval of its median ratio to the default (across "
+              "hosts, where communicators differ; use --repeat 40 or more). 0: a fresh communicator per repeat.")
 @click.option("--min-gain", type=FiniteFloat(min=0), default=2.0, show_default=True,
               help="Smallest gain over NCCL's default, in %, worth calling a win.")
 @click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
@@ -66,7 +70,8 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--worker", default=None, hidden=True)
 def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, run_cycles,
                  datatype, op,
-                 check, average, timeout, repeat, min_gain, algos, protos, channels, output_dir, backend, rehearse,
+                 check, average, timeout, repeat, paired, min_gain, algos, protos, channels, output_dir, backend,
+                 rehearse,
                  verify_conf, plugin, no_plot, timing, graph_replays, nnodes, node_rank, master_addr, master_port,
                  worker):
     """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
@@ -88,7 +93,7 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
         channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
         min_gain=min_gain, output_dir=output_folder(output_dir), verify=verify_conf, plugin=plugin,
         plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,
-        master_addr=master_addr, master_port=master_port)
+        master_addr=master_addr, master_port=master_port, paired=paired)
     if bool(verify_conf) != bool(plugin):
         raise PlanError("--verify CONF and --plugin SO go together (the plugin reads the config)")
     sys.exit(int(run_tune(request)))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ncclbench.dtypes import DTYPES
 from ncclbench.tune import coverage, nccl_log
 from ncclbench.tune.files import ConfigRow, PerfRow
+from ncclbench.tune.paired import judge_paired
 from ncclbench.tune.plan import COLLECTIVES, Combination
 from ncclbench.tune.ranges import Series, Verdict, judge, win_ranges
 
@@ -122,6 +123,7 @@ class Measured:
     busbw: dict[int, list[float]] = field(default_factory=dict)
     time_us: dict[int, list[float]] = field(default_factory=dict)
     wrong: dict[int, bool] = field(default_factory=dict)
+    rounds: dict[int, list[int]] = field(default_factory=dict)   # size -> the repeat of each busbw value
     log_bytes: dict[int, int] = field(default_factory=dict)
     nccl: str = ""
     torch: str = ""
@@ -135,10 +137,10 @@ class Measured:
         return "graph" if self.timings == {"graph"} else "eager" if self.timings else ""
 
 
-def read_rows(path: str, into: Measured) -> None:
-    """Add one raw ncclbench JSON's rows as one repeat: per size the out-of-place busbw and
-    time (the median over the file's cycles where -N ran each size more than once), wrong if
-    either placement had a wrong element in any cycle."""
+def read_rows(path: str, into: Measured, round_: int = 0) -> None:
+    """Add one raw ncclbench JSON's rows as repeat `round_`: per size the out-of-place busbw
+    and time (the median over the file's cycles where -N ran each size more than once), wrong
+    if either placement had a wrong element in any cycle."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     nb = doc.get("ncclbench", {})
@@ -160,6 +162,7 @@ def read_rows(path: str, into: Measured) -> None:
         k = _median_cycle(bw)
         into.busbw.setdefault(size, []).append(float("nan") if k is None else bw[k])
         into.time_us.setdefault(size, []).append(float("nan") if k is None else times[k])
+        into.rounds.setdefault(size, []).append(round_)
 
 
 def _median_cycle(busbw: list[float]) -> int | None:
@@ -185,14 +188,20 @@ class CollectiveOutcome:
     overridden: dict[str, list[int]] = field(default_factory=dict)  # label -> sizes NCCL ran something else
 
 
-def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> list[Verdict]:
+def series_of(m: Measured, size: int, setting=None, channel_limit=None) -> Series:
+    """One size of a Measured as a Series."""
+    return Series(m.busbw[size], m.wrong.get(size, False), setting, channel_limit, timing=m.timing,
+                  rounds=m.rounds.get(size))
+
+
+def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float, paired: int = 0) -> list[Verdict]:
+    """Every size's verdict; `paired` (C communicator sets, 0: off) judges by paired.py's rule."""
     default = outcome.measured.get("default")
     if default is None:
         return []
     out = []
     for size in sorted(s for s in default.busbw if s > 0):
-        dseries = Series(default.busbw[size], default.wrong.get(size, False),
-                         outcome.choices.get("default", {}).get(size), timing=default.timing)
+        dseries = series_of(default, size, outcome.choices.get("default", {}).get(size))
         candidates = {}
         for combo in outcome.combos:
             m = outcome.measured.get(combo.label)
@@ -202,9 +211,9 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float) -> l
             if setting is not None and setting[:2] != (combo.algo, combo.proto):
                 outcome.overridden.setdefault(combo.label, []).append(size)
                 continue  # NCCL ran something else than what was forced: not this combination's number
-            candidates[combo.label] = Series(m.busbw[size], m.wrong.get(size, False), setting, combo.channels,
-                                             timing=m.timing)
-        out.append(judge(size, dseries, candidates, repeats, min_gain))
+            candidates[combo.label] = series_of(m, size, setting, combo.channels)
+        out.append(judge_paired(size, dseries, candidates, paired, min_gain) if paired
+                   else judge(size, dseries, candidates, repeats, min_gain))
     return out
 
 

@@ -11,22 +11,29 @@ import os
 from ncclbench.errors import ExitCode
 from ncclbench.topology import nccldebug
 from ncclbench.tune.analysis import ItemResult
+from ncclbench.tune.paired import comm_set, rotated
 
 PROBE_OVERRIDES = {"iters": 1, "warmup_iters": 0, "check": 0, "run_cycles": 1}  # one untimed call per size
 PROBE_SUBSYS = nccldebug.with_subsys(nccldebug.SUBSYS, "TUNING")  # the path's lines too
 
 
-def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1, timing: str | None = None) -> list[dict]:
+def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1, timing: str | None = None,
+               paired: int = 0) -> list[dict]:
     """Items in run order: repeat after repeat (numbered from `first`), each over every
-    collective and combination; each timed as `timing` says (None: the run's timing)."""
+    collective and combination; each timed as `timing` says (None: the run's timing).
+    `paired` C > 0: repeat r runs on communicator set r mod C (kept by the ranks), its
+    combinations in the order paired.rotated gives."""
     mode = timing or (setup.timing.mode if getattr(setup, "timing", None) else "eager")
     items = []
     for r in range(first, first + rounds):
         for coll in setup.request.collectives:
-            for combo in combos_for(coll):
+            combos = combos_for(coll)
+            for combo in rotated(combos, r, paired) if paired else combos:
                 base = f"{coll}.{combo.file_key}"
                 items.append({"index": len(items), "collective": coll, "combo": combo.to_dict(), "round": r,
                               "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None, "timing": mode})
+                if paired:
+                    items[-1]["comm_set"] = comm_set(r, paired)
     return items
 
 
@@ -50,6 +57,7 @@ def run_phase(setup, phase: str, items: list[dict], env: dict, overrides=None, o
                 "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path,
                 "graph_replays": setup.timing.replays if getattr(setup, "timing", None) else 0,
                 "queue_ahead_s": setup.timing.queue_ahead_s if getattr(setup, "timing", None) else 0.0,
+                "paired": getattr(setup.request, "paired", 0),
                 "env": env}  # ranks on other hosts set it themselves (follow.py)
         work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
         with open(work_path, "w", encoding="utf-8") as f:

@@ -29,6 +29,7 @@ import statistics
 from dataclasses import dataclass
 
 from ncclbench.sizes import format_size
+from ncclbench.tune.paired import judge_paired
 from ncclbench.tune.ranges import Series, Verdict, judge
 
 TIMINGS = ("auto", "graph", "eager")
@@ -95,9 +96,11 @@ def fallback_text(timing: str, fallback: str | None) -> str:
 
 
 # ---- wins that stand ---------------------------------------------------------------------
-def confirm(v: Verdict, default2: Series | None, best2: Series | None, repeats: int, min_gain: float) -> Verdict:
+def confirm(v: Verdict, default2: Series | None, best2: Series | None, repeats: int, min_gain: float,
+            paired: int = 0) -> Verdict:
     """Keep `v`'s win only if launch 2 (default2 against best2, the same combination) calls
-    it a win by the same rule; say how in v.confirmation or v.why. Not a win: unchanged."""
+    it a win by the same rule (paired.py's with `paired` sets); say how in v.confirmation or
+    v.why. Not a win: unchanged."""
     if not v.win:
         return v
     label = f"launch {CONFIRM_LAUNCH}"
@@ -105,9 +108,14 @@ def confirm(v: Verdict, default2: Series | None, best2: Series | None, repeats: 
         v.win, v.why = False, f"not confirmed: {label} did not measure it cleanly"
         return v
     best2.setting, default2.setting = v.best_series.setting, v.default.setting
-    second = judge(v.size, default2, {v.best: best2}, repeats, min_gain)
+    second = (judge_paired(v.size, default2, {v.best: best2}, paired, min_gain) if paired
+              else judge(v.size, default2, {v.best: best2}, repeats, min_gain))
     gain = f"{second.gain_pct:+.1f} %" if second.gain_pct is not None else "not compared"
     if second.win:
+        if second.interval:  # paired: the ratio's own interval, not the widest of the size
+            v.confirmation = (f"confirmed: {label}, {gain}, 95 % interval of the ratio "
+                              f"{second.interval[0]:.3f}-{second.interval[1]:.3f}")
+            return v
         noise = f"{second.noise_pct:.1f} %" if second.noise_pct is not None else "N/A"
         v.confirmation = f"confirmed: {label}, {gain} ± {noise}"
         return v

@@ -51,6 +51,7 @@ class Series:
     channel_limit: int | None = None  # the combination's --channels limit; None: NCCL's own count
     timing: str = ""              # graph | eager ('' unknown): a configuration timed unlike the default
                                   # (an eager fallback) never widens the noise of the others
+    rounds: list[int] | None = None   # the repeat each value came from (--paired pairs them by it)
 
     @property
     def median(self) -> float:
@@ -102,6 +103,7 @@ class Verdict:
     why: str = ""
     noise_pct: float | None = None  # noise_at() over the default and every candidate timed as it was
     confirmation: str = ""          # how a second launch confirmed (or refuted) the win (precision.confirm)
+    interval: tuple | None = None   # --paired: the 95 % interval of the best's median ratio to the default
 
 
 def too_few_repeats(repeats: int) -> str:

@@ -171,13 +171,18 @@ def _quiet_sweep_hooks():
 
 
 def run_item(item, plan, backend, info, work) -> dict:
-    """One combination on a fresh communicator: {status, errors, comm_ready}."""
+    """One combination on a fresh communicator, or with --paired on the one kept for its
+    communicator set (made at its first use): {status, errors, comm_ready, comm_made}."""
     from ncclbench.engine.runner import run_plan
 
     combo = Combination.from_dict(item["combo"])
+    made = True
     with combination_environment(combo):
         try:
-            backend.renew_communicator(combo.channels)
+            if work.get("paired"):
+                made = backend.kept_communicator((combo.file_key, item["comm_set"]), combo.channels)
+            else:
+                backend.renew_communicator(combo.channels)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - NCCL refusing the setting at init is a result
@@ -187,11 +192,11 @@ def run_item(item, plan, backend, info, work) -> dict:
         try:
             summary = run_plan(plan, backend, item_reporter(item, work, streams), hooks=_quiet_sweep_hooks())
         except (CollectiveError, RankFailures) as exc:  # ranks other than 0 hear of a failed call this way
-            return {"status": "error", "errors": [str(exc)], "comm_ready": True}
+            return {"status": "error", "errors": [str(exc)], "comm_ready": True, "comm_made": made}
         finally:
             for stream in streams:
                 stream.close()
-    return {"status": summary.status, "errors": list(summary.errors), "comm_ready": True}
+    return {"status": summary.status, "errors": list(summary.errors), "comm_ready": True, "comm_made": made}
 
 
 def item_reporter(item, work, streams):

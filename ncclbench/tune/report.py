@@ -12,7 +12,8 @@ from ncclbench.sizes import format_size
 from ncclbench.tune import analysis, precision, table, tuner_config
 from ncclbench.tune.files import performance_csv
 from ncclbench.tune.plan import DEFAULT, ONE_RANK_NOTE, Combination
-from ncclbench.tune.ranges import RULE_TEXT, Series, finite, win_ranges
+from ncclbench.tune.paired import NOISE_TEXT, rule_text
+from ncclbench.tune.ranges import Series, finite, win_ranges
 
 
 def measured_in(setup, phase: str, coll: str, combos, items, results) -> dict:
@@ -27,7 +28,7 @@ def measured_in(setup, phase: str, coll: str, combos, items, results) -> dict:
                 continue
             path = os.path.join(setup.output_dir, phase, it["name"] + ".json")
             if r is not None and r.status in ("ok", "wrong_results") and os.path.exists(path):
-                analysis.read_rows(path, m)
+                analysis.read_rows(path, m, it["round"])
                 m.timings.add(r.timing or it.get("timing") or "eager")
                 m.fallback = m.fallback or r.fallback
         if m.busbw:
@@ -112,10 +113,11 @@ def header(setup, outcome, nccl_text: str, path_lines=()) -> list[str]:
              f"{', torch ' + m.torch if m and m.torch else ''}; backend {setup.backend}",
              f"{setup.nranks} rank(s) on {setup.nnodes} node(s){gpu}; {req.options.get('datatype')} "
              f"{req.options.get('op')}; {len(outcome.combos)} forced combination(s) and NCCL's default, "
-             f"{req.repeat} repeat(s) each, interleaved",
-             "busbw: out-of-place GB/s, median of the repeats; noise: the largest spread (fastest - slowest repeat, "
-             "% of the median) of any configuration's repeats at that size, among those timed like the default; "
-             "NCCL chose: algorithm/protocol and channels from its TUNING log"]
+             f"{req.repeat} repeat(s) each, interleaved" + (paired_text(req.paired) if req.paired else ""),
+             "busbw: out-of-place GB/s, median of the repeats; "
+             + (NOISE_TEXT if req.paired else "noise: the largest spread (fastest - slowest repeat, % of the median) of "
+                "any configuration's repeats at that size, among those timed like the default")
+             + "; NCCL chose: algorithm/protocol and channels from its TUNING log"]
     lines += [line.strip() for line in path_lines]
     if setup.timing is not None:
         lines.append(f"timing: {setup.timing.text}; every combination and NCCL's default alike")
@@ -125,6 +127,11 @@ def header(setup, outcome, nccl_text: str, path_lines=()) -> list[str]:
     if setup.nranks == 1:
         lines.append(ONE_RANK_NOTE)
     return lines
+
+
+def paired_text(sets: int) -> str:
+    return (f", side by side (--paired {sets}): {sets} communicator(s) per configuration kept for the launch, repeat r "
+            f"on set r mod {sets}, every configuration back to back in an order rotated every {sets} repeat(s)")
 
 
 def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False, confirm=None) -> int:
@@ -144,14 +151,16 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
            "path_lines": path_lines, "backend": setup.backend, "ranks": setup.nranks,
            "nodes": setup.nnodes, "repeat": setup.request.repeat,
            "run_cycles": int(setup.request.options.get("run_cycles", 1)), "min_gain_pct": setup.request.min_gain,
-           "timing": setup.timing.text if setup.timing else "", "rule": RULE_TEXT.format(gain=setup.request.min_gain),
+           "timing": setup.timing.text if setup.timing else "", "paired": setup.request.paired,
+           "rule": rule_text(setup.request.min_gain, setup.request.paired),
            "notes": list(setup.notes), "interrupted": interrupted, "collectives": {}}
     outcomes = []
     for coll in setup.request.collectives:
         outcome = collective_outcome(setup, coll, probe_items, probe_results, attributions, items, results)
         outcomes.append(outcome)
         judged = setup.backend == "nccl" and setup.nranks > 1
-        outcome.verdicts = analysis.verdicts_for(outcome, setup.request.repeat, setup.request.min_gain)
+        outcome.verdicts = analysis.verdicts_for(outcome, setup.request.repeat, setup.request.min_gain,
+                                                 setup.request.paired)
         if not judged:
             for v in outcome.verdicts:
                 v.win, v.why = None, "rehearsal: no winner called" if setup.backend == "gloo" else "one rank"
@@ -165,7 +174,8 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         out += table.collective_lines(
             f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text, path_lines), outcome.verdicts,
             combo_lines(outcome, setup), ranges,
-            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")], setup.request.min_gain,
+            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")],
+            rule_text(setup.request.min_gain, setup.request.paired),
             config_lines(config, outcome.collective)) + [""]
         doc["collectives"][outcome.collective] = outcome_json(outcome, ranges, setup)
     code = write_files(setup, doc, perf, config, outcomes)
@@ -202,7 +212,7 @@ def confirm_wins(setup, outcomes, confirm) -> dict:
         for v in outcome.verdicts:
             if v.win:
                 precision.confirm(v, series_at(m.get("default"), v.size), series_at(m.get(v.best), v.size),
-                                  setup.request.repeat, setup.request.min_gain)
+                                  setup.request.repeat, setup.request.min_gain, setup.request.paired)
     return {"launch": precision.CONFIRM_LAUNCH if confirm else None, "exit_code": code,
             "combinations": {c: [k.label for k in combos] for c, combos in winners.items()}}
 
@@ -211,7 +221,7 @@ def series_at(m, size: int):
     """One size of a Measured as a Series (None when not measured there)."""
     if m is None or size not in m.busbw:
         return None
-    return Series(m.busbw[size], m.wrong.get(size, False), timing=m.timing)
+    return analysis.series_of(m, size)
 
 
 def config_lines(config, collective: str) -> list[str]:
@@ -250,7 +260,8 @@ def outcome_json(outcome, ranges, setup) -> dict:
                       "best": v.best, "best_busbw": v.best_series.median if v.best_series and v.best_series.measured else None,
                       "best_repeats": finite(v.best_series.busbw) if v.best_series else None,
                       "best_setting": list(v.best_series.setting) if v.best_series and v.best_series.setting else None,
-                      "gain_pct": v.gain_pct, "win": v.win, "why": v.why, "confirmation": v.confirmation}
+                      "gain_pct": v.gain_pct, "ratio_interval": list(v.interval) if v.interval else None,
+                      "win": v.win, "why": v.why, "confirmation": v.confirmation}
                      for v in outcome.verdicts],
         "timing": {label: {"timing": m.timing, "capture_failed": m.fallback} for label, m in outcome.measured.items()},
         "precision": precision.precision_line(outcome.verdicts),

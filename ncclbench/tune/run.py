@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.tune.launches import PROBE_OVERRIDES, probe_env, run_phase, work_items
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
+from ncclbench.tune.paired import PAIRED_MIN_REPEATS
 from ncclbench.tune.precision import DEFAULT_GRAPH_REPLAYS, Timing, choose_timing
 from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 
@@ -59,6 +60,7 @@ class TuneRequest:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int = 29500
+    paired: int = 0               # > 0: side by side on that many kept communicators per configuration (paired.py)
 
 
 @dataclass
@@ -159,6 +161,15 @@ def check_request(request: TuneRequest) -> None:
     if request.verify and request.repeat < MIN_REPEATS:
         raise _fail(f"--verify needs --repeat {MIN_REPEATS} or more to tell a slower size from noise "
                     f"(got {request.repeat}; default {DEFAULT_REPEATS})")
+    if request.paired < 0:
+        raise _fail(f"--paired must be 0 (off) or a number of communicators per configuration (got {request.paired})")
+    if request.paired and request.verify:
+        raise _fail("--paired does not apply to --verify: NCCL loads a tuner plugin once per process, so the default "
+                    "and the plugin cannot run side by side in one launch")
+    if request.paired and request.repeat < max(PAIRED_MIN_REPEATS, request.paired):
+        raise _fail(f"--paired {request.paired} needs --repeat {max(PAIRED_MIN_REPEATS, request.paired)} or more "
+                    f"(every communicator set used, and {PAIRED_MIN_REPEATS} repeats side by side for an interval); "
+                    f"got {request.repeat}")
     for coll in request.collectives:
         why = unsupported_collective(coll)
         if why:
@@ -307,7 +318,7 @@ def execute(setup: Setup) -> int:
         if code == ExitCode.INTERRUPTED:
             return finish(setup, probe_items, probe_results, worlds, [], {}, interrupted=True)
     runnable = runnable_combos(setup, probe_items, probe_results)
-    items = work_items(setup, lambda c: runnable[c], request.repeat, csv=True)
+    items = work_items(setup, lambda c: runnable[c], request.repeat, csv=True, paired=request.paired)
     results, _worlds, code = run_phase(setup, "raw", items, setup.timing.env)
     return finish(setup, probe_items, probe_results, worlds, items, results,
                   interrupted=code == ExitCode.INTERRUPTED,
@@ -319,7 +330,7 @@ def confirm_launch(setup: Setup, winners: dict[str, list[Combination]], sizes: l
     the same way, repeats interleaved, in fresh processes, over the part of the sweep that
     holds the winning sizes. (items, results, exit code)."""
     items = work_items(setup, lambda c: [DEFAULT, *winners[c]] if c in winners else [], setup.request.repeat,
-                       csv=False)
+                       csv=False, paired=setup.request.paired)
     results, _worlds, code = run_phase(setup, "confirm", items, setup.timing.env, sweep_span(setup, sizes))
     return items, results, code
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ncclbench.sizes import format_size
 from ncclbench.tune.precision import precision_line
-from ncclbench.tune.ranges import RULE_TEXT, Range, Verdict
+from ncclbench.tune.ranges import Range, Verdict
 
 COLUMNS = (f"# {'size':>8s} {'default':>9s} {'noise':>7s}  {'NCCL chose':<18s} {'best forced':<18s} "
            f"{'busbw':>9s} {'gain':>8s}  {'win':<4s} why")
@@ -48,9 +48,9 @@ def range_text(r: Range) -> str:
 
 
 def collective_lines(title: str, header: list[str], verdicts: list[Verdict], combo_lines: list[str],
-                     ranges: list[Range], notes: list[str], min_gain: float, config: list[str] = ()) -> list[str]:
+                     ranges: list[Range], notes: list[str], rule: str, config: list[str] = ()) -> list[str]:
     lines = [f"# {title}"] + [f"# {h}" for h in header]
-    lines.append(f"# rule: {RULE_TEXT.format(gain=min_gain)}")
+    lines.append(f"# rule: {rule}")
     lines.append("#")
     if verdicts:
         lines.append(COLUMNS)

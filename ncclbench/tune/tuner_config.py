@@ -15,7 +15,8 @@ from ncclbench.sizes import format_size
 from ncclbench.tune import analysis, coverage
 from ncclbench.tune.files import ConfigRow, config_text
 from ncclbench.tune.plan import COLLECTIVES
-from ncclbench.tune.ranges import RULE_TEXT, win_ranges
+from ncclbench.tune.paired import rule_text
+from ncclbench.tune.ranges import win_ranges
 
 FILE_NAME = "nccl_tuner.conf"
 
@@ -110,7 +111,7 @@ def comments(setup, config: TunerConfig, nccl_text: str) -> list[str]:
         "plugin as no override). -1 would keep the example plugin's ONE channel.",
         "Calls no row matches (another collective, a communicator of another size) run ONE channel under the "
         "example plugin: run tune for every communicator size your job uses and concatenate the files.",
-        f"{setup.request.repeat} repeat(s); rule: {RULE_TEXT.format(gain=setup.request.min_gain)}",
+        f"{setup.request.repeat} repeat(s); rule: {rule_text(setup.request.min_gain, setup.request.paired)}",
         f"timing: {setup.timing.text if getattr(setup, 'timing', None) else 'not recorded'}. A win is written only "
         "where a second, independent launch reproduced it beyond its own noise; each winning row below says how.",
     ] + [f"won: {' '.join(line.split())}" for coll in config.explained.values() for line in coll if " won at " in line] \

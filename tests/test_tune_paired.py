@@ -1,0 +1,197 @@
+"""`tune --paired C`: the order and communicator sets of the repeats, the interval of the
+median ratio, the paired rule, its confirmation and report, on made-up numbers (the
+launches themselves run in test_tune_e2e.py on gloo)."""
+
+import json
+import re
+import random
+
+import pytest
+
+from ncclbench.errors import PlanError
+from ncclbench.tune import launches, paired, precision, report, run
+from ncclbench.tune.analysis import ItemResult
+from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination
+from ncclbench.tune.ranges import Series, judge
+
+from test_tune_report import RING_LL, SIZES, TREE_LL, _probe, _raw
+
+
+# ---- order and sets ----------------------------------------------------------------------------
+def test_every_set_runs_every_configuration_in_every_place():
+    configs, sets = ["d", "a", "b", "c"], 2
+    seen = set()
+    for r in range(1, 1 + len(configs) * sets):
+        order = paired.rotated(configs, r, sets)
+        assert sorted(order) == sorted(configs)
+        seen |= {(paired.comm_set(r, sets), c, order.index(c)) for c in configs}
+    assert len(seen) == sets * len(configs) * len(configs)  # not tied to the set: each set sees each order
+
+
+def test_work_items_rotate_and_name_their_set(tmp_path):
+    setup = run.Setup(run.TuneRequest(["all_reduce"], {"check": 1}, ngpus=2, repeat=4, paired=2), "nccl",
+                      {"all_reduce": CandidatePlan("all_reduce", [TREE_LL, RING_LL], [])}, 2, 1, str(tmp_path))
+    items = launches.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 4, csv=False, paired=2)
+    firsts = [Combination.from_dict(it["combo"]).label for it in items if it is items[0] or
+              it["round"] != items[it["index"] - 1]["round"]]
+    assert firsts == ["default", "default", "tree/ll", "tree/ll"]  # a turn every 2 repeats
+    assert [it["comm_set"] for it in items if it["combo"] == DEFAULT.to_dict()] == [0, 1, 0, 1]
+    plain = launches.work_items(setup, lambda c: [DEFAULT, TREE_LL, RING_LL], 2, csv=False)
+    assert all("comm_set" not in it for it in plain)
+
+
+# ---- the interval ------------------------------------------------------------------------------
+def test_the_interval_holds_the_ratio_and_is_the_same_every_time():
+    """80 repeats over 4 sets, 1 % noise around 1.10, 40 runs: the interval holds 1.10 in
+    most of them (a 95 % interval from 4 sets is a little narrow, not far off) and is under
+    1 % wide in every one; the same numbers give the same interval."""
+    held = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        pairs = [(r % 4, 1.10 * rng.gauss(1, 0.01)) for r in range(80)]
+        middle, low, high = paired.ratio_interval(pairs, draws=500)
+        held += low < 1.10 < high
+        assert paired.half_width_pct((middle, low, high)) < 1.0
+    assert held >= 32, held
+    assert paired.ratio_interval(pairs, draws=500) == (middle, low, high)
+
+
+def test_communicators_that_disagree_widen_the_interval():
+    """Four sets of 20 repeats whose medians run 0.90-1.10 (a configuration whose
+    communicators differ, as tree/LL's did across hosts): drawn by set, the interval spans
+    most of that; drawn as one pool of repeats it would claim a precision (about 3 %) that
+    four communicators cannot give."""
+    rng = random.Random(5)
+    medians = [0.90, 0.9667, 1.0333, 1.10]
+    pairs = [(s, medians[s] * rng.gauss(1, 0.005)) for s in range(4) for _ in range(20)]
+    by_set = paired.ratio_interval(pairs)
+    pooled = paired.ratio_interval([(0, r) for _s, r in pairs])
+    assert by_set[1] <= 0.92 and by_set[2] >= 1.08
+    assert paired.half_width_pct(pooled) < paired.half_width_pct(by_set) / 2
+
+
+# ---- the rule ----------------------------------------------------------------------------------
+def _drifting(n, gain, jitter=0.005, seed=1, sets=2):
+    """Default and one combination side by side: every repeat's speed moves 0.6-1.4x for both
+    (drift, another job), the combination `gain` faster within the repeat."""
+    rng = random.Random(seed)
+    rounds = list(range(1, n + 1))
+    drift = [rng.uniform(0.6, 1.4) for _ in rounds]
+    base = Series([100 * d * rng.gauss(1, jitter) for d in drift], rounds=rounds)
+    other = Series([100 * d * gain * rng.gauss(1, jitter) for d in drift], rounds=rounds)
+    return base, other
+
+
+def test_a_gain_hidden_by_drift_is_seen_side_by_side():
+    base, other = _drifting(16, 1.08)
+    plain = judge(4096, base, {"tree/ll": other}, 16, 2.0)
+    assert plain.win is False and "within noise" in plain.why  # repeats spread ~80 %
+    v = paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0)
+    assert v.win is True and v.best == "tree/ll", v.why
+    assert 7 < v.gain_pct < 9 and v.noise_pct < 1.0 and v.interval[0] > 1.05
+
+
+def test_no_gain_is_no_win_and_the_noise_says_how_precisely():
+    base, other = _drifting(16, 1.0, jitter=0.01)
+    v = paired.judge_paired(4096, base, {"ring/ll": other}, 2, 2.0)
+    assert v.win is False and v.noise_pct < 2.0
+
+
+def test_paired_rule_refuses_too_few_wrong_results_and_nccl_s_own_choice():
+    base, other = _drifting(6, 1.2)
+    v = paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0)
+    assert v.win is None and "too few" in v.why
+    base, other = _drifting(16, 1.2)
+    other.wrong = True
+    assert paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0).why.startswith("no forced combination")
+    base, other = _drifting(16, 1.2)
+    base.setting = other.setting = ("TREE", "LL", 8)
+    assert paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0).why == "NCCL's own choice"
+
+
+def test_only_repeats_run_side_by_side_are_paired():
+    """A repeat of the combination that failed leaves its default unpaired, not shifted onto
+    the next repeat's default."""
+    base, other = _drifting(12, 1.1)
+    other.busbw, other.rounds = other.busbw[1:], other.rounds[1:]
+    ratios = paired.paired_ratios(base, other, 2)
+    assert len(ratios) == 11 and all(1.05 < r < 1.15 for _s, r in ratios)
+
+
+def test_launch_2_confirms_by_the_paired_rule():
+    base, other = _drifting(16, 1.08)
+    v = paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0)
+    base2, other2 = _drifting(16, 1.08, seed=7)
+    precision.confirm(v, base2, other2, 16, 2.0, paired=2)
+    assert v.win and v.confirmation.startswith("confirmed: launch 2, +8.")
+    assert "interval of the ratio 1.0" in v.confirmation
+    v = paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0)
+    base2, other2 = _drifting(16, 1.0, seed=7)
+    precision.confirm(v, base2, other2, 16, 2.0, paired=2)
+    assert v.win is False and "not reproduced in launch 2" in v.why
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"paired": -1}, "--paired must be 0"),
+    ({"paired": 2, "repeat": 5}, "--paired 2 needs --repeat 8"),
+    ({"paired": 12, "repeat": 10}, "--paired 12 needs --repeat 12"),
+    ({"paired": 2, "repeat": 8, "verify": "x.conf", "plugin": "y.so"}, "does not apply to --verify"),
+])
+def test_bad_paired_requests(kw, words):
+    with pytest.raises(PlanError, match=words.replace("-", "\\-")):
+        run.check_request(run.TuneRequest(["all_reduce"], {"check": 1}, rehearse=True, **kw))
+
+
+# ---- from the launches' leftovers to the table ---------------------------------------------------
+REPEATS, SETS = 10, 2
+GAIN = {"tree/ll": {65536: 0.9, 131072: 1.2, 262144: 1.2, 524288: 0.9}, "ring/ll": dict.fromkeys(SIZES, 1.0)}
+
+
+def _leftovers(setup, folder, combos, seed):
+    """Raw files of a paired launch: every repeat 0.5-1.5x for all (drift), each combination
+    its GAIN over the default within the repeat, 0.3 % jitter."""
+    rng = random.Random(seed)
+    drift = {r: rng.uniform(0.5, 1.5) for r in range(1, REPEATS + 1)}
+    items = launches.work_items(setup, lambda c: combos, REPEATS, csv=False, paired=SETS)
+    folder.mkdir(exist_ok=True)
+    for it in items:
+        label = Combination.from_dict(it["combo"]).label
+        gain = GAIN.get(label, dict.fromkeys(SIZES, 1.0))
+        _raw({s: 10 * s / 65536 * drift[it["round"]] * gain[s] * rng.gauss(1, 0.003) for s in SIZES},
+             folder / (it["name"] + ".json"))
+    return items, {it["index"]: ItemResult("ok", timing="graph") for it in items}
+
+
+def test_paired_run_finds_the_gain_drift_hides_and_says_how(tmp_path, capsys):
+    request = run.TuneRequest(["all_reduce"], {"datatype": "float", "op": "sum", "check": 1}, ngpus=8,
+                              repeat=REPEATS, plot=False, paired=SETS)
+    plans = {"all_reduce": CandidatePlan("all_reduce", [TREE_LL, RING_LL], [])}
+    setup = run.Setup(request, "nccl", plans, 8, 1, str(tmp_path))
+    probe_items, probe_results, worlds = _probe(setup, tmp_path)
+    items, results = _leftovers(setup, tmp_path / "raw", [DEFAULT, TREE_LL, RING_LL], 11)
+
+    def confirm(winners, sizes):
+        confirm.asked = {c: [k.label for k in combos] for c, combos in winners.items()}
+        its, res = _leftovers(setup, tmp_path / "confirm", [DEFAULT, *winners["all_reduce"]], 12)
+        return its, res, 0
+
+    assert report.finish(setup, probe_items, probe_results, worlds, items, results, confirm=confirm) == 0
+    assert confirm.asked == {"all_reduce": ["tree/ll"]}
+    out = capsys.readouterr().out
+    assert "side by side (--paired 2): 2 communicator(s) per configuration kept for the launch" in out
+    assert "# rule: paired: a combination wins" in out and "noise: the widest half-width" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    for size in ("128K", "256K"):
+        assert " yes " in rows[size] and re.search(r"confirmed: launch 2, \+(19\.[5-9]|20\.[0-5]) %, 95 % interval "
+                                                   r"of the ratio 1\.1[89]\d-1\.2[01]\d$", rows[size]), rows[size]
+    assert " no " in rows["512K"] and " no " in rows["64K"]
+    doc = json.loads((tmp_path / "tune.json").read_text())
+    assert doc["paired"] == SETS and doc["rule"].startswith("paired:")
+    verdicts = {v["size"]: v for v in doc["collectives"]["all_reduce"]["verdicts"]}
+    low, high = verdicts[131072]["ratio_interval"]
+    assert 1.18 < low < 1.2 < high < 1.22
+    assert all(v["noise_pct"] < 1.0 for v in verdicts.values())
+    # what the unpaired rule would say on the same repeats: the drift is all it sees
+    unpaired = judge(131072, Series(verdicts[131072]["default_repeats"]),
+                     {"tree/ll": Series(verdicts[131072]["best_repeats"])}, REPEATS, 2.0)
+    assert unpaired.win is False and "within noise" in unpaired.why
