@@ -31,8 +31,8 @@ SOCKET_BAND = 0.5
 # ranks share: 4 ranks on 2 cores under a whole test suite's load, healthy ranks fell 72% and
 # 74% below the others (3.6-3.8x) in 2 of 5 full test runs, and 60% in 1 of 42 runs of three
 # such tests beside a test suite, named at the 60% gloo band; a rank late 2 ms or 20 ms per
-# call falls 94-99.9% below. Ranks alone on CPU-only groups are judged
-# at ALONE_BAND_GLOO when the band is "auto".
+# call falls 94-99.9% below. Ranks alone on CPU-only groups are judged at ALONE_BAND_GLOO
+# when the band is "auto".
 ALONE_BAND_GLOO = 0.85
 
 
