@@ -1,5 +1,6 @@
-"""What both backends share: the process group's timeout and store, and the hypercube's
-exchange schedule. Both backend modules import this one; it imports neither."""
+"""What both backends share: the process group's timeout and store, a new group over every
+rank, and the hypercube's exchange schedule. Both backend modules import this one; it
+imports neither."""
 
 from __future__ import annotations
 
@@ -29,3 +30,20 @@ def hypercube_schedule(nranks: int, rank: int) -> list[tuple[int, int, int]]:
         steps.append((peer, (rank // step) * step, (peer // step) * step))
         step *= 2
     return steps
+
+
+def world_group(dist, name: str, nranks: int, timeout, device, channels: int | None = None):
+    """A new process group over every rank on backend `name`, its NCCL communicator made now
+    (bound to `device`) under the environment as it is; `channels`: its minCTAs = maxCTAs."""
+    import inspect
+
+    kwargs = {"timeout": timeout}
+    if name == "nccl":
+        if channels:
+            options = dist.ProcessGroupNCCL.Options()
+            options.config.min_ctas = channels
+            options.config.max_ctas = channels
+            kwargs["pg_options"] = options
+        if "device_id" in inspect.signature(dist.new_group).parameters:
+            kwargs["device_id"] = device  # created now, not at the first collective
+    return dist.new_group(list(range(nranks)), backend=name, **kwargs)

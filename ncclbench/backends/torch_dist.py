@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 
-from ncclbench.backends.common import hypercube_schedule, process_group_store, process_group_timeout
+from ncclbench.backends.common import hypercube_schedule, process_group_store, process_group_timeout, world_group
 from ncclbench.dtypes import premul_scalar
 from ncclbench.errors import ExitCode, PlanError, first_line
 
@@ -182,7 +182,7 @@ class TorchBackend:
         if previous is not None:
             self.group, self._renewed = None, None
             self.dist.destroy_process_group(previous)
-        self._renewed = self._world_group(channels)
+        self._renewed = world_group(self.dist, self.name, self.nranks, self._timeout, self.device, channels)
         self.group = self._renewed
 
     def kept_communicator(self, key, channels: int | None = None) -> bool:
@@ -192,23 +192,9 @@ class TorchBackend:
         kept = self.__dict__.setdefault("_kept", {})
         made = key not in kept
         if made:
-            kept[key] = self._world_group(channels)
+            kept[key] = world_group(self.dist, self.name, self.nranks, self._timeout, self.device, channels)
         self.group = kept[key]
         return made
-
-    def _world_group(self, channels: int | None):
-        import inspect
-
-        kwargs = {"timeout": self._timeout}
-        if self.name == "nccl":
-            if channels:
-                options = self.dist.ProcessGroupNCCL.Options()
-                options.config.min_ctas = channels
-                options.config.max_ctas = channels
-                kwargs["pg_options"] = options
-            if "device_id" in inspect.signature(self.dist.new_group).parameters:
-                kwargs["device_id"] = self.device  # created now, not at the first collective
-        return self.dist.new_group(list(range(self.nranks)), backend=self.name, **kwargs)
 
     # ---- description -------------------------------------------------------------
     @property
