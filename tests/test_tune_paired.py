@@ -109,6 +109,15 @@ def test_paired_rule_refuses_too_few_wrong_results_and_nccl_s_own_choice():
     assert paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0).why == "NCCL's own choice"
 
 
+def test_a_combination_timed_unlike_the_default_is_no_win():
+    """A forced combination whose graph capture failed was timed eagerly: its ratio to the
+    replayed default mixes two timings, so it is never a win however large."""
+    base, other = _drifting(16, 1.3)
+    base.timing, other.timing = "graph", "eager"
+    v = paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0)
+    assert v.win is False and "no ratio side by side" in v.why and v.noise_pct is None
+
+
 def test_only_repeats_run_side_by_side_are_paired():
     """A repeat of the combination that failed leaves its default unpaired, not shifted onto
     the next repeat's default."""

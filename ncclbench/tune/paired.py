@@ -21,7 +21,8 @@ communicator to the next is part of the interval, not hidden in it).
 The rule: at one size a combination wins when its median ratio is at least `min_gain` %
 above 1, the interval's lower end is above 1 (the default is slower beyond the
 comparison's own precision), none of its results or the default's is wrong, at least
-PAIRED_MIN_REPEATS repeats of the two ran side by side, and it is not what NCCL already runs
+PAIRED_MIN_REPEATS repeats of the two ran side by side, both were timed alike (an eager
+fallback against a replayed default is no ratio), and it is not what NCCL already runs
 there. The noise column is the widest half-width, in %, of the intervals of the
 combinations at that size (timed like the default), so it says how precisely any of them
 was compared, not only the best."""
@@ -40,8 +41,8 @@ SEED = 1                  # the same numbers give the same interval in every rep
 PAIRED_RULE_TEXT = ("paired: a combination wins at a size when its busbw relative to the default's in the same "
                     "repeat has a median >= {gain:g} % above 1 and a 95 % interval (communicator sets, then repeats, "
                     "drawn again) whose lower end is above 1, none of its results is wrong, "
-                    f"{PAIRED_MIN_REPEATS} repeats or more ran side by side, and it is not the algorithm, protocol "
-                    "and channel count NCCL already runs there")
+                    f"{PAIRED_MIN_REPEATS} repeats or more ran side by side, timed like the default, and it is not the "
+                    "algorithm, protocol and channel count NCCL already runs there")
 NOISE_TEXT = ("noise: the widest half-width of the 95 % intervals of the combinations' median ratio to the default at "
               "that size, in %")
 
@@ -138,6 +139,9 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
         v.win, v.why = False, f"gain below {min_gain_pct:g} %"
     elif low <= 1:
         v.win, v.why = False, f"within noise (95 % interval of the ratio {low:.3f}-{high:.3f})"
+    elif v.best_series.timing != default.timing:
+        v.win, v.why = False, (f"timed {v.best_series.timing or 'otherwise'} against the default's "
+                               f"{default.timing or 'unknown'} timing: no ratio side by side")
     elif v.best_series.setting is not None and v.best_series.setting == default.setting:
         v.win, v.why = False, "NCCL's own choice"
     else:
