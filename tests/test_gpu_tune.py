@@ -139,24 +139,24 @@ def test_every_combination_is_replayed_and_a_refused_capture_falls_back_visibly(
 
 
 def test_paired_runs_every_configuration_side_by_side_on_kept_communicators(tmp_path):
-    """--paired 2 on 2 GPUs, 8 B-64K: each configuration's 2 communicators are made in the
-    first 2 repeats and kept, every size gets an interval of each combination's ratio to the
+    """--paired 4 on 2 GPUs, 8 B-64K: each configuration's 4 communicators are made in the
+    first 4 repeats and kept, every size gets an interval of each combination's ratio to the
     default, and the table says it was timed side by side."""
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
     out = tmp_path / "tuned"
     r = run_cli(["tune", "allreduce", "-g", "2", "-b", "8", "-e", "64K", "-f", "8", "-n", "5", "-w", "1", "-G", "2",
-                 "--algos", "tree,ring", "--protos", "ll,simple", "--paired", "2", "--repeat", "12", "--no-plot",
+                 "--algos", "tree,ring", "--protos", "ll,simple", "--paired", "4", "--repeat", "16", "--no-plot",
                  "-o", str(out)], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "side by side (--paired 2)" in r.stdout and "# rule: paired:" in r.stdout
+    assert "side by side (--paired 4)" in r.stdout and "# rule: paired:" in r.stdout
     doc = json.loads((out / "tune.json").read_text())
     verdicts = doc["collectives"]["all_reduce"]["verdicts"]
-    assert doc["paired"] == 2 and len(verdicts) == 6
+    assert doc["paired"] == 4 and len(verdicts) == 6
     assert all(v["ratio_interval"] and v["noise_pct"] is not None and v["nccl_choice"] for v in verdicts), verdicts
     work = json.loads((out / "launches" / "raw.work.json").read_text())["items"]
     done = {e["index"]: e for e in map(json.loads, (out / "launches" / "raw.status.jsonl").read_text().splitlines())
             if e["event"] == "done"}
-    assert all(done[it["index"]]["comm_made"] == (it["round"] <= 2) for it in work)
+    assert all(done[it["index"]]["comm_made"] == (it["round"] <= 4) for it in work)
     print("\n".join(f"{v['size']} noise {v['noise_pct']:.2f} % best {v['best']} gain {v['gain_pct']:+.1f} % "
                     f"{v['ratio_interval']} {v['why']}" for v in verdicts))

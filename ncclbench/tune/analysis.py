@@ -124,6 +124,7 @@ class Measured:
     time_us: dict[int, list[float]] = field(default_factory=dict)
     wrong: dict[int, bool] = field(default_factory=dict)
     rounds: dict[int, list[int]] = field(default_factory=dict)   # size -> the repeat of each busbw value
+    launches: dict[int, list] = field(default_factory=dict)      # size -> the launch (rank 0's pid) of each
     log_bytes: dict[int, int] = field(default_factory=dict)
     nccl: str = ""
     torch: str = ""
@@ -137,7 +138,7 @@ class Measured:
         return "graph" if self.timings == {"graph"} else "eager" if self.timings else ""
 
 
-def read_rows(path: str, into: Measured, round_: int = 0) -> None:
+def read_rows(path: str, into: Measured, round_: int = 0, launch=None) -> None:
     """Add one raw ncclbench JSON's rows as repeat `round_`: per size the out-of-place busbw
     and time (the median over the file's cycles where -N ran each size more than once), wrong
     if either placement had a wrong element in any cycle."""
@@ -163,6 +164,7 @@ def read_rows(path: str, into: Measured, round_: int = 0) -> None:
         into.busbw.setdefault(size, []).append(float("nan") if k is None else bw[k])
         into.time_us.setdefault(size, []).append(float("nan") if k is None else times[k])
         into.rounds.setdefault(size, []).append(round_)
+        into.launches.setdefault(size, []).append(launch)
 
 
 def _median_cycle(busbw: list[float]) -> int | None:
@@ -191,7 +193,7 @@ class CollectiveOutcome:
 def series_of(m: Measured, size: int, setting=None, channel_limit=None) -> Series:
     """One size of a Measured as a Series."""
     return Series(m.busbw[size], m.wrong.get(size, False), setting, channel_limit, timing=m.timing,
-                  rounds=m.rounds.get(size))
+                  rounds=m.rounds.get(size), sets=m.launches.get(size))
 
 
 def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float, paired: int = 0) -> list[Verdict]:

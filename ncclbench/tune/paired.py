@@ -10,22 +10,27 @@ hundreds of repeats, the 95 % interval of the median ratio came within 3 % at 19
 points (benchmarks/interleave_noise.py; docs/BENCHMARKS.md).
 
 How. Each configuration (the default and every forced combination) gets C communicators,
-made when first used and kept until the launch ends; repeat r runs every configuration
-once, back to back, on its communicator set r mod C, in an order rotated by one place every
-C repeats, so that no set always runs in the same place. At each size and for each
-combination the ratio of its busbw to the default's in the same repeat is taken, and its
-median is given a 95 % interval by a two-level bootstrap: the communicator sets drawn again
-with replacement, then the repeats within each drawn set (what differs from one
-communicator to the next is part of the interval, not hidden in it).
+made when first used and kept until the launch ends; repeat r (from 1) runs every
+configuration once, back to back, on its communicator set (r - 1) mod C, in an order turned
+by one place every repeat, so that every configuration holds every place about as often.
+At each size and for each combination the ratio of its busbw to the default's in the same
+repeat is taken. Its median is given an interval that is the wider of a two-level bootstrap
+(the communicator sets drawn again with replacement, then the repeats within each drawn
+set) and a t-interval over the sets' own medians: with a handful of sets the bootstrap sees
+too little of how communicators differ (all configurations equally fast, communicators 5 %
+apart, 2 sets of 20: the bootstrap alone called the best of 7 a win at 53 % of sizes), and
+Student's t pays for having only that many. Both are at 95 % shared out over the
+combinations compared (Bonferroni), since the best of several is the one that is judged.
+A set is told apart by the launch that ran it: a launch started again after a crash has new
+communicators under the same set number.
 
 The rule: at one size a combination wins when its median ratio is at least `min_gain` %
-above 1, the interval's lower end is above 1 (the default is slower beyond the
-comparison's own precision), none of its results or the default's is wrong, at least
-PAIRED_MIN_REPEATS repeats of the two ran side by side, both were timed alike (an eager
-fallback against a replayed default is no ratio), and it is not what NCCL already runs
-there. The noise column is the widest half-width, in %, of the intervals of the
-combinations at that size (timed like the default), so it says how precisely any of them
-was compared, not only the best."""
+above 1, the interval's lower end is above 1, none of its results or the default's is
+wrong, at least PAIRED_MIN_REPEATS repeats of the two ran side by side in two sets or more
+(only such combinations are compared), both were timed alike (an eager fallback against a
+replayed default is no ratio), and it is not what NCCL already runs there. The noise column
+is the widest half-width, in %, of the compared combinations' intervals at that size (timed
+like the default), so it says how precisely any of them was compared, not only the best."""
 
 from __future__ import annotations
 
@@ -38,13 +43,15 @@ from ncclbench.tune.ranges import RULE_TEXT, Series, Verdict
 PAIRED_MIN_REPEATS = 8    # a 95 % interval of a median from fewer repeats is mostly its extremes
 DRAWS = 2000              # bootstrap draws: the 2.5 % tails rest on 50 draws each
 SEED = 1                  # the same numbers give the same interval in every report
-PAIRED_RULE_TEXT = ("paired: a combination wins at a size when its busbw relative to the default's in the same "
-                    "repeat has a median >= {gain:g} % above 1 and a 95 % interval (communicator sets, then repeats, "
-                    "drawn again) whose lower end is above 1, none of its results is wrong, "
-                    f"{PAIRED_MIN_REPEATS} repeats or more ran side by side, timed like the default, and it is not the "
-                    "algorithm, protocol and channel count NCCL already runs there")
-NOISE_TEXT = ("noise: the widest half-width of the 95 % intervals of the combinations' median ratio to the default at "
-              "that size, in %")
+PAIRED_RULE_TEXT = ("paired: a combination wins at a size when the median of its busbw over the default's in the "
+                    "same repeat (the gain column) is >= {gain:g} % above 1 and the lower end of its interval is "
+                    "above 1 (the wider of a two-level bootstrap, communicator sets then repeats, and a t-interval "
+                    "over the sets' medians, at 95 % shared over the combinations compared), none of its results is "
+                    f"wrong, {PAIRED_MIN_REPEATS} repeats or more in 2 communicator sets or more ran side by side, "
+                    "timed like the default, and it is not the algorithm, protocol and channel count NCCL already "
+                    "runs there")
+NOISE_TEXT = ("noise: the widest half-width, in %, of the compared combinations' intervals at that size; gain: the "
+              "median of the per-repeat ratio, which drift can set apart from the ratio of the two busbw columns")
 
 
 def rule_text(min_gain: float, paired: int) -> str:
@@ -53,23 +60,54 @@ def rule_text(min_gain: float, paired: int) -> str:
 
 
 def comm_set(round_: int, sets: int) -> int:
-    """The communicator set repeat `round_` (numbered from 1) runs on."""
+    """The communicator set repeat `round_` (numbered from 1) runs on: (round_ - 1) mod sets."""
     return (round_ - 1) % sets
 
 
-def rotated(configs: list, round_: int, sets: int) -> list:
-    """The order of `configs` in repeat `round_`: shifted by one place every `sets` repeats,
-    so that set c does not always run in the same place (the order then tracks the set)."""
+def rotated(configs: list, round_: int, sets: int = 1) -> list:
+    """The order of `configs` in repeat `round_`: shifted by one place every repeat, so that
+    over any run of repeats every configuration holds every place as often as any other
+    (within one), whatever the number of sets; drift within a repeat then favours none."""
     if not configs:
         return []
-    turn = ((round_ - 1) // max(1, sets)) % len(configs)
+    turn = (round_ - 1) % len(configs)
     return configs[turn:] + configs[:turn]
 
 
-def ratio_interval(pairs: list[tuple[int, float]], draws: int = DRAWS, seed: int = SEED) -> tuple[float, float, float]:
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with `df` degrees of freedom (closed forms for whole df)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)), df - 3 powers
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...), df - 2 powers
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(coverage: float, df: int) -> float:
+    """t with P(|T| <= t) = coverage (bisection)."""
+    low, high = 0.0, 1.0
+    while _t_within(high, df) < coverage:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_within(mid, df) < coverage else (low, mid)
+    return high
+
+
+def ratio_interval(pairs: list[tuple], draws: int = DRAWS, seed: int = SEED,
+                   coverage: float = 0.95) -> tuple[float, float, float]:
     """(median, low, high) of the ratios in `pairs` ((communicator set, ratio) per repeat):
-    the median over all repeats and a 95 % interval from a two-level bootstrap."""
-    by_set: dict[int, list[float]] = {}
+    the median over all repeats and an interval from a two-level bootstrap (the sets drawn
+    again with replacement, then the repeats within each drawn set)."""
+    by_set: dict = {}
     for s, r in pairs:
         by_set.setdefault(s, []).append(r)
     middle = statistics.median(r for _s, r in pairs)
@@ -80,19 +118,40 @@ def ratio_interval(pairs: list[tuple[int, float]], draws: int = DRAWS, seed: int
         drawn = rng.choices(groups, k=len(groups))   # the sets again, then the repeats within each
         medians.append(statistics.median([r for g in drawn for r in rng.choices(g, k=len(g))]))
     medians.sort()
-    tail = int(0.025 * draws)
+    tail = int((1 - coverage) / 2 * draws)
     return middle, medians[tail], medians[draws - 1 - tail]
 
 
-def paired_ratios(default: Series, other: Series, sets: int) -> list[tuple[int, float]]:
-    """(communicator set, other's busbw / the default's) for every repeat both ran and measured."""
-    mine = dict(zip(other.rounds or (), other.busbw))
+def comparison_interval(pairs: list[tuple], compared: int = 1) -> tuple[float, float, float] | None:
+    """(median, low, high) the rule judges on: the wider of the two-level bootstrap's interval
+    and a t-interval over the per-set medians (with few sets the bootstrap sees too little of
+    how communicators differ; the t-interval pays for having only that many), each at 95 %
+    shared out over the `compared` combinations (the best of several is the one compared).
+    None with fewer than two communicator sets: nothing says how communicators differ."""
+    by_set: dict = {}
+    for s, r in pairs:
+        by_set.setdefault(s, []).append(r)
+    if len(by_set) < 2:
+        return None
+    coverage = 1 - 0.05 / max(1, compared)
+    middle, low, high = ratio_interval(pairs, coverage=coverage)
+    means = [statistics.median(g) for g in by_set.values()]
+    centre, k = statistics.fmean(means), len(means)
+    half = t_quantile(coverage, k - 1) * statistics.stdev(means) / math.sqrt(k)
+    return middle, min(low, centre - half), max(high, centre + half)
+
+
+def paired_ratios(default: Series, other: Series, sets: int) -> list[tuple]:
+    """(communicator set, other's busbw / the default's) for every repeat both ran and measured.
+    A set is told apart by the launches that ran it (Series.sets): a launch started again
+    after a crash makes new communicators under the same set number."""
+    mine = {r: (x, key) for r, x, key in zip(other.rounds or (), other.busbw, other.sets or [None] * len(other.busbw))}
     out = []
-    for r, base in zip(default.rounds or (), default.busbw):
-        x = mine.get(r)
+    for r, base, key in zip(default.rounds or (), default.busbw, default.sets or [None] * len(default.busbw)):
+        x, other_key = mine.get(r, (None, None))
         if x is None or math.isnan(x) or math.isnan(base) or base <= 0:
             continue
-        out.append((comm_set(r, sets), x / base))
+        out.append(((comm_set(r, sets), key, other_key), x / base))
     return out
 
 
@@ -103,47 +162,47 @@ def half_width_pct(interval: tuple[float, float, float]) -> float:
 
 def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets: int,
                  min_gain_pct: float = 2.0) -> Verdict:
-    """The verdict at one size by the paired rule (candidates: label -> Series with rounds)."""
+    """The verdict at one size by the paired rule (candidates: label -> Series with rounds).
+    Only combinations with PAIRED_MIN_REPEATS repeats side by side, in two sets or more, are
+    compared (and give the noise column)."""
     v = Verdict(size, default)
     if not default.busbw:
         v.why = "the default did not run"
         return v
-    eligible = {k: s for k, s in candidates.items() if not s.wrong}
-    intervals = {}
-    for label, s in candidates.items():
-        pairs = paired_ratios(default, s, sets)
-        if pairs:
-            intervals[label] = (len(pairs), ratio_interval(pairs))
-    alike = [half_width_pct(iv) for label, (_n, iv) in intervals.items()
-             if candidates[label].timing == default.timing and not candidates[label].wrong]
-    v.noise_pct = max(alike) if alike else None
     if default.wrong:
         v.why = "the default's results were wrong"
         return v
-    eligible = {k: s for k, s in eligible.items() if k in intervals}
-    if not eligible:
-        v.why = "no forced combination ran cleanly beside the default"
+    if not any(b > 0 for b in default.busbw):
+        v.why = "the default measured 0 GB/s"
         return v
-    v.best = max(eligible, key=lambda k: intervals[k][1][0])
-    v.best_series = eligible[v.best]
-    n, (middle, low, high) = intervals[v.best]
+    paired = {k: paired_ratios(default, s, sets) for k, s in candidates.items() if not s.wrong}
+    enough = {k: p for k, p in paired.items() if len(p) >= PAIRED_MIN_REPEATS}
+    intervals = {k: iv for k, p in enough.items() if (iv := comparison_interval(p, len(enough))) is not None}
+    alike = [half_width_pct(iv) for k, iv in intervals.items() if candidates[k].timing == default.timing]
+    v.noise_pct = max(alike) if alike else None
+    if not intervals:
+        most = max((len(p) for p in paired.values()), default=0)
+        v.why = ("no forced combination ran cleanly beside the default" if not most else
+                 f"{most} repeat(s) side by side at most, or one communicator set: too few to tell a gain from "
+                 f"noise, no win called (needs {PAIRED_MIN_REPEATS} in 2 sets or more)")
+        return v
+    v.best = max(intervals, key=lambda k: intervals[k][0])
+    v.best_series = candidates[v.best]
+    middle, low, high = intervals[v.best]
     v.gain_pct = (middle - 1) * 100
     v.interval = (low, high)
-    if n < PAIRED_MIN_REPEATS:
-        v.why = (f"{n} repeat(s) side by side: too few to tell a gain from noise, no win called "
-                 f"(needs {PAIRED_MIN_REPEATS})")
-        return v
+    text = f"interval of the ratio {low:.3f}-{high:.3f}"
     if v.gain_pct <= 0:
         v.win, v.why = False, "the default is faster"
     elif v.gain_pct < min_gain_pct:
         v.win, v.why = False, f"gain below {min_gain_pct:g} %"
     elif low <= 1:
-        v.win, v.why = False, f"within noise (95 % interval of the ratio {low:.3f}-{high:.3f})"
+        v.win, v.why = False, f"within noise ({text})"
     elif v.best_series.timing != default.timing:
         v.win, v.why = False, (f"timed {v.best_series.timing or 'otherwise'} against the default's "
                                f"{default.timing or 'unknown'} timing: no ratio side by side")
     elif v.best_series.setting is not None and v.best_series.setting == default.setting:
         v.win, v.why = False, "NCCL's own choice"
     else:
-        v.win, v.why = True, f"above noise (95 % interval of the ratio {low:.3f}-{high:.3f})"
+        v.win, v.why = True, f"above noise ({text})"
     return v

@@ -52,6 +52,7 @@ class Series:
     timing: str = ""              # graph | eager ('' unknown): a configuration timed unlike the default
                                   # (an eager fallback) never widens the noise of the others
     rounds: list[int] | None = None   # the repeat each value came from (--paired pairs them by it)
+    sets: list | None = None          # --paired: the launch that ran each value (a set's communicators are its)
 
     @property
     def median(self) -> float:

@@ -28,7 +28,7 @@ def measured_in(setup, phase: str, coll: str, combos, items, results) -> dict:
                 continue
             path = os.path.join(setup.output_dir, phase, it["name"] + ".json")
             if r is not None and r.status in ("ok", "wrong_results") and os.path.exists(path):
-                analysis.read_rows(path, m, it["round"])
+                analysis.read_rows(path, m, it["round"], r.pid)
                 m.timings.add(r.timing or it.get("timing") or "eager")
                 m.fallback = m.fallback or r.fallback
         if m.busbw:
@@ -131,7 +131,8 @@ def header(setup, outcome, nccl_text: str, path_lines=()) -> list[str]:
 
 def paired_text(sets: int) -> str:
     return (f", side by side (--paired {sets}): {sets} communicator(s) per configuration kept for the launch, repeat r "
-            f"on set r mod {sets}, every configuration back to back in an order rotated every {sets} repeat(s)")
+            f"(from 1) on set (r - 1) mod {sets}, every configuration back to back in an order turned by one place "
+            "every repeat")
 
 
 def finish(setup, probe_items, probe_results, worlds, items, results, interrupted=False, confirm=None) -> int:

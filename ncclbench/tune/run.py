@@ -161,8 +161,9 @@ def check_request(request: TuneRequest) -> None:
     if request.verify and request.repeat < MIN_REPEATS:
         raise _fail(f"--verify needs --repeat {MIN_REPEATS} or more to tell a slower size from noise "
                     f"(got {request.repeat}; default {DEFAULT_REPEATS})")
-    if request.paired < 0:
-        raise _fail(f"--paired must be 0 (off) or a number of communicators per configuration (got {request.paired})")
+    if request.paired < 0 or request.paired == 1:
+        raise _fail(f"--paired must be 0 (off) or 2 or more communicators per configuration (got {request.paired}): "
+                    "one says nothing of how communicators differ")
     if request.paired and request.verify:
         raise _fail("--paired does not apply to --verify: NCCL loads a tuner plugin once per process, so the default "
                     "and the plugin cannot run side by side in one launch")
