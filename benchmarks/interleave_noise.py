@@ -138,13 +138,11 @@ def ratio_estimate(base: list[float], other: list[float], sets: list[int], draws
     repeat): the median over every repeat, a 95 % interval from a two-level bootstrap (the
     communicator sets drawn again with replacement, then the repeats within each drawn set),
     its half-width in % of the median, and each set's own median."""
-    from ncclbench.tune.paired import ratio_interval
+    from ncclbench.tune.paired import group_by_set, ratio_interval
 
     pairs = [(c, b / x) for b, x, c in zip(base, other, sets)]
     middle, lo, hi = ratio_interval(pairs, draws, seed)
-    by_set: dict[int, list[float]] = {}
-    for c, r in pairs:
-        by_set.setdefault(c, []).append(r)
+    by_set = group_by_set(pairs)
     return {"median": middle, "low": lo, "high": hi, "half_width_pct": (hi - lo) / 2 / middle * 100,
             "set_medians": [statistics.median(g) for g in by_set.values()]}
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from ncclbench.dtypes import DTYPES
 from ncclbench.tune import coverage, nccl_log
 from ncclbench.tune.files import ConfigRow, PerfRow
-from ncclbench.tune.paired import judge_paired
+from ncclbench.tune.paired import judge_by_rule
 from ncclbench.tune.plan import COLLECTIVES, Combination
-from ncclbench.tune.ranges import Series, Verdict, judge, win_ranges
+from ncclbench.tune.ranges import Series, Verdict, win_ranges
 
 REFUSAL_WORDS = ("no algorithm/protocol available", "invalid usage", "ncclInvalidUsage", "invalid argument")
 
@@ -214,8 +214,7 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float, pair
                 outcome.overridden.setdefault(combo.label, []).append(size)
                 continue  # NCCL ran something else than what was forced: not this combination's number
             candidates[combo.label] = series_of(m, size, setting, combo.channels)
-        out.append(judge_paired(size, dseries, candidates, paired, min_gain) if paired
-                   else judge(size, dseries, candidates, repeats, min_gain))
+        out.append(judge_by_rule(size, dseries, candidates, repeats, min_gain, paired))
     return out
 
 

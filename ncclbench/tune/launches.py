@@ -21,14 +21,14 @@ def work_items(setup, combos_for, rounds: int, csv: bool, first: int = 1, timing
                paired: int = 0) -> list[dict]:
     """Items in run order: repeat after repeat (numbered from `first`), each over every
     collective and combination; each timed as `timing` says (None: the run's timing).
-    `paired` C > 0: repeat r runs on communicator set r mod C (kept by the ranks), its
+    `paired` C > 0: repeat r runs on communicator set (r - 1) mod C (kept by the ranks), its
     combinations in the order paired.rotated gives."""
     mode = timing or (setup.timing.mode if getattr(setup, "timing", None) else "eager")
     items = []
     for r in range(first, first + rounds):
         for coll in setup.request.collectives:
             combos = combos_for(coll)
-            for combo in rotated(combos, r, paired) if paired else combos:
+            for combo in rotated(combos, r) if paired else combos:
                 base = f"{coll}.{combo.file_key}"
                 items.append({"index": len(items), "collective": coll, "combo": combo.to_dict(), "round": r,
                               "name": f"{base}.r{r}", "csv": base + ".csv" if csv else None, "timing": mode})

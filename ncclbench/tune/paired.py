@@ -38,7 +38,7 @@ import math
 import random
 import statistics
 
-from ncclbench.tune.ranges import RULE_TEXT, Series, Verdict
+from ncclbench.tune.ranges import RULE_TEXT, Series, Verdict, default_unusable, judge
 
 PAIRED_MIN_REPEATS = 8    # a 95 % interval of a median from fewer repeats is mostly its extremes
 DRAWS = 2000              # bootstrap draws: the 2.5 % tails rest on 50 draws each
@@ -64,7 +64,7 @@ def comm_set(round_: int, sets: int) -> int:
     return (round_ - 1) % sets
 
 
-def rotated(configs: list, round_: int, sets: int = 1) -> list:
+def rotated(configs: list, round_: int) -> list:
     """The order of `configs` in repeat `round_`: shifted by one place every repeat, so that
     over any run of repeats every configuration holds every place as often as any other
     (within one), whatever the number of sets; drift within a repeat then favours none."""
@@ -102,16 +102,21 @@ def t_quantile(coverage: float, df: int) -> float:
     return high
 
 
+def group_by_set(pairs: list[tuple]) -> dict:
+    """{communicator set: its ratios} from (set, ratio) pairs, in first-seen order."""
+    out: dict = {}
+    for s, r in pairs:
+        out.setdefault(s, []).append(r)
+    return out
+
+
 def ratio_interval(pairs: list[tuple], draws: int = DRAWS, seed: int = SEED,
                    coverage: float = 0.95) -> tuple[float, float, float]:
     """(median, low, high) of the ratios in `pairs` ((communicator set, ratio) per repeat):
     the median over all repeats and an interval from a two-level bootstrap (the sets drawn
     again with replacement, then the repeats within each drawn set)."""
-    by_set: dict = {}
-    for s, r in pairs:
-        by_set.setdefault(s, []).append(r)
     middle = statistics.median(r for _s, r in pairs)
-    groups = list(by_set.values())
+    groups = list(group_by_set(pairs).values())
     rng = random.Random(seed)
     medians = []
     for _ in range(draws):
@@ -128,9 +133,7 @@ def comparison_interval(pairs: list[tuple], compared: int = 1) -> tuple[float, f
     how communicators differ; the t-interval pays for having only that many), each at 95 %
     shared out over the `compared` combinations (the best of several is the one compared).
     None with fewer than two communicator sets: nothing says how communicators differ."""
-    by_set: dict = {}
-    for s, r in pairs:
-        by_set.setdefault(s, []).append(r)
+    by_set = group_by_set(pairs)
     if len(by_set) < 2:
         return None
     coverage = 1 - 0.05 / max(1, compared)
@@ -166,11 +169,8 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
     Only combinations with PAIRED_MIN_REPEATS repeats side by side, in two sets or more, are
     compared (and give the noise column)."""
     v = Verdict(size, default)
-    if not default.busbw:
-        v.why = "the default did not run"
-        return v
-    if default.wrong:
-        v.why = "the default's results were wrong"
+    v.why = default_unusable(default)
+    if v.why:
         return v
     if not any(b > 0 for b in default.busbw):
         v.why = "the default measured 0 GB/s"
@@ -206,3 +206,11 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
     else:
         v.win, v.why = True, f"above noise ({text})"
     return v
+
+
+def judge_by_rule(size: int, default: Series, candidates: dict[str, Series], repeats: int, min_gain_pct: float,
+                  paired: int) -> Verdict:
+    """The verdict at one size by the run's rule: paired (`paired` sets) or the spread rule."""
+    if paired:
+        return judge_paired(size, default, candidates, paired, min_gain_pct)
+    return judge(size, default, candidates, repeats, min_gain_pct)

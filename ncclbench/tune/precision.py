@@ -29,8 +29,8 @@ import statistics
 from dataclasses import dataclass
 
 from ncclbench.sizes import format_size
-from ncclbench.tune.paired import judge_paired
-from ncclbench.tune.ranges import Series, Verdict, judge
+from ncclbench.tune.paired import judge_by_rule
+from ncclbench.tune.ranges import Series, Verdict
 
 TIMINGS = ("auto", "graph", "eager")
 DEFAULT_GRAPH_REPLAYS = 20  # 5 left 8 B at 5.1 % noise on 4 H200; 20 kept 8 B-512M within 2 % on 4 H100 (docs/tuning.md)
@@ -108,8 +108,7 @@ def confirm(v: Verdict, default2: Series | None, best2: Series | None, repeats: 
         v.win, v.why = False, f"not confirmed: {label} did not measure it cleanly"
         return v
     best2.setting, default2.setting = v.best_series.setting, v.default.setting
-    second = (judge_paired(v.size, default2, {v.best: best2}, paired, min_gain) if paired
-              else judge(v.size, default2, {v.best: best2}, repeats, min_gain))
+    second = judge_by_rule(v.size, default2, {v.best: best2}, repeats, min_gain, paired)
     gain = f"{second.gain_pct:+.1f} %" if second.gain_pct is not None else "not compared"
     if second.win:
         if second.interval:  # paired: the ratio's own interval, not the widest of the size

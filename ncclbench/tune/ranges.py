@@ -112,16 +112,20 @@ def too_few_repeats(repeats: int) -> str:
             f"default {DEFAULT_REPEATS})")
 
 
+def default_unusable(default: Series) -> str:
+    """Why NCCL's default at a size cannot be compared with ('' when it can)."""
+    if not default.busbw:
+        return "the default did not run"
+    return "the default's results were wrong" if default.wrong else ""
+
+
 def judge(size: int, default: Series, candidates: dict[str, Series], repeats: int,
           min_gain_pct: float = 2.0) -> Verdict:
     """The verdict at one size (candidates: label -> Series, refused ones not included)."""
     alike = [s for s in candidates.values() if s.timing == default.timing]
     v = Verdict(size, default, noise_pct=noise_at([default, *alike]))
-    if not default.busbw:
-        v.why = "the default did not run"
-        return v
-    if default.wrong:
-        v.why = "the default's results were wrong"
+    v.why = default_unusable(default)
+    if v.why:
         return v
     eligible = {k: s for k, s in candidates.items() if len(s.busbw) == repeats and not s.wrong}
     if not eligible:
