@@ -191,6 +191,39 @@ def test_a_relaunch_is_a_set_of_its_own():
     assert len({key for key, _r in paired.paired_ratios(base, other, 2)}) == 4
 
 
+@pytest.mark.parametrize("refused", ["eager", "own"])
+def test_a_combination_that_cannot_win_neither_hides_the_winner_nor_widens_its_interval(refused):
+    """The second review's case: an eager fallback (or NCCL's own setting forced again) with
+    the larger median was chosen as the best and then refused, so ring/simple's real +6 %
+    was never called; it also counted as a second combination compared (a wider interval)."""
+    base, ring = _drifting(16, 1.06, jitter=0.002)
+    _b, other = _drifting(16, 1.10, jitter=0.002)
+    other.busbw = [x * 1.10 for x in base.busbw]
+    if refused == "eager":
+        base.timing = ring.timing = "graph"
+        other.timing = "eager"
+    else:
+        base.setting = other.setting = ("TREE", "LL", 8)
+        ring.setting = ("RING", "SIMPLE", 8)
+    alone = paired.judge_paired(4096, base, {"ring/simple": ring}, 4, 2.0)
+    v = paired.judge_paired(4096, base, {"ring/simple": ring, "other": other}, 4, 2.0)
+    assert v.best == "ring/simple" and v.win is True, (v.best, v.why)
+    assert v.interval == alone.interval
+    only = paired.judge_paired(4096, base, {"other": other}, 4, 2.0)
+    assert only.best == "other" and only.win is False
+
+
+def test_a_repeat_split_by_a_relaunch_is_not_paired():
+    """Repeat 8's default ran before a crash, the combination after the relaunch (another
+    rank-0 pid): not side by side, so it neither makes the 8 repeats nor a set of its own."""
+    base, other = _drifting(8, 1.1)
+    base.sets = [111] * 8
+    other.sets = [111] * 7 + [222]
+    ratios = paired.paired_ratios(base, other, 2)
+    assert len(ratios) == 7 and {key for key, _r in ratios} == {(0, 111), (1, 111)}
+    assert "too few" in paired.judge_paired(4096, base, {"tree/ll": other}, 2, 2.0).why
+
+
 def test_only_repeats_run_side_by_side_are_paired():
     """A repeat of the combination that failed leaves its default unpaired, not shifted onto
     the next repeat's default."""

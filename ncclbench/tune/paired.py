@@ -146,21 +146,29 @@ def comparison_interval(pairs: list[tuple], compared: int = 1) -> tuple[float, f
 
 def paired_ratios(default: Series, other: Series, sets: int) -> list[tuple]:
     """(communicator set, other's busbw / the default's) for every repeat both ran and measured.
-    A set is told apart by the launches that ran it (Series.sets): a launch started again
-    after a crash makes new communicators under the same set number."""
+    A set is told apart by the launch that ran it (Series.sets): a launch started again
+    after a crash makes new communicators under the same set number. A repeat the two ran
+    in different launches (split by a relaunch) was not side by side and is left out."""
     mine = {r: (x, key) for r, x, key in zip(other.rounds or (), other.busbw, other.sets or [None] * len(other.busbw))}
     out = []
     for r, base, key in zip(default.rounds or (), default.busbw, default.sets or [None] * len(default.busbw)):
         x, other_key = mine.get(r, (None, None))
-        if x is None or math.isnan(x) or math.isnan(base) or base <= 0:
+        if x is None or math.isnan(x) or math.isnan(base) or base <= 0 or other_key != key:
             continue
-        out.append(((comm_set(r, sets), key, other_key), x / base))
+        out.append(((comm_set(r, sets), key), x / base))
     return out
 
 
 def half_width_pct(interval: tuple[float, float, float]) -> float:
     middle, low, high = interval
     return (high - low) / 2 / middle * 100 if middle > 0 else math.inf
+
+
+def _could_win(default: Series, other: Series) -> bool:
+    """Whether `other` may be called a win over `default` at all: timed the same way (a ratio
+    side by side means nothing across timings) and not NCCL's own setting forced again."""
+    same_setting = other.setting is not None and other.setting == default.setting
+    return other.timing == default.timing and not same_setting
 
 
 def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets: int,
@@ -177,7 +185,12 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
         return v
     paired = {k: paired_ratios(default, s, sets) for k, s in candidates.items() if not s.wrong}
     enough = {k: p for k, p in paired.items() if len(p) >= PAIRED_MIN_REPEATS}
-    intervals = {k: iv for k, p in enough.items() if (iv := comparison_interval(p, len(enough))) is not None}
+    # The best is chosen among the combinations that could win (timed like the default, not
+    # NCCL's own setting), so one that cannot neither hides a winner nor widens its interval;
+    # only where none could is the best of the rest shown, with why it is no win.
+    fair = {k: p for k, p in enough.items() if _could_win(default, candidates[k])}
+    pool = fair or enough
+    intervals = {k: iv for k, p in enough.items() if (iv := comparison_interval(p, len(pool))) is not None}
     alike = [half_width_pct(iv) for k, iv in intervals.items() if candidates[k].timing == default.timing]
     v.noise_pct = max(alike) if alike else None
     if not intervals:
@@ -186,7 +199,8 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
                  f"{most} repeat(s) side by side at most, or one communicator set: too few to tell a gain from "
                  f"noise, no win called (needs {PAIRED_MIN_REPEATS} in 2 sets or more)")
         return v
-    v.best = max(intervals, key=lambda k: intervals[k][0])
+    chosen = [k for k in intervals if k in fair] or list(intervals)
+    v.best = max(chosen, key=lambda k: intervals[k][0])
     v.best_series = candidates[v.best]
     middle, low, high = intervals[v.best]
     v.gain_pct = (middle - 1) * 100
