@@ -172,11 +172,12 @@ def _layout(hosts: int, per: int | None = None) -> list[str] | None:
     evenly, at least one each), GPUs of their own where the machine has hosts x per of them;
     on a smaller machine of 2 or more GPUs the GPUs are dealt out in turn, so that two
     simulated hosts may drive one GPU (NCCL tells them apart by NCCL_HOSTID and crosses
-    between them over its network all the same; two ranks of one host never share one).
-    None where there are too few GPUs for that."""
+    between them over its network all the same; two ranks of one host never share one), and
+    on a one-GPU machine every host is one rank on that GPU. None where there are too few
+    GPUs for that."""
     n = _gpu_count()
     per = per or max(1, n // hosts)
-    if n < 2 or n < per:
+    if n < 1 or n < per:
         return None
     return [",".join(str((h * per + k) % n) for k in range(per)) for h in range(hosts)]
 
@@ -191,7 +192,7 @@ def _busbw(stdout: str) -> dict[int, float]:
     return {int(r[0]): float(r[7]) for r in table_rows(stdout)}
 
 
-needs2 = pytest.mark.skipif(_layout(2) is None, reason="needs 2 GPUs")
+needs_gpu = pytest.mark.skipif(_layout(2) is None, reason="needs a GPU")
 
 
 @rig
@@ -212,10 +213,10 @@ def test_the_maintainers_command_runs_commands_in_turn_and_sums_them_up(tmp_path
 
 @pytest.mark.gpu
 @rig
-@needs2
+@needs_gpu
 @pytest.mark.parametrize("how", ["spawn", "torchrun", "slurm", "mpi"])
 def test_nccl_crosses_hosts_over_its_net_transport(how, tmp_path):
-    gpus = _layout(2, 2)
+    gpus = _layout(2, 2) or _layout(2)
     per = len(gpus[0].split(","))
     args = ["allgather" if how != "spawn" else "allreduce", "-b", "1M", "-e", "16M", "-f", "4", "-T", "120"]
     with netsim.SimFleet(2, gpus=gpus) as fleet:
@@ -235,7 +236,7 @@ def test_nccl_crosses_hosts_over_its_net_transport(how, tmp_path):
 
 @pytest.mark.gpu
 @rig
-@needs2
+@needs_gpu
 def test_a_capped_nic_lowers_busbw_across_hosts():
     gpus = _layout(2)
     per = len(gpus[0].split(","))
@@ -267,7 +268,7 @@ def _preflight(fleet, per, tmp_path, extra=()):
 
 @pytest.mark.gpu
 @rig
-@needs2
+@needs_gpu
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_preflight_across_hosts_names_the_host_with_a_slow_nic_within_its_budget(hosts, tmp_path):
     gpus = _layout(hosts)
@@ -301,7 +302,7 @@ def _fleet(fleet, tmp_path, extra=(), freeze=None, kill=None):
 
 @pytest.mark.gpu
 @rig
-@needs2
+@needs_gpu
 @pytest.mark.parametrize("fault", ["none", "nic", "link", "kill", "freeze"])
 def test_fleet_across_four_gpu_hosts(fault, tmp_path):
     with netsim.SimFleet(4, gpus=_layout(4, 1)) as fleet:
@@ -326,7 +327,7 @@ def test_fleet_across_four_gpu_hosts(fault, tmp_path):
 
 @pytest.mark.gpu
 @rig
-@needs2
+@needs_gpu
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_a_frozen_host_is_named_alone_across_hosts(hosts, tmp_path):
     """Every process of the last host stopped mid-sweep (SIGSTOP): the run names a rank of
@@ -367,3 +368,36 @@ def _wait_for_sweep(proc) -> None:
         if line.startswith("#") and "(B)" in line:
             return
     raise AssertionError("the run ended before its sweep began")
+
+
+@pytest.mark.gpu
+@rig
+@needs_gpu
+def test_tune_paired_across_hosts_times_every_configuration_side_by_side(tmp_path):
+    """`tune --paired 2` with NCCL over sockets between 2 hosts: both hosts end 0, every size
+    has an interval of each combination's ratio to the default, the communicators are made in
+    the first 2 repeats and kept, and NCCL's log names its network transport."""
+    gpus = _layout(2)
+    per = len(gpus[0].split(","))
+    out = tmp_path / "tuned"
+    args = ["tune", "allreduce", "-b", "8", "-e", "4K", "-f", "8", "-n", "5", "-w", "1", "-G", "2",
+            "--algos", "tree,ring", "--protos", "ll,simple", "--paired", "2", "--repeat", "8", "--no-plot",
+            "-o", str(out)]
+    with netsim.SimFleet(2, gpus=gpus) as fleet:
+        procs = fleet.launch("spawn", args, per, port=29670, ncclbench=cli_command(),
+                             env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+        codes, outs = _finish(procs, timeout=500)
+    assert codes == [0, 0], outs[0][0][-3000:] + outs[0][1][-3000:]
+    assert "side by side (--paired 2)" in outs[0][0], outs[0][0][-3000:]
+    doc = json.loads((out / "tune.json").read_text())
+    verdicts = doc["collectives"]["all_reduce"]["verdicts"]
+    assert doc["paired"] == 2 and [v["size"] for v in verdicts] == [8, 64, 512, 4096]
+    assert all(v["ratio_interval"] and v["noise_pct"] is not None for v in verdicts), verdicts
+    work = json.loads((out / "launches" / "raw.work.json").read_text())["items"]
+    done = {e["index"]: e for e in map(json.loads, (out / "launches" / "raw.status.jsonl").read_text().splitlines())
+            if e["event"] == "done"}
+    assert all(done[it["index"]]["comm_made"] == (it["round"] <= 2) for it in work)
+    logs = "".join(p.read_text(errors="replace") for p in (out / "probe").glob("nccl.*.log"))
+    assert "via NET/Socket" in logs or "Using network Socket" in logs, logs[-2000:]
+    print("\n".join(f"{v['size']} noise {v['noise_pct']:.2f} % best {v['best']} gain {v['gain_pct']:+.1f} % "
+                    f"{v['ratio_interval']} {v['why']}" for v in verdicts))

@@ -184,6 +184,43 @@ def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
     assert len(devices) == 2   # one process per node took part in the measurement
 
 
+def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
+    """Node 0 refuses the run for a reason node 1 does not check (here its -o folder holds a
+    run already; on GPUs: a --verify file missing): node 1 used to wait in its first
+    rendezvous for torchrun's 600 s. Now node 0 makes the run's last launch before it says
+    its one line, and node 1 stops with it."""
+    import os
+    import socket
+    import subprocess
+    import time
+
+    from conftest import cli_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    taken = tmp_path / "taken"
+    (taken / "raw").mkdir(parents=True)
+    common = ["tune", "allreduce", "-g", "1", "--rehearse", *SMALL,
+              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    start = time.monotonic()
+    procs = [subprocess.Popen(cli_command() + common + ["--node-rank", str(i)] + (["-o", str(taken)] if i == 0 else []),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
+    try:
+        results = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    took = time.monotonic() - start
+    (_out0, err0), (_out1, err1) = results
+    errors = [line for line in err0.splitlines() if line.startswith("ncclbench")]
+    assert procs[0].returncode == 2 and len(errors) == 1 and "already holds a tune run" in errors[0], err0[-3000:]
+    assert procs[1].returncode == 0 and "took part in 0 launch(es) of node 0" in err1, err1[-3000:]
+    assert took < 120, took
+
+
 def test_paired_keeps_one_communicator_per_configuration_and_set(tmp_path):
     """--paired 2 over 8 repeats on gloo ranks: each configuration's two communicators are made
     in repeats 1 and 2 and every later repeat runs on one of them (rank 0's status lines say

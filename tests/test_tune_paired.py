@@ -311,3 +311,26 @@ def test_paired_run_finds_the_gain_drift_hides_and_says_how(tmp_path, capsys):
     unpaired = judge(131072, Series(verdicts[131072]["default_repeats"]),
                      {"tree/ll": Series(verdicts[131072]["best_repeats"])}, REPEATS, 2.0)
     assert unpaired.win is False and "within noise" in unpaired.why
+
+
+class _Which:
+    """A backend whose communicator calls fail saying which was asked for."""
+
+    def renew_communicator(self, channels):
+        raise RuntimeError("fresh")
+
+    def kept_communicator(self, key, channels):
+        raise RuntimeError(f"kept {key}")
+
+
+def test_the_probe_of_a_paired_run_makes_fresh_communicators():
+    """On 2 simulated hosts with NCCL, every probe item of a --paired run was refused with
+    KeyError 'comm_set' (the probe's items name no set, yet the ranks looked for one), so
+    nothing but the default was ever timed. Only items that name a set use a kept one."""
+    from ncclbench.tune.rank import run_item
+
+    probe = {"combo": TREE_LL.to_dict(), "round": 1}
+    paired_item = dict(probe, comm_set=1)
+    assert run_item(probe, None, _Which(), None, {})["errors"] == ["communicator init: RuntimeError: fresh"]
+    said = run_item(paired_item, None, _Which(), None, {})["errors"][0]
+    assert said == f"communicator init: RuntimeError: kept ('{TREE_LL.file_key}', 1)"

@@ -87,10 +87,11 @@ def _apply(values: dict) -> None:
 
 
 def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 0,
-                rdzv_endpoint: str | None = None) -> int:
+                rdzv_endpoint: str | None = None, rdzv_timeout_s: int | None = None) -> int:
     """Run `python -m ncclbench <argv>` as `nprocs` ranks on this node and return the exit
     code that best describes what happened. One node: started here (start_ranks); several:
-    through torchrun's elastic agent, whose rendezvous joins the nodes."""
+    through torchrun's elastic agent, whose rendezvous joins the nodes (waiting for them up
+    to `rdzv_timeout_s`, torchrun's 600 s when None)."""
     from ncclbench import startup
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several ranks, minus its warning
@@ -98,14 +99,14 @@ def spawn_local(nprocs: int, argv: list[str], nnodes: int = 1, node_rank: int = 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     os.environ[startup.LAUNCH_TIME_ENV] = f"{startup.own_start():.3f}"
     if nnodes > 1 or rdzv_endpoint:
-        return spawn_with_torchrun(nprocs, argv, nnodes, node_rank, rdzv_endpoint)
+        return spawn_with_torchrun(nprocs, argv, nnodes, node_rank, rdzv_endpoint, rdzv_timeout_s)
     from ncclbench.launch.spawn import start_ranks
 
     return start_ranks(nprocs, [sys.executable, "-u", "-m", "ncclbench", *argv])
 
 
 def spawn_with_torchrun(nprocs: int, argv: list[str], nnodes: int, node_rank: int,
-                        rdzv_endpoint: str | None) -> int:
+                        rdzv_endpoint: str | None, rdzv_timeout_s: int | None = None) -> int:
     """The ranks of one node of a multi-node run, under torchrun's elastic agent."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -116,6 +117,7 @@ def spawn_with_torchrun(nprocs: int, argv: list[str], nnodes: int, node_rank: in
     host, _, port = (rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
     targs = ["--nproc-per-node", str(nprocs), "--max-restarts", "0", "--nnodes", str(nnodes),
              "--node-rank", str(node_rank), "--master-addr", host, "--master-port", port,
+             *(["--rdzv-conf", f"timeout={int(rdzv_timeout_s)}"] if rdzv_timeout_s else []),
              "--module", "ncclbench", *argv]
     if not os.environ.get("NCCLBENCH_VERBOSE"):
         quiet_torchrun_logs()

@@ -57,7 +57,6 @@ def run_phase(setup, phase: str, items: list[dict], env: dict, overrides=None, o
                 "options": options, "items": pending, "folder": folder, "json": outputs, "status": status_path,
                 "graph_replays": setup.timing.replays if getattr(setup, "timing", None) else 0,
                 "queue_ahead_s": setup.timing.queue_ahead_s if getattr(setup, "timing", None) else 0.0,
-                "paired": getattr(setup.request, "paired", 0),
                 "env": env}  # ranks on other hosts set it themselves (follow.py)
         work_path = os.path.join(control, phase.replace("/", "-") + ".work.json")
         with open(work_path, "w", encoding="utf-8") as f:
@@ -128,9 +127,10 @@ def settle(pending, started, results, code, finished, requeued) -> list[dict]:
     return []
 
 
-def spawn(setup, argv: list[str], env: dict) -> int:
+def spawn(setup, argv: list[str], env: dict, rdzv_timeout_s: int | None = None) -> int:
     """One launch of `-g` ranks with `env` added (None removes a variable) for it only; with
-    ranks on several hosts, this host's part of it (the others follow: follow.py)."""
+    ranks on several hosts, this host's part of it (the others follow: follow.py), waiting
+    for them up to `rdzv_timeout_s` (None: torchrun's own limit)."""
     from ncclbench.launch import launcher as launch
 
     endpoint = setup.rendezvous_of(setup.launches)
@@ -138,7 +138,7 @@ def spawn(setup, argv: list[str], env: dict) -> int:
     timeout = float(setup.request.options.get("timeout", 300))
     with launch.environ_changed(env):
         return launch.spawn_local(setup.request.ngpus, argv + ["--backend", setup.backend, "-T", str(timeout)],
-                                  setup.nnodes, setup.request.node_rank, endpoint)
+                                  setup.nnodes, setup.request.node_rank, endpoint, rdzv_timeout_s)
 
 
 def probe_env(folder: str) -> dict:

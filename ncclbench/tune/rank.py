@@ -171,15 +171,16 @@ def _quiet_sweep_hooks():
 
 
 def run_item(item, plan, backend, info, work) -> dict:
-    """One combination on a fresh communicator, or with --paired on the one kept for its
-    communicator set (made at its first use): {status, errors, comm_ready, comm_made}."""
+    """One combination on a fresh communicator, or, for an item of a --paired phase (it names
+    its communicator set), on the one kept for that set (made at its first use); the probe
+    of a --paired run still makes fresh ones: {status, errors, comm_ready, comm_made}."""
     from ncclbench.engine.runner import run_plan
 
     combo = Combination.from_dict(item["combo"])
     made = True
     with combination_environment(combo):
         try:
-            if work.get("paired"):
+            if item.get("comm_set") is not None:
                 made = backend.kept_communicator((combo.file_key, item["comm_set"]), combo.channels)
             else:
                 backend.renew_communicator(combo.channels)

@@ -274,7 +274,12 @@ def run_tune(request: TuneRequest) -> int:
         from ncclbench.tune.launches import spawn
 
         return run_follower(prepare_follower(request), spawn)
-    setup = prepare(request)
+    try:
+        setup = prepare(request)
+    except PlanError:
+        if request.nnodes > 1:
+            release_followers(request)
+        raise
     try:
         return execute(setup)
     finally:
@@ -291,14 +296,38 @@ def prepare_follower(request: TuneRequest) -> Setup:
     return Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes, None)
 
 
-def end_followers(setup: Setup) -> None:
+def end_followers(setup: Setup, rdzv_timeout_s: int | None = None) -> None:
     """The run's last launch: following hosts read that it is over and stop."""
     from ncclbench.tune.follow import end_work
     from ncclbench.tune.launches import spawn
 
     folder = os.path.join(setup.output_dir, "launches")
     os.makedirs(folder, exist_ok=True)
-    spawn(setup, ["tune", "--worker", end_work(folder)], {})
+    spawn(setup, ["tune", "--worker", end_work(folder)], {}, rdzv_timeout_s)
+
+
+RELEASE_WAIT_S = 30   # how long node 0, refused before its first launch, waits for the other nodes
+
+
+def release_followers(request: TuneRequest) -> None:
+    """Node 0 refused the run before its first launch, for a reason the other nodes do not
+    check (its environment, output folder, --verify file or plugin): without the run's last
+    launch they would wait in their first rendezvous for torchrun's 600 s. That launch is
+    made, waiting for them RELEASE_WAIT_S at most; where the other nodes refuse the run
+    alike (check_request, the backend), they are gone already and nothing is made."""
+    import tempfile
+
+    try:
+        check_request(request)
+        backend = requested_backend(request)
+    except PlanError:
+        return
+    setup = Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes,
+                  tempfile.mkdtemp(prefix="ncclbench-tune-refused-"))
+    try:
+        end_followers(setup, RELEASE_WAIT_S)
+    except Exception:  # noqa: BLE001 - node 0's own error is the one to say
+        pass
 
 
 def execute(setup: Setup) -> int:
