@@ -15,7 +15,10 @@ output. Needs root; makes network namespaces, veths and a bridge, and removes th
 
 `--cpus split` gives each host CPUs of its own (those near its GPUs, shared out evenly;
 tests/netsim.py split_cpus), as separate machines have; `--cpus 0-7 8-15` names them.
-`--gpus` gives each host's CUDA_VISIBLE_DEVICES (omit for gloo ranks: then `--per-host`).
+`--gpus` gives each host's CUDA_VISIBLE_DEVICES (omit for gloo ranks: then `--per-host`);
+hosts may share a GPU (`--gpus 0 0`: two hosts on one GPU), and then CUDA MPS runs for the
+job where it is installed (`--mps on|off` to choose; time-sliced without it, every op
+between those hosts waits milliseconds).
 Host 0's first process prints to stdout/stderr here; every process's output is also written
 to `--logs DIR` (host<i>.<k>.out/.err). `--freeze I@S` stops every process of host I with
 SIGSTOP S seconds after the start, `--kill I@S` kills them, `--link-down I@S` pulls host I's
@@ -65,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--gpus", nargs="*", help="each host's CUDA_VISIBLE_DEVICES, e.g. 0,1 2,3")
     parser.add_argument("--cpus", nargs="*", help="`split`, or each host's CPU list, e.g. 0-7 8-15 (default: shared)")
+    parser.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                        help="CUDA MPS for the run (auto: when two hosts share a GPU and MPS is installed)")
     parser.add_argument("--per-host", type=int, help="ranks per host (default: the host's GPU count, else 1)")
     parser.add_argument("--launcher", choices=["spawn", "torchrun", "slurm", "mpi"], default="spawn")
     parser.add_argument("--port", type=int, default=29555)
@@ -108,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cpus:
         print("multihost: CPUs " + "; ".join(f"host {i}: {format_index_ranges(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
-    with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus) as fleet:
+    import shutil
+
+    mps = opts.mps == "on" or (opts.mps == "auto" and bool(netsim.shared_gpus(opts.gpus))
+                               and shutil.which(netsim.MPS_CONTROL) is not None)
+    if mps:
+        print(f"multihost: CUDA MPS on (GPUs shared by hosts: {' '.join(netsim.shared_gpus(opts.gpus)) or 'none'})",
+              file=sys.stderr)
+    with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus, mps=mps) as fleet:
         for spec in opts.slow_nic:
             host, rate = spec.split("=")
             fleet.slow_nic(int(host), rate)

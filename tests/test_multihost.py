@@ -106,6 +106,35 @@ def test_a_hosts_processes_run_on_its_cpus_only():
     assert outs == [str(sorted(c)) for c in cpus]
 
 
+FAKE_MPS = """#!/bin/sh
+echo "$* pipe=$CUDA_MPS_PIPE_DIRECTORY cvd=${CUDA_VISIBLE_DEVICES-unset} stdin=$(test -t 0 || head -c 20)" >> "$FAKE_MPS_LOG"
+"""
+
+
+@rig
+def test_hosts_sharing_a_gpu_run_under_an_mps_daemon_of_their_own(tmp_path, monkeypatch):
+    """SimFleet(mps=True) starts `nvidia-cuda-mps-control -d` with pipe and log folders of its
+    own (seeing every GPU), every process of every host gets them, and close() quits the
+    daemon and removes them. (MPS itself needs a GPU: a stand-in records how it was called.)"""
+    fake = tmp_path / "bin" / netsim.MPS_CONTROL
+    fake.parent.mkdir()
+    fake.write_text(FAKE_MPS)
+    fake.chmod(0o755)
+    log = tmp_path / "mps.log"
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MPS_LOG", str(log))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert netsim.shared_gpus(["0", "0"]) == ["0"] and netsim.shared_gpus(["0,1", "2,3"]) == []
+    assert netsim.shared_gpus(["0,1", "1,2", "3"]) == ["1"]
+    with netsim.SimFleet(2, gpus=["0", "0"], mps=True) as fleet:
+        pipe = fleet.env_for(1)["CUDA_MPS_PIPE_DIRECTORY"]
+        proc = fleet.run_in(1, [sys.executable, "-c", "import os;print(os.environ['CUDA_MPS_PIPE_DIRECTORY'])"])
+        assert proc.communicate(timeout=30)[0].strip() == pipe and os.path.isdir(pipe)
+    calls = log.read_text().splitlines()
+    assert calls == [f"-d pipe={pipe} cvd=unset stdin=", f" pipe={pipe} cvd=3 stdin=quit"], calls
+    assert not os.path.exists(pipe)
+
+
 @rig
 def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
     with netsim.SimFleet(3) as fleet:
@@ -374,8 +403,8 @@ def _wait_for_sweep(proc) -> None:
 @rig
 @needs_gpu
 def test_tune_paired_across_hosts_times_every_configuration_side_by_side(tmp_path):
-    """`tune --paired 2` with NCCL over sockets between 2 hosts: both hosts end 0, every size
-    has an interval of each combination's ratio to the default, the communicators are made in
+    """`tune --paired 2` with NCCL over sockets between 2 hosts (CUDA MPS where they share a
+    GPU, as the rig does on a one-GPU machine): both hosts end 0, every size has an interval of each combination's ratio to the default, the communicators are made in
     the first 2 repeats and kept, and NCCL's log names its network transport."""
     gpus = _layout(2)
     per = len(gpus[0].split(","))
@@ -383,7 +412,7 @@ def test_tune_paired_across_hosts_times_every_configuration_side_by_side(tmp_pat
     args = ["tune", "allreduce", "-b", "8", "-e", "4K", "-f", "8", "-n", "5", "-w", "1", "-G", "2",
             "--algos", "tree,ring", "--protos", "ll,simple", "--paired", "2", "--repeat", "8", "--no-plot",
             "-o", str(out)]
-    with netsim.SimFleet(2, gpus=gpus) as fleet:
+    with netsim.SimFleet(2, gpus=gpus, mps=bool(netsim.shared_gpus(gpus))) as fleet:
         procs = fleet.launch("spawn", args, per, port=29670, ncclbench=cli_command(),
                              env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
         codes, outs = _finish(procs, timeout=500)
