@@ -75,6 +75,15 @@ def test_communicators_that_disagree_widen_the_interval():
     assert paired.half_width_pct(pooled) < paired.half_width_pct(by_set) / 2
 
 
+def test_an_interval_of_a_ratio_stays_above_zero_with_two_sets():
+    """On 2 simulated hosts with 2 sets the interval read -1.243-3.670 (a t-interval with 1
+    degree of freedom around the mean of two set medians): a ratio below 0 means nothing.
+    On the log scale it stays above 0 and still holds both sets' medians."""
+    pairs = [("a", 0.9)] * 4 + [("b", 1.3)] * 4
+    middle, low, high = paired.comparison_interval(pairs, compared=4)
+    assert 0 < low < 0.9 and high > 1.3 and low < middle < high
+
+
 def test_the_t_quantile_matches_the_tables():
     assert paired.t_quantile(0.95, 1) == pytest.approx(12.706, abs=1e-3)
     assert paired.t_quantile(0.95, 4) == pytest.approx(2.776, abs=1e-3)

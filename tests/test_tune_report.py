@@ -246,3 +246,16 @@ def test_cycles_of_one_repeat_count_once_at_their_median(tmp_path):
     m = analysis.Measured()
     analysis.read_rows(str(path), m)
     assert math.isnan(m.busbw[1024][0])
+
+
+def test_a_size_that_moves_0_bytes_is_said_not_silently_left_out():
+    """all_gather -b 8 over 2 ranks: 8 B gives each rank no element (0 B, as nccl-tests
+    prints it); the table had no row for it and no word why."""
+    from ncclbench.tune.analysis import CollectiveOutcome, Measured, zero_size_notes
+
+    def outcome(sizes):
+        return CollectiveOutcome("all_gather", [], {}, {}, {"default": Measured(busbw={s: [0.1] for s in sizes})}, {})
+
+    assert zero_size_notes(outcome([64, 512]), 2) == []
+    said = zero_size_notes(outcome([0, 64]), 2)
+    assert len(said) == 1 and said[0].startswith("all_gather: ") and "0 B at 2 ranks" in said[0]

@@ -197,11 +197,11 @@ class CupyBackend(TorchBackend):
             made[key] = (premul_sum_op(self.comm, self._type(t), factor), self.comm)
         return made[key][0]
 
-    def capture(self, issue_ops):
+    def capture(self, issue_ops, empty_ok=False):
         # during capture the ops must go to the capture stream, whatever it is
         saved, self._stream_handle = self._stream_handle, None
         try:
-            return super().capture(issue_ops)
+            return super().capture(issue_ops, empty_ok)
         finally:
             self._stream_handle = saved
 

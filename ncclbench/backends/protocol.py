@@ -107,8 +107,9 @@ class Backend(Protocol):
     def hold(self, seconds: float) -> None:
         """Keep the device busy at least `seconds` on the collectives' stream (nothing on the CPU)."""
 
-    def capture(self, issue_ops: Callable[[], None]) -> Callable[[], None]:
-        """Capture `issue_ops()` in a CUDA graph; a function that replays it."""
+    def capture(self, issue_ops: Callable[[], None], empty_ok: bool = False) -> Callable[[], None]:
+        """Capture `issue_ops()` in a CUDA graph; a function that replays it. `empty_ok`: the
+        ops move nothing (0 B), so the graph is rightly empty."""
 
     def release_graphs(self) -> None: ...
 

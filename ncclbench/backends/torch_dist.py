@@ -481,7 +481,7 @@ class TorchBackend:
         if self.is_gpu and seconds > 0:
             self.torch.cuda._sleep(int(seconds * HOLD_CLOCK_HZ))
 
-    def capture(self, issue_ops):
+    def capture(self, issue_ops, empty_ok=False):
         """Capture `issue_ops()` in a CUDA graph; returns a function that replays it."""
         if not self.is_gpu:
             raise PlanError("CUDA graphs (-G) need the nccl or cupy backend on GPUs")
@@ -493,10 +493,10 @@ class TorchBackend:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with warnings.catch_warnings():
-            if self.group_size == 1:
-                # one rank in place: NCCL has nothing to do, so the graph is rightly empty and
-                # torch's warning (meant for capture on a wrong stream) would mislead; with
-                # more ranks an empty graph is a bug and the warning stays
+            if self.group_size == 1 or empty_ok:
+                # one rank in place, or an op of 0 B: NCCL has nothing to do, so the graph is
+                # rightly empty and torch's warning (meant for capture on a wrong stream) would
+                # mislead; otherwise an empty graph is a bug and the warning stays
                 warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
             with torch.cuda.graph(graph):
                 issue_ops()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 
 from ncclbench.dtypes import DTYPES
 from ncclbench.engine import onerank
@@ -118,6 +119,8 @@ class RankRunner:
         send_t, recv_t = buffers.typed(dtype)
         layout = self.plan.layout(size, dtype.itemsize, self.nranks)
         settings = self.plan.timing_settings()
+        if layout.printed_bytes(dtype.itemsize) == 0:
+            settings = replace(settings, moves_nothing=True)
         out = []
         for in_place in (False, True):
             HERE.placement = "in-place" if in_place else "out-of-place"
@@ -159,7 +162,7 @@ class RankRunner:
             failpoint("engine.check_in_graph", rank=self.backend.rank, size=size,
                       view=slots[0][1][:layout.recv_span(self.rank)])
 
-        return capture(self.backend, one_op)
+        return capture(self.backend, one_op, settings.moves_nothing)
 
     def check(self, slots, layout, dtype, op, root, size, issue) -> int:
         """Fresh inputs, one op through `issue()`, count wrong elements in this rank's

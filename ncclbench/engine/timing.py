@@ -69,6 +69,7 @@ class TimingSettings:
     per_iter: bool = False
     blocking: int = 0      # nccl-tests' -z value (1, 2 or 3 exactly when mode is BLOCKING)
     queue_ahead_s: float = 0.0  # graph mode: hold the device this long before the aligning ops
+    moves_nothing: bool = False  # the op moves 0 B (e.g. all_gather of 8 B over 4 ranks): its graph is rightly empty
 
     def __post_init__(self):
         if (self.mode is TimingMode.BLOCKING) != (self.blocking in (1, 2, 3)):
@@ -140,7 +141,7 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
             for it in range(settings.iters):
                 step(it)
 
-        replay = capture(backend, loop)
+        replay = capture(backend, loop, settings.moves_nothing)
         replay()  # untimed: the first launch of a graph includes its upload to the device
         backend.synchronize()
         _line_up(backend, run_op, settings.queue_ahead_s)
@@ -151,11 +152,12 @@ def _measure(backend, run_op: Callable[[int], None], settings: TimingSettings, g
     return _marked_loop(backend, pool, steps, step, agg, block)
 
 
-def capture(backend, issue_ops):
-    """backend.capture(issue_ops), a failure raised as GraphCaptureError (its text kept)."""
+def capture(backend, issue_ops, empty_ok: bool = False):
+    """backend.capture(issue_ops), a failure raised as GraphCaptureError (its text kept).
+    `empty_ok`: the ops move nothing, so an empty graph is what they make."""
     try:
         failpoint("timing.capture", rank=getattr(backend, "rank", None))
-        return backend.capture(issue_ops)
+        return backend.capture(issue_ops, empty_ok) if empty_ok else backend.capture(issue_ops)
     except (KeyboardInterrupt, SystemExit, PlanError):
         raise
     except Exception as exc:  # noqa: BLE001 - CUDA's or NCCL's refusal to capture, whatever its type

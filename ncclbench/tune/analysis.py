@@ -218,6 +218,15 @@ def verdicts_for(outcome: CollectiveOutcome, repeats: int, min_gain: float, pair
     return out
 
 
+def zero_size_notes(outcome: CollectiveOutcome, nranks: int) -> list[str]:
+    """Why a size asked for has no row: at these ranks it moves 0 B (nccl-tests prints it so)."""
+    default = outcome.measured.get("default")
+    if default is None or 0 not in default.busbw:
+        return []
+    return [f"{outcome.collective}: the smallest size(s) asked for move 0 B at {nranks} ranks (each rank's share "
+            "rounds down to no element, printed as 0 B as nccl-tests does): measured, not judged"]
+
+
 def measured_sizes(outcome: CollectiveOutcome) -> list[int]:
     """Every size above 0 that any combination of this collective measured."""
     return sorted({s for m in outcome.measured.values() for s in m.busbw if s > 0})

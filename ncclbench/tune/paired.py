@@ -129,8 +129,9 @@ def ratio_interval(pairs: list[tuple], draws: int = DRAWS, seed: int = SEED,
 
 def comparison_interval(pairs: list[tuple], compared: int = 1) -> tuple[float, float, float] | None:
     """(median, low, high) the rule judges on: the wider of the two-level bootstrap's interval
-    and a t-interval over the per-set medians (with few sets the bootstrap sees too little of
-    how communicators differ; the t-interval pays for having only that many), each at 95 %
+    and a t-interval over the per-set medians, on the log scale of the ratio (with few sets
+    the bootstrap sees too little of how communicators differ; the t-interval pays for having
+    only that many; on the log scale it never reaches below 0, as it did from 2 sets), each at 95 %
     shared out over the `compared` combinations (the best of several is the one compared).
     None with fewer than two communicator sets: nothing says how communicators differ."""
     by_set = group_by_set(pairs)
@@ -139,9 +140,15 @@ def comparison_interval(pairs: list[tuple], compared: int = 1) -> tuple[float, f
     coverage = 1 - 0.05 / max(1, compared)
     middle, low, high = ratio_interval(pairs, coverage=coverage)
     means = [statistics.median(g) for g in by_set.values()]
-    centre, k = statistics.fmean(means), len(means)
-    half = t_quantile(coverage, k - 1) * statistics.stdev(means) / math.sqrt(k)
-    return middle, min(low, centre - half), max(high, centre + half)
+    k, t = len(means), t_quantile(coverage, len(means) - 1)
+    if min(means) > 0:  # on the log scale: a ratio's interval stays above 0 however few the sets
+        logs = [math.log(m) for m in means]
+        centre, half = statistics.fmean(logs), t * statistics.stdev(logs) / math.sqrt(k)
+        t_low, t_high = math.exp(centre - half), math.exp(centre + half)
+    else:
+        centre, half = statistics.fmean(means), t * statistics.stdev(means) / math.sqrt(k)
+        t_low, t_high = centre - half, centre + half
+    return middle, min(low, t_low), max(high, t_high)
 
 
 def paired_ratios(default: Series, other: Series, sets: int) -> list[tuple]:

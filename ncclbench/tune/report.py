@@ -175,7 +175,8 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
         out += table.collective_lines(
             f"ncclbench tune: {outcome.collective}", header(setup, outcome, nccl_text, path_lines), outcome.verdicts,
             combo_lines(outcome, setup), ranges,
-            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")],
+            setup.notes + [n for n in config.notes if n.startswith(f"{outcome.collective}:")]
+            + analysis.zero_size_notes(outcome, setup.nranks),
             rule_text(setup.request.min_gain, setup.request.paired),
             config_lines(config, outcome.collective)) + [""]
         doc["collectives"][outcome.collective] = outcome_json(outcome, ranges, setup)
