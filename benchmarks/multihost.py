@@ -115,31 +115,41 @@ def main(argv: list[str] | None = None) -> int:
         print("multihost: CPUs " + "; ".join(f"host {i}: {format_index_ranges(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
     import shutil
 
-    mps = opts.mps == "on" or (opts.mps == "auto" and bool(netsim.shared_gpus(opts.gpus))
-                               and shutil.which(netsim.MPS_CONTROL) is not None)
+    installed = shutil.which(netsim.MPS_CONTROL) is not None
+    if opts.mps == "on" and not installed:
+        print(f"multihost: --mps on, but {netsim.MPS_CONTROL} is not on PATH", file=sys.stderr)
+        return 2
+    mps = opts.mps == "on" or (opts.mps == "auto" and bool(netsim.shared_gpus(opts.gpus)) and installed)
+    if opts.mps == "auto" and netsim.shared_gpus(opts.gpus) and not installed:
+        print(f"multihost: hosts share GPU(s) {' '.join(netsim.shared_gpus(opts.gpus))} and CUDA MPS is not "
+              "installed: they time-slice it (each op between them waits milliseconds)", file=sys.stderr)
     if mps:
         print(f"multihost: CUDA MPS on (GPUs shared by hosts: {' '.join(netsim.shared_gpus(opts.gpus)) or 'none'})",
               file=sys.stderr)
-    with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus, mps=mps) as fleet:
-        for spec in opts.slow_nic:
-            host, rate = spec.split("=")
-            fleet.slow_nic(int(host), rate)
-        for spec in opts.slow_link:
-            pair, rate = spec.split("=")
-            a, b = pair.split("-")
-            fleet.slow_link(int(a), int(b), rate)
-        code, summaries = 0, []
-        for k, command in enumerate([args] + [shlex.split(text) for text in opts.then]):
-            t0 = time.monotonic()
-            procs = fleet.launch(opts.launcher, command, per_host, port=opts.port + 10 * k, env=env)
-            if k == 0:
-                for action, specs in (("freeze", opts.freeze), ("kill_node", opts.kill),
-                                      ("link_down", opts.link_down)):
-                    for spec in specs:
-                        _arm(fleet, action, spec, t0)
-            rc = _collect(procs, per_host, opts, t0, f"cmd{k}." if opts.then else "")
-            summaries.append(_summary(command, rc, time.monotonic() - t0))
-            code = code or rc
+    try:
+        with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus, mps=mps) as fleet:
+            for spec in opts.slow_nic:
+                host, rate = spec.split("=")
+                fleet.slow_nic(int(host), rate)
+            for spec in opts.slow_link:
+                pair, rate = spec.split("=")
+                a, b = pair.split("-")
+                fleet.slow_link(int(a), int(b), rate)
+            code, summaries = 0, []
+            for k, command in enumerate([args] + [shlex.split(text) for text in opts.then]):
+                t0 = time.monotonic()
+                procs = fleet.launch(opts.launcher, command, per_host, port=opts.port + 10 * k, env=env)
+                if k == 0:
+                    for action, specs in (("freeze", opts.freeze), ("kill_node", opts.kill),
+                                          ("link_down", opts.link_down)):
+                        for spec in specs:
+                            _arm(fleet, action, spec, t0)
+                rc = _collect(procs, per_host, opts, t0, f"cmd{k}." if opts.then else "")
+                summaries.append(_summary(command, rc, time.monotonic() - t0))
+                code = code or rc
+    except RuntimeError as exc:  # the rig could not be built (MPS refused to start)
+        print(f"multihost: {exc}", file=sys.stderr)
+        return 2
     if opts.summary:
         for line in summaries:
             print(json.dumps(line), flush=True)

@@ -193,14 +193,18 @@ class Mps:
         self.control = shutil.which(MPS_CONTROL)
         if self.control is None:
             raise RuntimeError(f"MPS asked for, but {MPS_CONTROL} is not on PATH")
-        env = {"CUDA_MPS_PIPE_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-pipe-"),
-               "CUDA_MPS_LOG_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-log-")}
-        daemon_env = dict(os.environ, **env)
+        self.env = {"CUDA_MPS_PIPE_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-pipe-"),
+                    "CUDA_MPS_LOG_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-log-")}
+        daemon_env = dict(os.environ, **self.env)
         daemon_env.pop("CUDA_VISIBLE_DEVICES", None)
-        r = subprocess.run([self.control, "-d"], env=daemon_env, capture_output=True, text=True, timeout=30)
+        try:
+            r = subprocess.run([self.control, "-d"], env=daemon_env, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.stop()  # a daemon that did start is told to quit; the folders go
+            raise RuntimeError(f"{MPS_CONTROL} -d: {exc}") from None
         if r.returncode != 0:
+            self.stop()
             raise RuntimeError(f"{MPS_CONTROL} -d ended {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}")
-        self.env = env
 
     def stop(self) -> None:
         if not self.env:
@@ -208,8 +212,8 @@ class Mps:
         try:
             subprocess.run([self.control], input="quit\n", env=dict(os.environ, **self.env), capture_output=True,
                            text=True, timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        except (OSError, subprocess.SubprocessError):
+            pass  # the rest of close() goes on: the namespaces and the bridge must go too
         for folder in self.env.values():
             shutil.rmtree(folder, ignore_errors=True)
         self.env = {}

@@ -136,6 +136,26 @@ def test_hosts_sharing_a_gpu_run_under_an_mps_daemon_of_their_own(tmp_path, monk
 
 
 @rig
+def test_an_mps_daemon_that_will_not_start_leaves_nothing_behind(tmp_path, monkeypatch):
+    """`-d` failing: one error, `quit` sent all the same (a daemon may have started), the
+    MPS folders and the namespaces removed."""
+    fake = tmp_path / "bin" / netsim.MPS_CONTROL
+    fake.parent.mkdir()
+    fake.write_text(FAKE_MPS + 'test "$1" = "-d" && { echo "cannot start" >&2; exit 1; }\nexit 0\n')
+    fake.chmod(0o755)
+    log = tmp_path / "mps.log"
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MPS_LOG", str(log))
+    fleet = netsim.SimFleet(2, gpus=["0", "0"], mps=True)
+    with pytest.raises(RuntimeError, match="-d ended 1: cannot start"):
+        fleet.__enter__()
+    calls = log.read_text().splitlines()
+    assert [c.split(" pipe=")[0] for c in calls] == ["-d", ""] and calls[1].endswith("stdin=quit")
+    pipe = calls[0].split(" pipe=")[1].split(" ")[0]
+    assert not os.path.exists(pipe) and fleet._made_spaces == [] and not fleet._made_bridge
+
+
+@rig
 def test_a_capped_nic_and_a_capped_link_slow_only_their_traffic():
     with netsim.SimFleet(3) as fleet:
         free = _throughput(fleet, 1, 0, 5100, 100)
@@ -202,13 +222,21 @@ def _layout(hosts: int, per: int | None = None) -> list[str] | None:
     on a smaller machine of 2 or more GPUs the GPUs are dealt out in turn, so that two
     simulated hosts may drive one GPU (NCCL tells them apart by NCCL_HOSTID and crosses
     between them over its network all the same; two ranks of one host never share one), and
-    on a one-GPU machine every host is one rank on that GPU. None where there are too few
-    GPUs for that."""
+    on a one-GPU machine 2 hosts are one rank each on that GPU (no more: 4 would time-slice
+    it 4 ways). None where there are too few GPUs for that."""
     n = _gpu_count()
     per = per or max(1, n // hosts)
-    if n < 1 or n < per:
+    if n < 1 or n < per or (n == 1 and hosts > 2):
         return None
     return [",".join(str((h * per + k) % n) for k in range(per)) for h in range(hosts)]
+
+
+@pytest.mark.parametrize("gpus,hosts,per,expected", [
+    (1, 2, None, ["0", "0"]), (1, 4, None, None), (1, 2, 2, None), (0, 2, None, None),
+    (2, 4, 1, ["0", "1", "0", "1"]), (2, 2, 2, ["0,1", "0,1"]), (4, 2, None, ["0,1", "2,3"])])
+def test_hosts_are_dealt_the_machines_gpus(monkeypatch, gpus, hosts, per, expected):
+    monkeypatch.setattr(sys.modules[__name__], "_gpu_count", lambda: gpus)
+    assert _layout(hosts, per) == expected
 
 
 def _nccl_log_env(folder: Path) -> dict:
@@ -222,6 +250,14 @@ def _busbw(stdout: str) -> dict[int, float]:
 
 
 needs_gpu = pytest.mark.skipif(_layout(2) is None, reason="needs a GPU")
+four_hosts = pytest.mark.skipif(_layout(4, 1) is None, reason="4 hosts need 2 GPUs or more")
+
+
+def _layout_or_skip(hosts: int) -> list[str]:
+    gpus = _layout(hosts)
+    if gpus is None:
+        pytest.skip(f"{hosts} hosts need 2 GPUs or more")
+    return gpus
 
 
 @rig
@@ -300,7 +336,7 @@ def _preflight(fleet, per, tmp_path, extra=()):
 @needs_gpu
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_preflight_across_hosts_names_the_host_with_a_slow_nic_within_its_budget(hosts, tmp_path):
-    gpus = _layout(hosts)
+    gpus = _layout_or_skip(hosts)
     per = len(gpus[0].split(","))
     with netsim.SimFleet(hosts, gpus=gpus) as fleet:
         codes, outs, _report, healthy_s = _preflight(fleet, per, tmp_path)
@@ -331,7 +367,7 @@ def _fleet(fleet, tmp_path, extra=(), freeze=None, kill=None):
 
 @pytest.mark.gpu
 @rig
-@needs_gpu
+@four_hosts
 @pytest.mark.parametrize("fault", ["none", "nic", "link", "kill", "freeze"])
 def test_fleet_across_four_gpu_hosts(fault, tmp_path):
     with netsim.SimFleet(4, gpus=_layout(4, 1)) as fleet:
@@ -362,7 +398,7 @@ def test_a_frozen_host_is_named_alone_across_hosts(hosts, tmp_path):
     """Every process of the last host stopped mid-sweep (SIGSTOP): the run names a rank of
     that host as the one that stopped, never a rank of another host, within -T + 5 s of the
     freeze; NCCL's RAS, asked on host 0, names no rank of a healthy host either."""
-    gpus = _layout(hosts)
+    gpus = _layout_or_skip(hosts)
     per = len(gpus[0].split(","))
     frozen, name = hosts - 1, f"simnode{hosts - 1}"
     args = ["allreduce", "-b", "64M", "-e", "64M", "-n", "100000", "-T", "10"]

@@ -188,7 +188,7 @@ def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
     """Node 0 refuses the run for a reason node 1 does not check (here its -o folder holds a
     run already; on GPUs: a --verify file missing): node 1 used to wait in its first
     rendezvous for torchrun's 600 s. Now node 0 makes the run's last launch before it says
-    its one line, and node 1 stops with it."""
+    its one line, and node 1 stops with it, saying why, exit 2 (not 0: no run took place)."""
     import os
     import socket
     import subprocess
@@ -217,7 +217,10 @@ def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
     (_out0, err0), (_out1, err1) = results
     errors = [line for line in err0.splitlines() if line.startswith("ncclbench")]
     assert procs[0].returncode == 2 and len(errors) == 1 and "already holds a tune run" in errors[0], err0[-3000:]
-    assert procs[1].returncode == 0 and "took part in 0 launch(es) of node 0" in err1, err1[-3000:]
+    said = [line for line in err1.splitlines() if line.startswith("ncclbench")]
+    assert procs[1].returncode == 2 and len(said) == 1, err1[-3000:]
+    assert said[0].startswith("ncclbench tune: error: node 1 of 2: node 0 refused the run (") and \
+        "already holds a tune run" in said[0], said
     assert took < 120, took
 
 

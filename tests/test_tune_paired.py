@@ -343,3 +343,13 @@ def test_the_probe_of_a_paired_run_makes_fresh_communicators():
     assert run_item(probe, None, _Which(), None, {})["errors"] == ["communicator init: RuntimeError: fresh"]
     said = run_item(paired_item, None, _Which(), None, {})["errors"][0]
     assert said == f"communicator init: RuntimeError: kept ('{TREE_LL.file_key}', 1)"
+
+
+def test_an_unreadable_busbw_pairs_with_nothing():
+    """inf (a damaged raw file) reached statistics.stdev and crashed the report."""
+    base, other = _drifting(16, 1.1)
+    other.busbw[3] = float("inf")
+    base.busbw[5] = float("inf")
+    other.busbw[7] = float("nan")
+    assert len(paired.paired_ratios(base, other, 4)) == 13
+    assert paired.judge_paired(4096, base, {"tree/ll": other}, 4, 2.0).win is True

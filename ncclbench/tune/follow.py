@@ -8,7 +8,9 @@ and every other rank reads it there, so a following host needs no copy of node 0
 The work carries the launch's environment (NCCL_GRAPH_REGISTER, a tuner plugin and its
 config: the same paths must exist on every host); NCCL's debug log variables are left to
 node 0, whose rank 0 alone is read. A following host starts launch after launch until one
-says the run is over (node 0 makes that last, empty launch however its run ended), or
+says the run is over (node 0 makes that last, empty launch however its run ended; when it
+refused the run before its first launch, that launch says why, and the others end with
+that reason and exit 2), or
 until a launch came and went without node 0's work (node 0 is gone): then it stops with
 one line."""
 
@@ -70,6 +72,9 @@ def sharing_guard(work_path: str, info, shared: dict):
         if work.get("end"):
             store.add(DONE_KEY, 1)
             if folder is not None and info.local_rank == 0:
+                if work.get("refused"):
+                    with open(os.path.join(folder, "refused"), "w", encoding="utf-8") as f:
+                        f.write(work["refused"])
                 _touch(folder, "end")
             while info.rank == 0 and store.add(DONE_KEY, 0) < info.world_size:
                 time.sleep(0.05)
@@ -87,11 +92,18 @@ def run_follower(setup, spawn) -> int:
     folder = tempfile.mkdtemp(prefix=f"ncclbench-tune-node{setup.request.node_rank}-")
     count = 0
     while True:
-        for name in ("received", "end"):
+        for name in ("received", "end", "refused"):
             if os.path.exists(os.path.join(folder, name)):
                 os.remove(os.path.join(folder, name))
         code = spawn(setup, ["tune", "--worker", FOLLOW_PREFIX + folder], {})
         count += 1
+        refused = os.path.join(folder, "refused")
+        if os.path.exists(os.path.join(folder, "end")) and os.path.exists(refused):
+            with open(refused, encoding="utf-8") as f:
+                why = f.read().strip()
+            print(f"ncclbench tune: error: node {setup.request.node_rank} of {setup.nnodes}: node 0 refused the run "
+                  f"({why})", file=sys.stderr)
+            return ExitCode.USAGE
         if os.path.exists(os.path.join(folder, "end")):
             print(f"ncclbench tune: node {setup.request.node_rank} of {setup.nnodes}: took part in {count - 1} "
                   "launch(es) of node 0; node 0 prints the results", file=sys.stderr)
@@ -105,9 +117,10 @@ def run_follower(setup, spawn) -> int:
             return code or ExitCode.NCCL_ERROR
 
 
-def end_work(folder: str) -> str:
-    """The work file of the run's last launch, which only tells following hosts to stop."""
+def end_work(folder: str, refused: str | None = None) -> str:
+    """The work file of the run's last launch, which only tells following hosts to stop
+    (and, when node 0 refused the run before its first launch, why)."""
     path = os.path.join(folder, "end.work.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"end": True}, f)
+        json.dump({"end": True, "refused": refused} if refused else {"end": True}, f)
     return path

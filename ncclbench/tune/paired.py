@@ -160,8 +160,8 @@ def paired_ratios(default: Series, other: Series, sets: int) -> list[tuple]:
     out = []
     for r, base, key in zip(default.rounds or (), default.busbw, default.sets or [None] * len(default.busbw)):
         x, other_key = mine.get(r, (None, None))
-        if x is None or math.isnan(x) or math.isnan(base) or base <= 0 or other_key != key:
-            continue
+        if x is None or not math.isfinite(x) or not math.isfinite(base) or base <= 0 or other_key != key:
+            continue  # an unmeasured or unreadable value (NaN, inf from a damaged file) pairs with nothing
         out.append(((comm_set(r, sets), key), x / base))
     return out
 
@@ -198,7 +198,7 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
     fair = {k: p for k, p in enough.items() if _could_win(default, candidates[k])}
     pool = fair or enough
     intervals = {k: iv for k, p in enough.items() if (iv := comparison_interval(p, len(pool))) is not None}
-    alike = [half_width_pct(iv) for k, iv in intervals.items() if candidates[k].timing == default.timing]
+    alike = [half_width_pct(intervals[k]) for k in pool if k in intervals and candidates[k].timing == default.timing]
     v.noise_pct = max(alike) if alike else None
     if not intervals:
         most = max((len(p) for p in paired.values()), default=0)

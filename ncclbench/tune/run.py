@@ -21,7 +21,7 @@ import datetime as _dt
 import os
 from dataclasses import dataclass, field
 
-from ncclbench.errors import ExitCode, PlanError
+from ncclbench.errors import ExitCode, PlanError, first_line
 from ncclbench.tune.launches import PROBE_OVERRIDES, probe_env, run_phase, work_items
 from ncclbench.tune.plan import DEFAULT, CandidatePlan, Combination, Context, candidates, unsupported_collective
 from ncclbench.tune.paired import PAIRED_MIN_REPEATS
@@ -276,9 +276,9 @@ def run_tune(request: TuneRequest) -> int:
         return run_follower(prepare_follower(request), spawn)
     try:
         setup = prepare(request)
-    except PlanError:
+    except Exception as exc:
         if request.nnodes > 1:
-            release_followers(request)
+            release_followers(request, first_line(exc, 300))
         raise
     try:
         return execute(setup)
@@ -296,25 +296,28 @@ def prepare_follower(request: TuneRequest) -> Setup:
     return Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes, None)
 
 
-def end_followers(setup: Setup, rdzv_timeout_s: int | None = None) -> None:
-    """The run's last launch: following hosts read that it is over and stop."""
+def end_followers(setup: Setup, rdzv_timeout_s: int | None = None, refused: str | None = None) -> None:
+    """The run's last launch: following hosts read that it is over (or that node 0 refused
+    it, and why) and stop."""
     from ncclbench.tune.follow import end_work
     from ncclbench.tune.launches import spawn
 
     folder = os.path.join(setup.output_dir, "launches")
     os.makedirs(folder, exist_ok=True)
-    spawn(setup, ["tune", "--worker", end_work(folder)], {}, rdzv_timeout_s)
+    spawn(setup, ["tune", "--worker", end_work(folder, refused)], {}, rdzv_timeout_s)
 
 
 RELEASE_WAIT_S = 30   # how long node 0, refused before its first launch, waits for the other nodes
 
 
-def release_followers(request: TuneRequest) -> None:
+def release_followers(request: TuneRequest, why: str) -> None:
     """Node 0 refused the run before its first launch, for a reason the other nodes do not
     check (its environment, output folder, --verify file or plugin): without the run's last
     launch they would wait in their first rendezvous for torchrun's 600 s. That launch is
-    made, waiting for them RELEASE_WAIT_S at most; where the other nodes refuse the run
-    alike (check_request, the backend), they are gone already and nothing is made."""
+    made, telling them `why`, waiting for them RELEASE_WAIT_S at most (in a scratch folder,
+    removed after); where the other nodes refuse the run alike (check_request, the
+    backend), they are gone already and nothing is made."""
+    import shutil
     import tempfile
 
     try:
@@ -322,12 +325,16 @@ def release_followers(request: TuneRequest) -> None:
         backend = requested_backend(request)
     except PlanError:
         return
-    setup = Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes,
-                  tempfile.mkdtemp(prefix="ncclbench-tune-refused-"))
+    folder = None
     try:
-        end_followers(setup, RELEASE_WAIT_S)
+        folder = tempfile.mkdtemp(prefix="ncclbench-tune-refused-")
+        setup = Setup(request, backend, {}, request.ngpus * request.nnodes, request.nnodes, folder)
+        end_followers(setup, RELEASE_WAIT_S, refused=why)
     except Exception:  # noqa: BLE001 - node 0's own error is the one to say
         pass
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def execute(setup: Setup) -> int:
