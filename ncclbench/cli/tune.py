@@ -43,7 +43,8 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--paired", type=int, default=0, show_default=True, metavar="C",
               help="Side by side: C communicators per configuration kept for the launch, every configuration run "
               "back to back in each repeat, judged by the 95 % interval of its median ratio to the default (across "
-              "hosts, where communicators differ; use --repeat 40 or more). 0: a fresh communicator per repeat.")
+              "hosts, where communicators differ: 8 sets or more and --repeat 40 or more; 2 sets can tell nothing). 0: a "
+              "fresh communicator per repeat.")
 @click.option("--min-gain", type=FiniteFloat(min=0), default=2.0, show_default=True,
               help="Smallest gain over NCCL's default, in %, worth calling a win.")
 @click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
