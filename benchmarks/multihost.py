@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -113,19 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cpus:
         print("multihost: CPUs " + "; ".join(f"host {i}: {format_index_ranges(c)}" for i, c in enumerate(cpus)), file=sys.stderr)
-    import shutil
-
     installed = shutil.which(netsim.MPS_CONTROL) is not None
+    shared = " ".join(netsim.shared_gpus(opts.gpus))
     if opts.mps == "on" and not installed:
         print(f"multihost: --mps on, but {netsim.MPS_CONTROL} is not on PATH", file=sys.stderr)
         return 2
-    mps = opts.mps == "on" or (opts.mps == "auto" and bool(netsim.shared_gpus(opts.gpus)) and installed)
-    if opts.mps == "auto" and netsim.shared_gpus(opts.gpus) and not installed:
-        print(f"multihost: hosts share GPU(s) {' '.join(netsim.shared_gpus(opts.gpus))} and CUDA MPS is not "
-              "installed: they time-slice it (each op between them waits milliseconds)", file=sys.stderr)
+    mps = opts.mps == "on" or (opts.mps == "auto" and bool(shared) and installed)
+    if opts.mps == "auto" and shared and not installed:
+        print(f"multihost: hosts share GPU(s) {shared} and CUDA MPS is not installed: they time-slice it (each op "
+              "between them waits milliseconds)", file=sys.stderr)
     if mps:
-        print(f"multihost: CUDA MPS on (GPUs shared by hosts: {' '.join(netsim.shared_gpus(opts.gpus)) or 'none'})",
-              file=sys.stderr)
+        print(f"multihost: CUDA MPS on (GPUs shared by hosts: {shared or 'none'})", file=sys.stderr)
     try:
         with netsim.SimFleet(opts.hosts, gpus=opts.gpus, cpus=cpus, mps=mps) as fleet:
             for spec in opts.slow_nic:
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 rc = _collect(procs, per_host, opts, t0, f"cmd{k}." if opts.then else "")
                 summaries.append(_summary(command, rc, time.monotonic() - t0))
                 code = code or rc
-    except RuntimeError as exc:  # the rig could not be built (MPS refused to start)
+    except netsim.RigError as exc:  # the rig could not be built (MPS refused to start)
         print(f"multihost: {exc}", file=sys.stderr)
         return 2
     if opts.summary:

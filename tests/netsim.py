@@ -182,6 +182,10 @@ def shared_gpus(gpus: list[str] | None) -> list[str]:
     return sorted(g for g, named_by in hosts.items() if len(named_by) > 1)
 
 
+class RigError(RuntimeError):
+    """The rig could not be built (CUDA MPS missing or refusing to start)."""
+
+
 class Mps:
     """A CUDA MPS control daemon of its own (its own pipe and log folders), stopped with `quit`."""
 
@@ -192,7 +196,7 @@ class Mps:
     def start(self) -> None:
         self.control = shutil.which(MPS_CONTROL)
         if self.control is None:
-            raise RuntimeError(f"MPS asked for, but {MPS_CONTROL} is not on PATH")
+            raise RigError(f"MPS asked for, but {MPS_CONTROL} is not on PATH")
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-pipe-"),
                     "CUDA_MPS_LOG_DIRECTORY": tempfile.mkdtemp(prefix="nbmps-log-")}
         daemon_env = dict(os.environ, **self.env)
@@ -201,10 +205,10 @@ class Mps:
             r = subprocess.run([self.control, "-d"], env=daemon_env, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self.stop()  # a daemon that did start is told to quit; the folders go
-            raise RuntimeError(f"{MPS_CONTROL} -d: {exc}") from None
+            raise RigError(f"{MPS_CONTROL} -d: {exc}") from None
         if r.returncode != 0:
             self.stop()
-            raise RuntimeError(f"{MPS_CONTROL} -d ended {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}")
+            raise RigError(f"{MPS_CONTROL} -d ended {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}")
 
     def stop(self) -> None:
         if not self.env:

@@ -147,7 +147,7 @@ def test_an_mps_daemon_that_will_not_start_leaves_nothing_behind(tmp_path, monke
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MPS_LOG", str(log))
     fleet = netsim.SimFleet(2, gpus=["0", "0"], mps=True)
-    with pytest.raises(RuntimeError, match="-d ended 1: cannot start"):
+    with pytest.raises(netsim.RigError, match="-d ended 1: cannot start"):
         fleet.__enter__()
     calls = log.read_text().splitlines()
     assert [c.split(" pipe=")[0] for c in calls] == ["-d", ""] and calls[1].endswith("stdin=quit")

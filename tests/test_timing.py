@@ -32,7 +32,7 @@ class CountingBackend:
     def barrier(self):
         pass
 
-    def capture(self, loop):
+    def capture(self, loop, empty_ok=False):
         return loop  # replaying the "graph" issues the captured ops again
 
 
@@ -336,7 +336,7 @@ def test_a_failed_capture_is_a_graph_capture_error_naming_the_cause():
     class Refusing(CountingBackend):
         rank = 0
 
-        def capture(self, loop):
+        def capture(self, loop, empty_ok=False):
             raise RuntimeError("operation not permitted when stream is capturing")
 
     with pytest.raises(GraphCaptureError, match="CUDA graph capture failed: RuntimeError: operation not permitted"):

@@ -146,10 +146,9 @@ def test_a_combination_failing_on_every_rank_is_an_error_not_a_crash(tmp_path):
     assert "crashed" not in r.stderr
 
 
-def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
-    """Two `tune --nnodes 2` processes (node 0 and a following node, both on this host, which
-    torchrun's static rendezvous does not mind): node 0 runs the launches and reports, node 1
-    takes part in each and stops after node 0's last; rows and CSV say 2 nodes, 2 ranks."""
+def _two_nodes(args: list[str], node0: list[str], timeout: float):
+    """`tune ... --nnodes 2` as node 0 (with `node0` added) and node 1, both on this host
+    (torchrun's static rendezvous does not mind): (their processes, (stdout, stderr) each)."""
     import os
     import socket
     import subprocess
@@ -160,17 +159,24 @@ def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
-    common = ["tune", "allreduce", "-g", "1", "--rehearse", "--algos", "ring", "--protos", "simple", *SMALL,
-              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    out = tmp_path / "tuned"
-    procs = [subprocess.Popen(cli_command() + common + ["--node-rank", str(i)] + (["-o", str(out)] if i == 0 else []),
+    common = ["tune", *args, "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    procs = [subprocess.Popen(cli_command() + common + ["--node-rank", str(i)] + (node0 if i == 0 else []),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
     try:
-        results = [p.communicate(timeout=400) for p in procs]
+        return procs, [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
+    """Two `tune --nnodes 2` processes (node 0 and a following node, both on this host, which
+    torchrun's static rendezvous does not mind): node 0 runs the launches and reports, node 1
+    takes part in each and stops after node 0's last; rows and CSV say 2 nodes, 2 ranks."""
+    out = tmp_path / "tuned"
+    procs, results = _two_nodes(["allreduce", "-g", "1", "--rehearse", "--algos", "ring", "--protos", "simple", *SMALL],
+                                ["-o", str(out)], 400)
     (out0, err0), (_out1, err1) = results
     assert procs[0].returncode == 0, err0[-3000:]
     assert procs[1].returncode == 0, err1[-3000:]
@@ -189,30 +195,12 @@ def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
     run already; on GPUs: a --verify file missing): node 1 used to wait in its first
     rendezvous for torchrun's 600 s. Now node 0 makes the run's last launch before it says
     its one line, and node 1 stops with it, saying why, exit 2 (not 0: no run took place)."""
-    import os
-    import socket
-    import subprocess
     import time
 
-    from conftest import cli_command
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     taken = tmp_path / "taken"
     (taken / "raw").mkdir(parents=True)
-    common = ["tune", "allreduce", "-g", "1", "--rehearse", *SMALL,
-              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     start = time.monotonic()
-    procs = [subprocess.Popen(cli_command() + common + ["--node-rank", str(i)] + (["-o", str(taken)] if i == 0 else []),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
-    try:
-        results = [p.communicate(timeout=150) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    procs, results = _two_nodes(["allreduce", "-g", "1", "--rehearse", *SMALL], ["-o", str(taken)], 150)
     took = time.monotonic() - start
     (_out0, err0), (_out1, err1) = results
     errors = [line for line in err0.splitlines() if line.startswith("ncclbench")]

@@ -157,7 +157,7 @@ def capture(backend, issue_ops, empty_ok: bool = False):
     `empty_ok`: the ops move nothing, so an empty graph is what they make."""
     try:
         failpoint("timing.capture", rank=getattr(backend, "rank", None))
-        return backend.capture(issue_ops, empty_ok) if empty_ok else backend.capture(issue_ops)
+        return backend.capture(issue_ops, empty_ok)
     except (KeyboardInterrupt, SystemExit, PlanError):
         raise
     except Exception as exc:  # noqa: BLE001 - CUDA's or NCCL's refusal to capture, whatever its type

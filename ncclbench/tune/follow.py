@@ -98,13 +98,13 @@ def run_follower(setup, spawn) -> int:
         code = spawn(setup, ["tune", "--worker", FOLLOW_PREFIX + folder], {})
         count += 1
         refused = os.path.join(folder, "refused")
-        if os.path.exists(os.path.join(folder, "end")) and os.path.exists(refused):
-            with open(refused, encoding="utf-8") as f:
-                why = f.read().strip()
-            print(f"ncclbench tune: error: node {setup.request.node_rank} of {setup.nnodes}: node 0 refused the run "
-                  f"({why})", file=sys.stderr)
-            return ExitCode.USAGE
         if os.path.exists(os.path.join(folder, "end")):
+            if os.path.exists(refused):
+                with open(refused, encoding="utf-8") as f:
+                    why = f.read().strip()
+                print(f"ncclbench tune: error: node {setup.request.node_rank} of {setup.nnodes}: node 0 refused the "
+                      f"run ({why})", file=sys.stderr)
+                return ExitCode.USAGE
             print(f"ncclbench tune: node {setup.request.node_rank} of {setup.nnodes}: took part in {count - 1} "
                   "launch(es) of node 0; node 0 prints the results", file=sys.stderr)
             return ExitCode.OK

@@ -206,7 +206,7 @@ def judge_paired(size: int, default: Series, candidates: dict[str, Series], sets
                  f"{most} repeat(s) side by side at most, or one communicator set: too few to tell a gain from "
                  f"noise, no win called (needs {PAIRED_MIN_REPEATS} in 2 sets or more)")
         return v
-    chosen = [k for k in intervals if k in fair] or list(intervals)
+    chosen = [k for k in pool if k in intervals] or list(intervals)
     v.best = max(chosen, key=lambda k: intervals[k][0])
     v.best_series = candidates[v.best]
     middle, low, high = intervals[v.best]
