@@ -553,6 +553,16 @@ def test_a_node_slow_alone_in_every_reading_is_drained_after_its_re_tests(tmp_pa
     assert retests[drained[0]] == 2, retests
 
 
+def test_a_node_is_timed_at_its_best_iteration_across_all_its_ranks():
+    """Each iteration ends with its slowest rank; the best of those is the node's time. One
+    rank's best and another's from different iterations time no collective that ran."""
+    from ncclbench.engine.fleet_exchange import node_seconds
+
+    assert node_seconds([[1.0, 5.0, 3.0], [5.0, 1.0, 3.0]]) == 3.0
+    assert node_seconds([[2.0, 9.0], [2.5, 1.0]]) == 2.5
+    assert node_seconds([[4.0]]) == 4.0
+
+
 def test_a_node_slow_in_one_reading_alone_is_named_in_a_note_not_drained():
     from ncclbench.api import fleet as fl
     from ncclbench.api.fleet_report import FleetReport

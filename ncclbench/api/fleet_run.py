@@ -224,7 +224,7 @@ class Coordinator:
 
     def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
         """({node: slow reason}, {node: {collective: busbw}}, {node: error}) of each node's ranks alone."""
-        from ncclbench.engine.fleet_exchange import NODE_COLLECTIVES
+        from ncclbench.engine.fleet_exchange import NODE_COLLECTIVES, node_seconds
 
         lay = self.layout
         judged = [n for n, ranks in enumerate(lay.ranks) if n not in inventory and len(ranks) >= 2]
@@ -246,7 +246,7 @@ class Coordinator:
                     continue
                 best = busbw.setdefault(n, {})
                 for coll in NODE_COLLECTIVES:
-                    seconds = max(x["node"][coll.name] for x in mine)
+                    seconds = node_seconds([x["node"][coll.name] for x in mine])
                     algbw = self.plan.node_bytes / seconds / 1e9 if seconds > 0 else 0.0
                     best[coll.name] = max(best.get(coll.name, 0.0), algbw * coll.bus_factor(len(lay.ranks[n])))
             slow = judge_alone(busbw, self.plan.band)

@@ -175,11 +175,9 @@ def probe_size(backend, link: PairLink, paired, nbytes: int, exchanges: int, lef
 
 
 def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: int, timeout_s: float) -> dict:
-    """{collective: seconds per op, this rank's best iteration} of all_reduce and
-    all_gather on this node's ranks alone (a group of them, created by them only). The best,
-    as for pairs: a busy host CPU or a neighbour's burst only ever slows an iteration, and a
-    slow node is slow in every one (on 2 shared cores, 3 nodes of 2 gloo ranks under one
-    busy process, the median iteration of a healthy node read 0.28-1.06 GB/s)."""
+    """{collective: [seconds of each timed iteration on this rank]} of all_reduce and
+    all_gather on this node's ranks alone (a group of them, created by them only); the
+    node's time is node_seconds() of its ranks' lists."""
     from ncclbench.backends.torch_dist import TorchBackend
     from ncclbench.engine.timing import TimingSettings, measure
 
@@ -200,5 +198,17 @@ def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: 
     for name, op in ops.items():
         op = failpoint("fleet.node_op", op, rank=me, global_rank=me, synchronize=backend.synchronize)
         timing = measure(backend, op, TimingSettings(iters=iters, per_iter=True))
-        out[name] = min(timing.per_iter_s or [timing.device_s])
+        out[name] = [float(f"{t:.6g}") for t in timing.per_iter_s or [timing.device_s]]  # short on the store
     return out
+
+
+def node_seconds(per_rank_iters) -> float:
+    """A node's time from its ranks' per-iteration times: each iteration's slowest rank (the
+    collective ends when its last rank does), then the best iteration. The best, as for
+    pairs: a busy host CPU or a neighbour's burst only ever slows an iteration, and a slow
+    node is slow in every one (on 2 shared cores, 3 nodes of 2 gloo ranks while other
+    processes spun, healthy nodes' median iterations fell up to 59% below the others', their
+    best 34%: benchmarks/fleet_alone_noise.py). Iterations are aligned before the best is
+    taken: one rank's best and another's from different iterations would time no collective
+    that ran. A node slow in only some of its iterations passes (docs/fleet.md, Limits)."""
+    return min(max(per_iter) for per_iter in zip(*per_rank_iters))
