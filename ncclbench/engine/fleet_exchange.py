@@ -208,7 +208,8 @@ def node_seconds(per_rank_iters) -> float:
     pairs: a busy host CPU or a neighbour's burst only ever slows an iteration, and a slow
     node is slow in every one (on 2 shared cores, 3 nodes of 2 gloo ranks while other
     processes spun, healthy nodes' median iterations fell up to 59% below the others', their
-    best aligned iteration 49%: benchmarks/fleet_alone_noise.py). Iterations are aligned before the best is
-    taken: one rank's best and another's from different iterations would time no collective
-    that ran. A node slow in only some of its iterations passes (docs/fleet.md, Limits)."""
+    best aligned iteration 49%: benchmarks/fleet_alone_noise.py). Iterations are aligned
+    before the best is taken: one rank's best and another's from different iterations would
+    time no collective that ran (per_iter_summary in engine/timing.py aligns them alike for
+    -I). A node slow in only some of its iterations passes (docs/fleet.md, Limits)."""
     return min(max(per_iter) for per_iter in zip(*per_rank_iters))
