@@ -17,7 +17,7 @@ import time
 from datetime import timedelta
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
-from ncclbench.engine.pairs import pattern_byte
+from ncclbench.engine.pair_exchange import pattern_byte
 from ncclbench.failpoints import failpoint
 
 NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these

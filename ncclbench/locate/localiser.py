@@ -330,7 +330,8 @@ class Localiser:
         for j in judged.values():
             for n in sorted(set(j.low_nodes) - bad):
                 r = j.low_nodes[n]
-                suspects.setdefault(n, f"not localised: rail {r} reaches at best {j.best[n][r]:.3g} GB/s (the cut "
+                rail = _rail_text(r, j.best[n])
+                suspects.setdefault(n, f"not localised: {rail}reaches at best {j.best[n][r]:.3g} GB/s (the cut "
                                        f"{j.node_ref.cut(r):.3g}), {len(j.evidence[n])} of the {j.k_node[n]} tests "
                                        "needed against partners that reach it")
         for j in judged.values():
@@ -378,7 +379,8 @@ class Localiser:
         what = f"failed ({err})" if failed else f"at best {values[rail]:.3g} GB/s"
         against = (f", {100 * (1 - values[rail] / value):.0f}% below the reference {value:.3g} GB/s"
                    if value and not failed else "")
-        return (f"{name(a)} <-> {name(b)} rail {rail}: {what}{against}, slow in {len(slow)} of "
+        where = _rail_text(rail, values).strip() or "pair"
+        return (f"{name(a)} <-> {name(b)} {where}: {what}{against}, slow in {len(slow)} of "
                 f"{len(tests)} test{'s' if len(tests) != 1 else ''}")
 
     def _bad_line(self, node: int, j: Judgement, name) -> str:
@@ -388,10 +390,16 @@ class Localiser:
         ref = j.node_ref.ref(r)
         below = (f", {100 * (1 - j.best[node][r] / ref):.0f}% below what the others reach at best ({ref:.3g} GB/s)"
                  if ref else "")
-        return (f"rail {r} reaches at best {j.best[node][r]:.3g} GB/s{below}, in {len(tests)} tests with "
+        rail = _rail_text(r, j.best[node])
+        return (f"{rail}reaches at best {j.best[node][r]:.3g} GB/s{below}, in {len(tests)} tests with "
                 f"{len(partners)} partners ({', '.join(name(p) for p in partners[:4])}"
                 f"{', ...' if len(partners) > 4 else ''}), each of which reaches the cut "
                 f"{j.node_ref.cut(r):.3g} GB/s with others")
+
+
+def _rail_text(rail: int, values) -> str:
+    """'rail r ' where there are several rails, '' where one."""
+    return f"rail {rail} " if len(values) > 1 else ""
 
 
 def _below(values, ref: RailReference) -> float:
