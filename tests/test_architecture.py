@@ -14,13 +14,10 @@ SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints"}
 # layer -> the layers it may import (besides itself and the shared modules)
 CAPABILITY = {"api", "engine", "backends", "results", "topology", "launch", "locate"}  # what a capability may use
 ALLOWED = {
-    "entry": {"cli", "launch", "api", "preflight", "fleet"},  # ncclbench/__init__.py hands out the API's names
-    "cli": {"api", "tune", "pairs", "preflight", "fleet", "engine", "backends", "results", "topology", "launch",
-            "locate"},
+    "entry": {"cli", "launch", "api", "faults"},  # ncclbench/__init__.py hands out the API's names
+    "cli": {"api", "tune", "faults", "engine", "backends", "results", "topology", "launch", "locate"},
     "tune": CAPABILITY,
-    "pairs": CAPABILITY,
-    "preflight": CAPABILITY,
-    "fleet": CAPABILITY,
+    "faults": CAPABILITY,  # pairs, preflight, fleet: a package each
     "api": {"engine", "backends", "results", "topology", "launch", "locate"},
     "engine": {"backends", "results", "topology", "launch", "locate"},
     "locate": set(),  # the localisation core: pure statistics and records

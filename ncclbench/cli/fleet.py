@@ -1,4 +1,4 @@
-"""`ncclbench fleet`: find the bad nodes of a fleet in one job (ncclbench.api.fleet); runs as
+"""`ncclbench fleet`: find the bad nodes of a fleet in one job (ncclbench.faults.fleet.worker); runs as
 a launched rank (srun, mpirun, torchrun: ranks per node = GPUs per node) or self-spawns -g
 local ranks that re-enter here."""
 
@@ -21,7 +21,7 @@ DEFAULT_ITERS = {"nccl": 5, "gloo": 20}
 
 
 def build_plan(o: dict, backend: str):
-    from ncclbench.api.fleet import FleetPlan
+    from ncclbench.faults.fleet.worker import FleetPlan
     from ncclbench.locate.bands import backend_bands, bands_for, parse_band
     from ncclbench.results.output import check_writable
 
@@ -64,7 +64,7 @@ def run_fleet(o: dict) -> int:
         if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                             f"{info.local_world_size} ranks on this node); drop -g")
-        from ncclbench.api.fleet_run import run_fleet_rank
+        from ncclbench.faults.fleet.run import run_fleet_rank
 
         return run_fleet_rank(plan, info)
     ngpus = 1 if o["ngpus"] is None else o["ngpus"]

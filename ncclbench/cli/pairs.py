@@ -9,7 +9,7 @@ import sys
 import click
 
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.pairs.run import PairsPlan, parse_percent, run_rank
+from ncclbench.faults.pairs.run import PairsPlan, parse_percent, run_rank
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import parse_size
 

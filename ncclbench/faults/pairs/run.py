@@ -14,7 +14,7 @@ from ncclbench.engine import pathread
 from ncclbench.errors import BenchError, CollectiveError, PlanError, first_line, ranks_list
 
 MAX_LOCALISE = 8   # localisation rounds at most: each is one exchange per rank, a few of them settle a verdict
-MIN_CLASS_PAIRS = 3  # pairs of one kind needed to compare any of them: below, one pair has no reference
+
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ def localiser(plan: PairsPlan, devices: list[dict], networks=()):
         return None
 
     kind = partial(pair_kind, host, {}, devices, nccl=plan.backend == "nccl")
-    return Localiser(sorted(host), bands.rank, link_band=bands.link, classify=kind, bands_of=bands_of,
-                     min_pairs=MIN_CLASS_PAIRS)
+    return Localiser(sorted(host), bands.rank, link_band=bands.link, classify=kind, bands_of=bands_of)
 
 
 def run_rank(plan: PairsPlan, info) -> int:
@@ -92,7 +91,7 @@ def run_rank(plan: PairsPlan, info) -> int:
     from ncclbench.engine.pair_exchange import first_collective
     from ncclbench.launch import launcher as launch
     from ncclbench.locate.schedule import tournament_rounds
-    from ncclbench.pairs.report import PairsResult
+    from ncclbench.faults.pairs.report import PairsResult
 
     launch.prepare_environ(info)
     backend = create_backend(plan.backend, info, plan.timeout_s)

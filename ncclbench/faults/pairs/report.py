@@ -74,11 +74,12 @@ class PairsResult:
             self.finding.notes.append(f"wrong data between ranks {a} ({self.host(a)}) and {b} ({self.host(b)})")
         if loc is not None:
             from ncclbench.locate.kinds import kind_text
+            from ncclbench.locate.localiser import MIN_CLASS_PAIRS
 
             for kind, pairs in loc.unjudged().items():
                 self.finding.notes.append(f"pair(s) {', '.join(f'{a}-{b}' for a, b in pairs)} not judged: only "
                                           f"{len(pairs)} pair(s) {kind_text(kind)}, "
-                                          f"three are needed to compare with")
+                                          f"{MIN_CLASS_PAIRS} are needed to compare with")
 
     def who(self, rank: int) -> str:
         return f"rank {rank} ({self.host(rank)})"

@@ -13,16 +13,16 @@ one read of each result by rank 0 (docs/fleet.md has the cost model).
 Phases: (1) the inventory (ranks and GPU model per node) and each node's ranks alone
 (all_reduce, all_gather on a group of the node's ranks); (2) node pairs rail by rail, screening
 rounds then localisation rounds (ncclbench.locate);
-(3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code.
+(3) the report (ncclbench.faults.fleet.report), written by rank 0; every rank exits with its code.
 
 A rank never waits on its own task without a bound: each task runs on a task thread, and a
 task still running task_limit_s() later (the host blocked in a wait on a GPU whose exchange never
 ends, as behind a lost NCCL peer) is reported as stuck; that rank gets no more tasks and
 answers each round at once, so the rounds, rank 0's among them, go on. Rank 0 blames a stuck
-rank only when its partner answered (ncclbench.api.fleet_run).
+rank only when its partner answered (ncclbench.faults.fleet.run).
 
 Here: what every rank shares (the plan, the store keys, the layout, the Worker that does the
-tasks); ncclbench.api.fleet_run starts a rank and runs rank 0's rounds on top of it."""
+tasks); ncclbench.faults.fleet.run starts a rank and runs rank 0's rounds on top of it."""
 
 from __future__ import annotations
 

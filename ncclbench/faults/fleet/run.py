@@ -9,7 +9,7 @@ import sys
 import time
 from datetime import timedelta
 
-from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say, task_limit_s
+from ncclbench.faults.fleet.worker import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say, task_limit_s
 from ncclbench.locate.alone import judge_alone, judge_inventory
 from ncclbench.locate.localiser import Localiser, PairTest, localisation_round
 from ncclbench.locate.stats import CONFIRM
@@ -196,7 +196,7 @@ class Coordinator:
 
     # ---- the run ----
     def run(self) -> int:
-        from ncclbench.api.fleet_report import FleetReport
+        from ncclbench.faults.fleet.report import FleetReport
 
         p = self.plan
         facts, _missing = self.ctl.collect("facts", list(range(self.ctl.world)), time.monotonic() + p.timeout_s + SLACK_S)
@@ -264,7 +264,7 @@ class Coordinator:
         from ncclbench.locate.schedule import screening_rounds
 
         p = self.plan
-        loc = Localiser(active, p.band, p.floor, link_band=p.link_band)
+        loc = Localiser(active, p.band, p.floor, link_band=p.link_band, min_pairs=1)  # one pair: the floor judges it
         name, rounds = screening_rounds(len(active), p.all_pairs_rounds, p.screen_rounds, p.seed)
         clock = PairClock(p.budget_s, len(rounds) + p.max_localise)
         if rounds:
