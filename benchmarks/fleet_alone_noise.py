@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ncclbench.api.verdict import worst_below  # noqa: E402
+from ncclbench.locate.stats import worst_below  # noqa: E402
 
 
 def spin() -> None:
