@@ -148,6 +148,17 @@ def test_lines_that_name_no_communicator_id_are_a_group_of_their_own(tmp_path):
     assert out[at + 1] == "# Their lines name no communicator id (no `Init COMPLETE ... commId` line): read as one group"
 
 
+def test_a_process_that_logged_no_communicator_is_named_not_made_a_job(tmp_path):
+    for f in WHOLE.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "launcher.log").write_text("simnode0:900:900 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+                                           "simnode0:900:900 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n")
+    out = explain_logs([tmp_path])
+    assert out[0] == "# 1 process(es) logged no communicator, nothing to explain: simnode0:900"
+    assert out[1].startswith("# NCCL path of 4 process(es) on simnode0, simnode1") and "separate jobs" not in out[1]
+    assert out[2:] == explain_logs([WHOLE])[1:], out
+
+
 def test_split_communicators_share_a_key_across_processes():
     def process(rank, pid):
         return parse_text("\n".join(f"h:{pid}:{pid} [0] NCCL INFO {m}" for m in (
@@ -204,7 +215,7 @@ def test_only_the_processes_without_init_are_named(tmp_path):
 
 
 # ---- the command line and the old import path ----
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_refused(tmp_path):
     (tmp_path / "empty.log").write_text("nothing from NCCL here\n")
     for args in ([str(tmp_path / "missing")], [str(tmp_path / "empty.log")], [str(tmp_path / "nothing")]):
         if args[0].endswith("nothing"):

@@ -61,7 +61,15 @@ def split_jobs(processes: list[ProcessLog]) -> list[Job]:
     jobs = [Job(ps, list(dict.fromkeys(c.comm_id for p in ps for c in p.comms if c.comm_id)))
             for ps in groups.values()]
     unnamed = [p for p in processes if not any(c.comm_id for c in p.comms)]
+    if jobs:  # beside named jobs, a process that logged no communicator at all adds nothing to explain
+        unnamed = [p for p in unnamed if p.comms]
     return jobs + ([Job(unnamed)] if unnamed else [])
+
+
+def silent(processes: list[ProcessLog], jobs: list[Job]) -> list[ProcessLog]:
+    """The processes no job holds: NCCL lines (its version, settings) but no communicator."""
+    held = {id(p) for j in jobs for p in j.processes}
+    return [p for p in processes if id(p) not in held]
 
 
 @dataclass

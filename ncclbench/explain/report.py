@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ncclbench.explain.jobs import Job, coverage, coverage_notes, split_jobs, subsystem_notes
+from ncclbench.explain.jobs import Job, coverage, coverage_notes, label, silent, split_jobs, subsystem_notes
 from ncclbench.explain.logs import read_processes
 from ncclbench.topology import pathexplain
 from ncclbench.topology.ncclpath import to_summary
@@ -86,6 +86,10 @@ def explain_logs(paths) -> list[str]:
     processes, files, twice = read_processes(paths)
     jobs = split_jobs(processes)
     out = [f"# {twice} process(es) appear in more than one file: each is read once"] if twice else []
+    quiet = silent(processes, jobs)
+    if quiet:
+        out.append(f"# {len(quiet)} process(es) logged no communicator, nothing to explain: "
+                   f"{', '.join(label(p) for p in quiet[:4])}{' ...' if len(quiet) > 4 else ''}")
     if len(jobs) == 1:
         return out + job_lines(jobs[0], files)
     out.append(f"# {len(jobs)} separate jobs in {len(files)} file(s) (no communicator in common): each is explained "
