@@ -87,6 +87,16 @@ def test_a_subset_without_a_network_peer_still_names_what_is_missing():
     assert "the path is the expected one" not in " ".join(out)
 
 
+def test_a_subset_is_found_where_the_log_names_no_communicator_id(tmp_path):
+    """NCCL before the commId in `Init COMPLETE`: the communicator is known by its size."""
+    import re
+
+    (tmp_path / "node0.out").write_text(re.sub(r"commId 0x[0-9a-f]+ ", "", ONE_HOST.read_text()))
+    out = explain_logs([tmp_path])
+    assert out[1].startswith("# Missing: the logs of rank(s) 2-3 of the 4 in its communicator (the log names no id); "
+                             "read: rank(s) 0-1, on simnode0"), out
+
+
 def test_a_process_found_in_two_files_is_read_once():
     out = explain_logs([ONE_HOST, WHOLE])
     assert out[0] == "# 2 process(es) appear in more than one file: each is read once"

@@ -76,7 +76,7 @@ def silent(processes: list[ProcessLog], jobs: list[Job]) -> list[ProcessLog]:
 class Coverage:
     """One communicator's ranks against the logs read: `found` rank -> the processes that logged it."""
 
-    key: str
+    key: str | None              # None: the log names no id (then the job's communicators of one size are one)
     nranks: int
     nnodes: int | None
     found: dict
@@ -93,15 +93,19 @@ class Coverage:
 
 def coverage(job: Job) -> Coverage | None:
     """The job's widest communicator (most ranks; of those, the one most ranks logged) against
-    its nRanks; None when no line names a communicator's id and size."""
+    its nRanks; None when no line names a communicator's size. Where the lines name no id (NCCL
+    older than the commId in `Init COMPLETE`), communicators are told apart by size."""
     comms: dict = {}
     for p in job.processes:
         for c in p.comms:
-            if c.key and c.nranks and c.rank is not None:
-                comms.setdefault(c.key, []).append((p, c))
+            ident = c.key or (None if job.ids else (None, c.nranks))
+            if ident and c.nranks and c.rank is not None:
+                comms.setdefault(ident, []).append((p, c))
     if not comms:
         return None
-    key, members = max(comms.items(), key=lambda kv: (max(c.nranks for _, c in kv[1]), len(kv[1]), "/" not in kv[0]))
+    ident, members = max(comms.items(), key=lambda kv: (max(c.nranks for _, c in kv[1]), len(kv[1]),
+                                                        "/" not in str(kv[0])))
+    key = ident if isinstance(ident, str) else None
     found: dict = {}
     for p, c in members:
         found.setdefault(c.rank, [])
@@ -123,11 +127,12 @@ def coverage_notes(cov: Coverage | None) -> list[str]:
         nodes = ""
         if cov.nnodes and cov.nnodes > max(len(cov.hosts), 1):  # a node: ranks joined without the network
             nodes = f"; NCCL counts {cov.nnodes} nodes in it, these logs come from {len(cov.hosts) or 'an unnamed'} host(s)"
-        out.append(f"Missing: the logs of rank(s) {ranks_text(cov.missing)} of the {cov.nranks} in communicator "
-                   f"{cov.key}; read: rank(s) {have}{hosts}{nodes}")
+        name = f"communicator {cov.key}" if cov.key else "its communicator (the log names no id)"
+        out.append(f"Missing: the logs of rank(s) {ranks_text(cov.missing)} of the {cov.nranks} in {name}; "
+                   f"read: rank(s) {have}{hosts}{nodes}")
         out.append(f"What follows is what rank(s) {have} logged: connections among the missing ranks are not in it")
     for rank, who in cov.doubled.items():
-        out.append(f"Rank {rank} of communicator {cov.key} was logged by {len(who)} processes ({', '.join(who)}): "
+        out.append(f"Rank {rank} of {'communicator ' + cov.key if cov.key else 'its communicator'} was logged by {len(who)} processes ({', '.join(who)}): "
                    "these files hold more than one run of it (the same NCCL_COMM_ID?), merged here")
     return out
 
