@@ -126,13 +126,15 @@ def coverage_notes(cov: Coverage | None) -> list[str]:
         hosts = f", on {', '.join(cov.hosts)}" if cov.hosts else ""
         nodes = ""
         if cov.nnodes and cov.nnodes > max(len(cov.hosts), 1):  # a node: ranks joined without the network
-            nodes = f"; NCCL counts {cov.nnodes} nodes in it, these logs come from {len(cov.hosts) or 'an unnamed'} host(s)"
+            nodes = (f"; NCCL counts {cov.nnodes} nodes in it, these logs come from "
+                     f"{len(cov.hosts) or 'an unnamed'} host(s)")
         name = f"communicator {cov.key}" if cov.key else "its communicator (the log names no id)"
         out.append(f"Missing: the logs of rank(s) {ranks_text(cov.missing)} of the {cov.nranks} in {name}; "
                    f"read: rank(s) {have}{hosts}{nodes}")
         out.append(f"What follows is what rank(s) {have} logged: connections among the missing ranks are not in it")
+    name = f"communicator {cov.key}" if cov.key else "its communicator"
     for rank, who in cov.doubled.items():
-        out.append(f"Rank {rank} of {'communicator ' + cov.key if cov.key else 'its communicator'} was logged by {len(who)} processes ({', '.join(who)}): "
+        out.append(f"Rank {rank} of {name} was logged by {len(who)} processes ({', '.join(who)}): "
                    "these files hold more than one run of it (the same NCCL_COMM_ID?), merged here")
     return out
 
@@ -150,8 +152,10 @@ def subsystem_notes(processes: list[ProcessLog]) -> list[str]:
     blind = [p for p in processes if "INIT" not in p.logged]
     if not blind:
         return []
-    where = "" if len(blind) == len(processes) else \
-        f" in {len(blind)} of {len(processes)} processes ({', '.join(label(p) for p in blind[:4])}{' ...' if len(blind) > 4 else ''})"
+    where = ""
+    if len(blind) < len(processes):
+        names = ", ".join(label(p) for p in blind[:4]) + (" ..." if len(blind) > 4 else "")
+        where = f" in {len(blind)} of {len(processes)} processes ({names})"
     out = [f"No INIT line{where}: NCCL_DEBUG_SUBSYS left INIT out (or the log is a fragment): communicators, ranks, "
            "nodes, channels, GDR and PXN are unknown, and a connection shows only under its transport's subsystem"]
     for name, what in _TRANSPORTS:

@@ -111,7 +111,7 @@ class Comm:
     collnet: str | None = None           # the CollNet plugin it connected through
     complete: bool = False
     bus_id: str | None = None            # this rank's GPU, as NCCL numbers it (`busId 18000`: 0000:18:00.0)
-    key: str | None = None               # the same in every process of it: its commId, or a split's parent key/count.color
+    key: str | None = None               # the same in each of its processes: commId, or a split's `parent/count.color`
     links: dict = field(default_factory=dict)   # (src, dst, kind) -> {'cc/i'}: channel/connection index
     net_devices: set = field(default_factory=set)  # NET device indexes its connections used
     seen: int = 0                        # the number of the process's last NCCL line that was its
@@ -366,8 +366,8 @@ def _conn_subsys(m) -> str | None:
 
 def _env_subsys(m) -> str | None:
     """ENV, except for the lines graph/paths.cc prints under every subsystem (no final dot)."""
-    always = m["name"] in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_NET_GDR_LEVEL") and not m.string.rstrip().endswith(".")
-    return None if always else "ENV"
+    always = m["name"] in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_NET_GDR_LEVEL")
+    return None if always and not m.string.rstrip().endswith(".") else "ENV"
 
 
 # pattern, what a match feeds, the subsystem a match shows was logged (src/ of NCCL 2.28: INFO(NCCL_INIT, ...)
