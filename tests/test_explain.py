@@ -115,6 +115,21 @@ def test_a_rank_logged_by_two_processes_is_named(tmp_path):
     assert not any("logged by" in line for line in explain_logs([WHOLE]))
 
 
+def test_a_runs_merge_ties_peers_to_hosts_by_the_ranks_it_gathered():
+    """A run's rank 0 merges one summary per rank (summary["rank"]): a peer whose communicator
+    entry was not kept (another communicator read on its rank) is still placed on its host."""
+    from ncclbench.topology.ncclpath import read_logs, to_summary
+    from ncclbench.topology.pathexplain import causes
+    from ncclbench.topology.pathview import Path
+
+    order = {"996": 0, "998": 1, "995": 2, "997": 3}
+    summaries = [to_summary(p, order[str(p.pid)]) for p in read_logs(sorted(WHOLE.iterdir()))]
+    for s in summaries[1:]:
+        s["comms"] = [dict(c, key=None) for c in s["comms"]]  # only rank 0's entry keeps its key
+    assert causes(Path(summaries))[0].startswith("network Socket: TCP sockets between hosts;")
+    assert "whose logs were not read" in causes(Path(summaries[:2]))[0]
+
+
 # ---- separate jobs in one folder ----
 @pytest.fixture
 def four_jobs(tmp_path):

@@ -139,6 +139,8 @@ class Path:
         each other without the network, not hosts)."""
         where = {(c.get("key"), c.get("rank")): p.get("host") for p in self.processes for c in p.get("comms", [])
                  if c.get("key") and c.get("rank") is not None}
+        # a run's merge: one summary per rank of the group, numbered as the group's communicator numbers them
+        by_rank = {p.get("rank"): p.get("host") for p in self.processes if p.get("rank") is not None}
         span, unseen = set(), set()
         for p in self.processes:
             for c in p.get("comms", []):
@@ -147,10 +149,12 @@ class Path:
                         continue
                     peer = dst if src == c.get("rank") else src
                     host = where.get((c.get("key"), peer))
-                    if not c.get("key") or p.get("host") is None:
-                        span.add("unknown")
-                    elif host is None:
+                    if host is None and len(by_rank) == c.get("nranks"):
+                        host = by_rank.get(peer)
+                    if host is None and c.get("key") and p.get("host"):
                         unseen.add(peer)
+                    elif host is None or p.get("host") is None:
+                        span.add("unknown")
                     else:
                         span.add("one host" if host == p.get("host") else "hosts")
         return span, sorted(unseen)
