@@ -487,7 +487,7 @@ def test_fleet_links_and_pair_tests_carry_the_path(tmp_path):
     from ncclbench.api.fleet_report import FleetReport
 
     report = FleetReport(plan={"backend": "nccl", "nbytes": 1 << 26, "budget_s": 30.0, "csv_path": str(tmp_path / "t.csv")})
-    report.links = [{"hosts": ["n1", "n2"], "reason": "slow twice"}]
+    report.finding.links = [{"hosts": ["n1", "n2"], "evidence": "slow twice"}]
     report.tests = [{"round": 1, "kind": "screen", "host_a": "n2", "host_b": "n1", "rail": 0},
                     {"round": 1, "kind": "screen", "host_a": "n3", "host_b": "n4", "rail": 0}]
     report.add_paths({("n1", "n2"): "NET/Socket"})
