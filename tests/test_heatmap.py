@@ -241,3 +241,57 @@ def test_the_example_script_draws_every_kind_small(tmp_path):
     assert all(0 < (tmp_path / name).stat().st_size < 100_000 for name in images)
     docs = script.parent.parent / "docs"
     assert all((docs / name).is_file() and (docs / name).stat().st_size < 100_000 for name in images)
+
+
+# ------------------------------------------------------------------ the writers' own files
+
+
+def test_the_file_pairs_writes_is_drawn_with_its_flagged_pair(tmp_path):
+    """engine.pairs writes the JSON (4 ranks on 2 hosts, the 1 - 2 exchange 5x slower)."""
+    from ncclbench.engine.pairs import PairsPlan, PairsResult
+
+    plan = PairsPlan(nbytes=1 << 20, iters=5, warmup_iters=1, backend="gloo", timeout_s=60, fail_below=20.0,
+                     json_path=str(tmp_path / "pairs.json"), csv_path=None)
+    devices = [{"rank": r, "pid": 100 + r, "host": f"host{r // 2}", "device": r % 2, "device_hex": "00",
+                "device_info": "cpu"} for r in range(4)]
+    times = [{p: (5e-3 if {r, p} == {1, 2} else 1e-3) for p in range(4) if p != r} for r in range(4)]
+    result = PairsResult(plan, devices, [[(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]], times, [])
+    result.write_files()
+    doc = read_source(tmp_path / "pairs.json")
+    assert kind_of(doc) == "pairs"
+    (ax,) = panel_axes(build_figure(heatmap_from(doc)))
+    assert marked(ax, "slow") == symmetric({(1, 2)})
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0 host0", "1 host0", "2 host1", "3 host1"]
+
+
+def test_the_file_preflight_writes_is_drawn_with_its_drained_host(tmp_path):
+    from ncclbench.api.verdict import PreflightReport
+
+    groups = [{"name": f"pair[{k}]", "dim": "pair", "ranks": [2 * k, 2 * k + 1], "hosts": [f"host{k}"],
+               "backend": "gloo", "best_busbw": {"all_reduce": 2.0 if k else 0.5}, "verdict": "slow" if k == 0 else "ok"}
+              for k in range(2)]
+    hosts = [{"host": "host0", "verdict": "drain", "ranks": [0, 1], "evidence": ["rank 1 is slow alone"]},
+             {"host": "host1", "verdict": "ok", "ranks": [2, 3], "evidence": []}]
+    PreflightReport(passed=False, failures=["rank 1 (host0) is slow alone: drain host0"], hosts=hosts,
+                    groups=groups).to_json(tmp_path / "preflight.json")
+    doc = read_source(tmp_path / "preflight.json")
+    assert kind_of(doc) == "preflight"
+    (ax,) = panel_axes(build_figure(heatmap_from(doc)))
+    assert red_labels(ax) == ["0 host0", "1 host0"] and marked(ax, "slow") == symmetric({(0, 1)})
+
+
+def test_the_report_fleet_writes_is_drawn_with_its_drained_node_and_link(tmp_path):
+    from ncclbench.api.fleet_report import FleetReport
+
+    names = ["a1", "a2", "a3", "a4"]
+    nodes = [{"host": h, "ranks": [k], "gpus": 1, "model": "cpu", "verdict": "drain" if h == "a3" else "ok",
+              "reasons": ["pairs: slow"] if h == "a3" else [], "alone_busbw_gbps": None} for k, h in enumerate(names)]
+    tests = [{"round": 1, "kind": "screen", "host_a": a, "host_b": b, "rail": 0, "bytes": 1024,
+              "busbw_gbps": 1.0 if "a3" in (a, b) else 4.0, "reference_gbps": 4.0, "below_reference_pct": 0.0,
+              "slow": "a3" in (a, b), "error": None} for i, a in enumerate(names) for b in names[i + 1:]]
+    report = FleetReport(plan={"backend": "gloo"}, nodes=nodes, links=[{"hosts": ["a1", "a2"], "reason": "slow"}],
+                         tests=tests)
+    (tmp_path / "fleet.json").write_text(json.dumps(report.to_dict()))
+    (ax,) = panel_axes(build_figure(heatmap_from(read_source(tmp_path / "fleet.json"))))
+    assert red_labels(ax) == ["a3"] and ax.get_title() == "rail 0"
+    assert marked(ax, "slow") == symmetric({(2, 0), (2, 1), (2, 3), (0, 1)})
