@@ -268,7 +268,8 @@ def test_the_file_preflight_writes_is_drawn_with_its_drained_host(tmp_path):
     from ncclbench.api.verdict import PreflightReport
 
     groups = [{"name": f"pair[{k}]", "dim": "pair", "ranks": [2 * k, 2 * k + 1], "hosts": [f"host{k}"],
-               "backend": "gloo", "best_busbw": {"all_reduce": 2.0 if k else 0.5}, "verdict": "slow" if k == 0 else "ok"}
+               "backend": "gloo", "best_busbw": {"all_reduce": 2.0 if k else 0.5},
+               "verdict": "slow" if k == 0 else "ok"}
               for k in range(2)]
     hosts = [{"host": "host0", "verdict": "drain", "ranks": [0, 1], "evidence": ["rank 1 is slow alone"]},
              {"host": "host1", "verdict": "ok", "ranks": [2, 3], "evidence": []}]

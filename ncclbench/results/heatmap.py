@@ -203,12 +203,14 @@ def _fleet_today(doc: dict) -> HeatMap:
                    rail=t.get("rail"))
              for t in doc["tests"] if isinstance(t, dict) and "host_a" in t]  # fmt: skip
     hosts = sorted({p.a for p in pairs} | {p.b for p in pairs} | {n["host"] for n in doc.get("nodes") or []})
-    return HeatMap("fleet", "fleet: busbw between hosts", "busbw (GB/s)", _host_panels(pairs, hosts, _drained_hosts(doc)))
+    panels = _host_panels(pairs, hosts, _drained_hosts(doc))
+    return HeatMap("fleet", "fleet: busbw between hosts", "busbw (GB/s)", panels)
 
 
 def _preflight_today(doc: dict) -> HeatMap:
     """Two-rank groups are pairs: their best busbw of the first collective they all ran."""
-    groups = [g for g in doc["groups"] if isinstance(g, dict) and len(g.get("ranks") or []) == 2 and g.get("best_busbw")]
+    groups = [g for g in doc["groups"]
+              if isinstance(g, dict) and len(g.get("ranks") or []) == 2 and g.get("best_busbw")]
     if not groups:
         raise ValueError("this preflight result holds no pair measurements to draw (no group of two ranks)")
     collectives = [c for c in groups[0]["best_busbw"] if all(c in g["best_busbw"] for g in groups)]
