@@ -421,3 +421,47 @@ def test_topo_on_a_healthy_host_says_no_cause(monkeypatch):
                                                       for d in range(2)])
     out = CliRunner().invoke(topo_command, ["--no-nics"]).stdout
     assert "Causes: none (PCIe, NVLink, ECC, row remapping and clocks as expected)" in out
+
+
+# ----------------------------------------------- on the GPU machine (pytest -m gpu)
+
+
+@pytest.mark.gpu
+def test_real_gpu_reading_idle_and_under_load():
+    """On a real GPU: every reading is there, and a GPU kept busy (matmuls and host-to-device
+    copies) reads not idle, at the PCIe generation its link can reach."""
+    import threading
+    import time
+
+    import torch
+
+    idle = read_local(0)
+    print(json.dumps(idle, indent=1))
+    assert idle["gpu"] is not None, idle["notes"]
+    assert idle["pcie"]["width"] and idle["pcie"]["max_width"] and idle["pcie"]["max_gen"]
+    assert idle["versions"]["driver"] and idle["versions"]["nccl"] and idle["clocks"] is not None
+    json.dumps(idle)
+
+    x = torch.randn(8192, 8192, device="cuda")
+    host = torch.empty(1 << 28, dtype=torch.uint8).pin_memory()
+    device = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    stop = threading.Event()
+
+    def work():
+        while not stop.is_set():
+            device.copy_(host, non_blocking=True)
+            x @ x
+            torch.cuda.synchronize()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        time.sleep(2)
+        busy = read_local(0)
+    finally:
+        stop.set()
+        worker.join()
+    print(json.dumps(busy, indent=1))
+    print(causes_by_host({0: idle}), causes_by_host({0: busy}))
+    assert busy["clocks"]["idle"] is False
+    assert busy["pcie"]["gen"] == busy["pcie"]["max_gen"]
