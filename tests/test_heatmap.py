@@ -51,7 +51,8 @@ def symmetric(cells) -> set[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("name, kind", [("pairs.json", "pairs"), ("fleet.json", "fleet"),
-                                        ("fleet-report.json", "fleet"), ("preflight.json", "preflight"),
+                                        ("fleet-report.json", "fleet"), ("fleet-rails.json", "fleet"),
+                                        ("preflight.json", "preflight"),
                                         ("preflight-report.json", "preflight"), ("p2p.json", "p2p")])
 def test_each_kind_is_recognised_by_its_keys(name, kind):
     assert kind_of(load(name)) == kind
@@ -98,8 +99,23 @@ def test_fleet_today_one_panel_of_worst_rails_drained_host_red_and_slow_cells():
     assert drawn.cells == 30  # 15 host pairs, both triangles
 
 
-def test_fleet_report_shape_draws_one_panel_per_rail():
-    fig = build_figure(heatmap_from(load("fleet-report.json")))
+def test_fleet_report_one_rail_per_test_draws_each_host_pairs_worst_rail():
+    """The report fleet writes: a pairs entry per test, at its worst rail, no ranks; the
+    slow link names every rank of its two hosts."""
+    drawn = heatmap_from(load("fleet-report.json"))
+    (ax,) = panel_axes(build_figure(drawn))
+    hosts = [f"gpu{k:02d}" for k in range(1, 7)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == hosts and red_labels(ax) == ["gpu04"]
+    gpu04 = hosts.index("gpu04")
+    expected = {(gpu04, k) for k in range(6) if k != gpu04} | {(hosts.index("gpu02"), hosts.index("gpu05"))}
+    assert marked(ax, "slow") == symmetric(expected)
+    rail = next(p["rail"] for p in load("fleet-report.json")["pairs"] if set(p["hosts"]) == {"gpu02", "gpu05"})
+    assert ax.get_title() == "each host pair's worst rail"
+    assert f"27.5\nr{rail}" in {t.get_text() for t in ax.texts}  # the busbw, the rail under it
+
+
+def test_fleet_report_of_every_rail_draws_one_panel_per_rail():
+    fig = build_figure(heatmap_from(load("fleet-rails.json")))
     rail0, rail1 = panel_axes(fig)
     assert (rail0.get_title(), rail1.get_title()) == ("rail 0", "rail 1")
     node3 = 2
@@ -112,7 +128,7 @@ def test_fleet_report_shape_draws_one_panel_per_rail():
 
 
 def test_a_link_of_the_report_is_framed_even_where_its_pair_entries_are_not_slow():
-    doc = load("fleet-report.json")
+    doc = load("fleet-rails.json")
     for entry in doc["pairs"]:
         entry["slow"] = False
     rail0, rail1 = panel_axes(build_figure(heatmap_from(doc)))
@@ -165,7 +181,8 @@ def test_each_cell_carries_its_number_on_small_matrices():
 # ------------------------------------------------------------------ the command
 
 
-@pytest.mark.parametrize("name, panels", [("pairs.json", 1), ("fleet.json", 1), ("fleet-report.json", 2),
+@pytest.mark.parametrize("name, panels", [("pairs.json", 1), ("fleet.json", 1), ("fleet-report.json", 1),
+                                          ("fleet-rails.json", 2),
                                           ("preflight.json", 1), ("preflight-report.json", 1), ("p2p.json", 2)])
 def test_plot_writes_the_heat_map_of_each_kind(tmp_path, name, panels):
     out = tmp_path / "map.png"
@@ -247,16 +264,16 @@ def test_the_example_script_draws_every_kind_small(tmp_path):
 
 
 def test_the_file_pairs_writes_is_drawn_with_its_flagged_pair(tmp_path):
-    """engine.pairs writes the JSON (4 ranks on 2 hosts, the 1 - 2 exchange 5x slower)."""
-    from ncclbench.engine.pairs import PairsPlan, PairsResult
+    """ncclbench.pairs writes the JSON (4 ranks on 2 hosts, the 1 - 2 exchange 5x slower)."""
+    from ncclbench.pairs.report import PairsResult
+    from ncclbench.pairs.run import PairsPlan
 
     plan = PairsPlan(nbytes=1 << 20, iters=5, warmup_iters=1, backend="gloo", timeout_s=60, fail_below=20.0,
                      json_path=str(tmp_path / "pairs.json"), csv_path=None)
     devices = [{"rank": r, "pid": 100 + r, "host": f"host{r // 2}", "device": r % 2, "device_hex": "00",
                 "device_info": "cpu"} for r in range(4)]
-    times = [{p: (5e-3 if {r, p} == {1, 2} else 1e-3) for p in range(4) if p != r} for r in range(4)]
-    result = PairsResult(plan, devices, [[(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]], times, [])
-    result.write_files()
+    busbw = {(a, b): (0.2 if (a, b) == (1, 2) else 1.0) for a in range(4) for b in range(a + 1, 4)}
+    PairsResult(plan, devices, [[(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]], busbw, []).write_files()
     doc = read_source(tmp_path / "pairs.json")
     assert kind_of(doc) == "pairs"
     (ax,) = panel_axes(build_figure(heatmap_from(doc)))
@@ -283,16 +300,21 @@ def test_the_file_preflight_writes_is_drawn_with_its_drained_host(tmp_path):
 
 def test_the_report_fleet_writes_is_drawn_with_its_drained_node_and_link(tmp_path):
     from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.locate.finding import Finding
 
     names = ["a1", "a2", "a3", "a4"]
-    nodes = [{"host": h, "ranks": [k], "gpus": 1, "model": "cpu", "verdict": "drain" if h == "a3" else "ok",
-              "reasons": ["pairs: slow"] if h == "a3" else [], "alone_busbw_gbps": None} for k, h in enumerate(names)]
+    hosts = [{"host": h, "ranks": [k], "verdict": "drain" if h == "a3" else "ok", "evidence": [], "causes": []}
+             for k, h in enumerate(names)]
     tests = [{"round": 1, "kind": "screen", "host_a": a, "host_b": b, "rail": 0, "bytes": 1024,
               "busbw_gbps": 1.0 if "a3" in (a, b) else 4.0, "reference_gbps": 4.0, "below_reference_pct": 0.0,
               "slow": "a3" in (a, b), "error": None} for i, a in enumerate(names) for b in names[i + 1:]]
-    report = FleetReport(plan={"backend": "gloo"}, nodes=nodes, links=[{"hosts": ["a1", "a2"], "reason": "slow"}],
-                         tests=tests)
+    tests.append({"round": 2, "kind": "confirm", "host_a": "a2", "host_b": "a4", "rail": None, "bytes": None,
+                  "busbw_gbps": None, "reference_gbps": None, "below_reference_pct": 100.0, "slow": True,
+                  "error": "rank 3 gone"})
+    links = [{"hosts": ["a1", "a2"], "ranks": [0, 1], "evidence": "slow", "below_pct": 40.0, "path": None}]
+    report = FleetReport(plan={"backend": "gloo"}, finding=Finding(hosts=hosts, links=links), tests=tests)
     (tmp_path / "fleet.json").write_text(json.dumps(report.to_dict()))
     (ax,) = panel_axes(build_figure(heatmap_from(read_source(tmp_path / "fleet.json"))))
     assert red_labels(ax) == ["a3"] and ax.get_title() == "rail 0"
+    # a2 - a4 measured fine on rail 0, then failed: its best reading stands, not slow
     assert marked(ax, "slow") == symmetric({(2, 0), (2, 1), (2, 3), (0, 1)})

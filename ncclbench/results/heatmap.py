@@ -113,7 +113,7 @@ def heatmap_from(doc: dict) -> HeatMap:
 def _convert(kind: str, doc: dict) -> HeatMap:
     if kind == "p2p":
         return _p2p(doc)
-    new = [p for p in doc.get("pairs") or [] if isinstance(p, dict) and "ranks" in p]
+    new = [p for p in doc.get("pairs") or [] if isinstance(p, dict) and ("ranks" in p or "hosts" in p)]
     if new:
         return _from_report(kind, doc, new)
     if kind == "pairs" and isinstance(doc.get("busbw_gbps"), list):
@@ -152,32 +152,39 @@ def _rank_hosts(doc: dict, pairs: Iterable[dict] = ()) -> dict[int, str]:
 
 
 def _from_report(kind: str, doc: dict, entries: list[dict]) -> HeatMap:
-    """The report shape: pairs with a rail are host x host per rail, the others rank x rank."""
+    """The report shape: pairs between hosts (a rail, or no ranks: fleet's) are host x host
+    per rail, the others rank x rank."""
     drained = _drained_hosts(doc)
     links = [link for link in doc.get("links") or [] if isinstance(link, dict)]
 
     def on_link(entry: dict) -> bool:
-        """A slow link of the report: by its ranks where it names them (one rail), else its hosts."""
+        """On a slow link of the report: its two hosts, and where both name ranks, the
+        entry's ranks among the link's (a link of one rail names that rail's ranks)."""
         for link in links:
-            if link.get("ranks"):
-                if frozenset(link["ranks"]) == frozenset(entry.get("ranks") or []):
-                    return True
-            elif frozenset(link.get("hosts") or []) == frozenset(entry.get("hosts") or []):
+            if frozenset(link.get("hosts") or []) != frozenset(entry.get("hosts") or []):
+                continue
+            if not link.get("ranks") or not entry.get("ranks") or set(entry["ranks"]) <= set(link["ranks"]):
                 return True
         return False
 
-    railed = [e for e in entries if e.get("rail") is not None]
-    if railed:
-        pairs = [_Pair(e["hosts"][0], e["hosts"][1], e.get("busbw_gbps"), bool(e.get("slow")) or on_link(e),
-                       bool(e.get("wrong")), e.get("rail")) for e in railed]  # fmt: skip
-        hosts = sorted({h for e in railed for h in e["hosts"]} | {r["host"] for r in doc.get("hosts") or []})
+    def slow(entry: dict) -> bool:
+        return bool(entry.get("slow")) or bool(entry.get("flagged")) or on_link(entry)
+
+    def wrong(entry: dict) -> bool:
+        return bool(entry.get("wrong")) or bool(entry.get("wrong_data"))
+
+    if any(e.get("rail") is not None or not e.get("ranks") for e in entries):
+        pairs = [_Pair(e["hosts"][0], e["hosts"][1], e.get("busbw_gbps"), slow(e), wrong(e), e.get("rail"))
+                 for e in entries]  # fmt: skip
+        hosts = sorted({h for e in entries for h in e["hosts"]} | {r["host"] for r in doc.get("hosts") or []})
         panels = _host_panels(pairs, hosts, drained)
         return HeatMap(kind, f"{kind}: busbw between hosts", "busbw (GB/s)", panels)
     rank_host = _rank_hosts(doc, entries)
-    pairs = [_Pair(int(e["ranks"][0]), int(e["ranks"][1]), e.get("busbw_gbps"),
-                   bool(e.get("slow")) or on_link(e), bool(e.get("wrong")))
-             for e in entries]  # fmt: skip
-    panel = _rank_panel(pairs, rank_host, drained, f"{len(rank_host)} ranks on {len(set(rank_host.values()))} hosts")
+    pairs = [_Pair(int(e["ranks"][0]), int(e["ranks"][1]), e.get("busbw_gbps"), slow(e), wrong(e)) for e in entries]
+    detail = f"{len(rank_host)} ranks on {len(set(rank_host.values()))} hosts"
+    if doc.get("size_bytes"):
+        detail += f", {_size_text(doc['size_bytes'])} per exchange"
+    panel = _rank_panel(pairs, rank_host, drained, detail)
     return HeatMap(kind, f"{kind}: busbw per pair of ranks", "busbw (GB/s)", [panel])
 
 
@@ -283,8 +290,11 @@ def _host_panels(pairs: list[_Pair], hosts: list[str], drained: set[str]) -> lis
         raise ValueError("no pair measurements to draw")
     index = {h: k for k, h in enumerate(hosts)}
     by_rail: dict[Any, dict[tuple, list[_Pair]]] = {}
+    rails_known = sorted({p.rail for p in pairs if p.rail is not None})
     for p in pairs:
-        by_rail.setdefault(p.rail, {}).setdefault(_key(p.a, p.b), []).append(p)
+        # a test without a rail (it failed before any rail was timed) counts on every rail
+        for rail in [p.rail] if p.rail is not None or not rails_known else rails_known:
+            by_rail.setdefault(rail, {}).setdefault(_key(p.a, p.b), []).append(p)
     best = {rail: {k: _best(v) for k, v in cells.items()} for rail, cells in by_rail.items()}
     rails = sorted(best, key=lambda r: (r is None, r))
 
@@ -305,7 +315,9 @@ def _host_panels(pairs: list[_Pair], hosts: list[str], drained: set[str]) -> lis
             held = worst.get(key)
             if held is None or (pair.busbw is not None and (held.busbw is None or pair.busbw < held.busbw)):
                 worst[key] = pair
-    title = f"rail {rails[0]}" if len(rails) == 1 and rails[0] is not None else "each host pair's worst rail"
+    title = "each host pair's worst rail"
+    if len(rails) == 1:
+        title = "host pairs" if rails[0] is None else f"rail {rails[0]}"
     panel = empty(title)
     _fill(panel, index, worst)
     if len(rails) > 1:
