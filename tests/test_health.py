@@ -186,6 +186,7 @@ def test_cuda_visible_devices_picks_the_gpu_as_cuda_numbers_it():
     reading = read_local(1, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "2,3"}, host="h")
     assert reading["gpu"]["index"] == 3
     assert read_local(0, nvml=nvml, env={}, host="h", pci_bus_id="0000:28:00.0")["gpu"]["index"] == 1
+    assert read_local(0, nvml=nvml, env={}, host="h", pci_bus_id="0000:99:00.0")["gpu"] is None
     missing = read_local(2, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "0"}, host="h")
     assert missing["gpu"] is None and "NVML lists no GPU for CUDA device 2" in missing["notes"][0]
 

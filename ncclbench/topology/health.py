@@ -69,8 +69,8 @@ def read_local(device_index: int = 0, *, nvml: Any = _DEFAULT, sysfs: str | os.P
     try:
         _fill_versions(reading, module)
         gpus = gpu_identities(module)
-        wanted = normalize_pci_bus_id(pci_bus_id) or _torch_bus_id(device_index)
-        chosen = _choose(gpus, device_index, wanted, env)
+        given = normalize_pci_bus_id(pci_bus_id)
+        chosen = _choose(gpus, device_index, given or _torch_bus_id(device_index), env, strict=given is not None)
         if chosen is None:
             reading["notes"].append(f"NVML lists no GPU for CUDA device {device_index} ({len(gpus)} GPU(s) listed)")
             return reading
@@ -161,9 +161,13 @@ def _torch_bus_id(device_index: int) -> str | None:
         return None
 
 
-def _choose(gpus: list, device_index: int, bus_id: str | None, env: Mapping[str, str]):
+def _choose(gpus: list, device_index: int, bus_id: str | None, env: Mapping[str, str], strict: bool):
+    """The GPU with `bus_id`; where none has it and the id was not the caller's (torch's
+    view, which a container may number otherwise), the one CUDA_VISIBLE_DEVICES picks."""
     if bus_id:
-        return next((g for g in gpus if g[2] == bus_id), None)
+        found = next((g for g in gpus if g[2] == bus_id), None)
+        if found is not None or strict:
+            return found
     order, _how = cuda_order_from_env(device_index + 1, [(g[0], g[2], g[3]) for g in gpus], env)
     nvml_index = order[device_index] if device_index < len(order) else None
     return next((g for g in gpus if g[0] == nvml_index), None)
