@@ -264,9 +264,9 @@ def test_the_example_script_draws_every_kind_small(tmp_path):
 
 
 def test_the_file_pairs_writes_is_drawn_with_its_flagged_pair(tmp_path):
-    """ncclbench.pairs writes the JSON (4 ranks on 2 hosts, the 1 - 2 exchange 5x slower)."""
-    from ncclbench.pairs.report import PairsResult
-    from ncclbench.pairs.run import PairsPlan
+    """ncclbench.faults.pairs writes the JSON (4 ranks on 2 hosts, the 1 - 2 exchange 5x slower)."""
+    from ncclbench.faults.pairs.report import PairsResult
+    from ncclbench.faults.pairs.run import PairsPlan
 
     plan = PairsPlan(nbytes=1 << 20, iters=5, warmup_iters=1, backend="gloo", timeout_s=60, fail_below=20.0,
                      json_path=str(tmp_path / "pairs.json"), csv_path=None)
@@ -282,7 +282,7 @@ def test_the_file_pairs_writes_is_drawn_with_its_flagged_pair(tmp_path):
 
 
 def test_the_file_preflight_writes_is_drawn_with_its_drained_host(tmp_path):
-    from ncclbench.api.verdict import PreflightReport
+    from ncclbench.faults.preflight.verdict import PreflightReport
 
     groups = [{"name": f"pair[{k}]", "dim": "pair", "ranks": [2 * k, 2 * k + 1], "hosts": [f"host{k}"],
                "backend": "gloo", "best_busbw": {"all_reduce": 2.0 if k else 0.5},
@@ -299,7 +299,7 @@ def test_the_file_preflight_writes_is_drawn_with_its_drained_host(tmp_path):
 
 
 def test_the_report_fleet_writes_is_drawn_with_its_drained_node_and_link(tmp_path):
-    from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.faults.fleet.report import FleetReport
     from ncclbench.locate.finding import Finding
 
     names = ["a1", "a2", "a3", "a4"]
