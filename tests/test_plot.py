@@ -97,7 +97,7 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run(H200_4 / "all_reduce_np4.txt", *args)
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ncclbench plot: error: ")
+    assert len(lines) == 1 and lines[0].startswith("ncclbench: error: ")
     assert fragment in lines[0]
 
 

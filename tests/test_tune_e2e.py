@@ -207,7 +207,7 @@ def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
     assert procs[0].returncode == 2 and len(errors) == 1 and "already holds a tune run" in errors[0], err0[-3000:]
     said = [line for line in err1.splitlines() if line.startswith("ncclbench")]
     assert procs[1].returncode == 2 and len(said) == 1, err1[-3000:]
-    assert said[0].startswith("ncclbench tune: error: node 1 of 2: node 0 refused the run (") and \
+    assert said[0].startswith("ncclbench: error: node 1 of 2: node 0 refused the run (") and \
         "already holds a tune run" in said[0], said
     assert took < 120, took
 

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `ncclbench`: the help, not an error
             print(exc.format_message())
             sys.exit(ExitCode.OK)
-        print(error_line(None, exc.format_message()), file=sys.stderr)
+        print(error_line(exc.format_message()), file=sys.stderr)
         sys.exit(ExitCode.USAGE)
     except click.exceptions.Abort:
         print("ncclbench: interrupted", file=sys.stderr)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("RANK", "0") == "0" or not (said_once or per_node) \
                 or (per_node and os.environ.get("LOCAL_RANK") == "0"):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
-            print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
+            print(error_line(f"{prefix}{exc}"), file=sys.stderr)
         if getattr(exc, "launched_rank", False):
             # at once: the launcher's SIGTERM to the ranks left would otherwise kill the
             # rank while its interpreter shuts down (Python's handlers reset), its code lost

@@ -34,7 +34,7 @@ def run_preflight_rank(o: dict, info) -> int:
         if not report.passed:
             from ncclbench.errors import error_line
 
-            print(error_line("preflight", f"{report.failures[0]}"), file=sys.stderr, flush=True)
+            print(error_line(f"{report.failures[0]}"), file=sys.stderr, flush=True)
     return int(report.exit_code)
 
 

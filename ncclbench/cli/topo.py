@@ -24,15 +24,14 @@ from ncclbench.errors import error_line
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    """One line on stderr (`ncclbench <command>: error: ...`, as OneLineErrorCommand
-    writes bad input), then exit with `code`.
+    """One line on stderr (`ncclbench: error: ...`, as OneLineErrorCommand writes bad
+    input), then exit with `code`.
 
     SystemExit rather than click's Exit: click returns (not raises) Exit codes when
     run with standalone_mode=False, so a wrapper could lose them; SystemExit passes
     through click untouched and never prints a traceback.
     """
-    ctx = click.get_current_context(silent=True)
-    click.echo(error_line(ctx.info_name if ctx is not None else None, message), err=True)
+    click.echo(error_line(message), err=True)
     raise SystemExit(code)
 
 
@@ -232,7 +231,7 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
 
     topo = topo_probe.probe(include_nics=not no_nics)
     if not topo.gpus:
-        click.echo("no GPU visible: reporting host and versions only", err=True)
+        click.echo("ncclbench: no GPU visible: reporting host and versions only", err=True)
     problems: list[str] | None = None
     if compare_smi:
         topo_text = smi.run_nvidia_smi(smi.SMI_TOPO)

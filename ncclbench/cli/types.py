@@ -60,7 +60,7 @@ class GetoptCommand(click.Command):
 
 class OneLineErrorCommand(GetoptCommand):
     """A command whose bad input, usage errors included, ends it with one line on stderr:
-    `ncclbench <name>: error: <message>`, exit code 2 (no usage dump; --help still shows it).
+    `ncclbench: error: <message>`, exit code 2 (no usage dump; --help still shows it).
 
     It prints and exits itself (SystemExit) instead of leaving that to Click, so the
     result is the same standalone, under CliRunner, and inside a group run with
@@ -79,5 +79,5 @@ class OneLineErrorCommand(GetoptCommand):
             self._fail(str(exc))
 
     def _fail(self, message: str) -> NoReturn:
-        click.echo(error_line(self.name, " ".join(message.split())), err=True)
+        click.echo(error_line(" ".join(message.split())), err=True)
         sys.exit(ExitCode.USAGE)
