@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from ncclbench.topology import model, p2p, visible
 from ncclbench.topology import probe as topo_mod
-from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, parse_size, run_p2p
+from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, run_p2p
 from ncclbench.cli.topo import p2p_command
 
 MiB = 2**20
@@ -126,21 +126,6 @@ SMALL = P2PConfig(size_bytes=1 * MiB, reps=3, iters=4, warmup=1, latency_iters=2
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("256M", 256 * MiB), ("256MiB", 256 * MiB), ("1G", 2**30), ("4", 4), ("64k", 65536), ("1MB", 10**6),
-     ("1.5K", 1536), (4096, 4096)],
-)  # fmt: skip
-def test_parse_size(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "abc", "0", "-4", "12Q", "1.3", "0.3K"])
-def test_parse_size_rejects(text):
-    with pytest.raises(ValueError):
-        parse_size(text)
 
 
 def test_bandwidth_gbps():
