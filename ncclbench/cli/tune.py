@@ -38,7 +38,8 @@ class TuneCommand(GetoptCommand):
 @click.option("-f", "--stepfactor", type=FiniteFloat(), default=2.0, show_default=True, help="Size multiplication factor.")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations per size.")
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Warm-up iterations.")
+              help="Warm-up iterations (5, not the collectives' 1: each combination starts on a new communicator, "
+              "whose first ops also set up its connections).")
 @click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=1), default=1, show_default=True,
               help="Sweeps per repeat: each size measured this many times, spread over the repeat, and the median "
               "kept (where a path's speed wanders within a run, e.g. TCP sockets between hosts).")
@@ -49,7 +50,8 @@ class TuneCommand(GetoptCommand):
 @click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True,
               help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
 @click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
-              help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
+              help="Seconds one size may take; a combination that hangs is reported and the rest go on (300, not the "
+              "collectives' 600: each hanging combination costs this much).")
 @click.option("--repeat", type=int, default=DEFAULT_REPEATS, show_default=True,
               help=f"Measure every combination this many times (interleaved): the noise a win must clear; no win "
               f"and no --verify under {MIN_REPEATS}.")
