@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -18,12 +19,14 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 
 class TuneCommand(GetoptCommand):
     """tune's -o was its output folder until -o became the reduction op's letter in every
-    command: `-o WORD` that is no op still names the folder, with a notice."""
+    command: `-o PATH` (a path with a slash, or a folder that exists) still names the
+    folder, with a notice; any other word is the op."""
 
     old_spellings = {"--output-dir": "--out"}
 
     def renamed(self, name, value):
-        if name == "-o" and value is not None and value.strip().lower() not in _OPS:
+        if name == "-o" and value is not None and value.strip().lower() not in _OPS \
+                and ("/" in value or os.path.isdir(value)):
             return "--out"
         return super().renamed(name, value)
 
@@ -110,6 +113,9 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
         min_gain=min_gain, output_dir=output_dir, verify=verify_conf, plugin=plugin,
         plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, paired=paired)
+    if op.strip().lower() not in _OPS:
+        raise PlanError(f"unknown op {op!r}: -o is the reduction op ({', '.join(_OPS)}); the output folder "
+                        "is -O/--out")
     if bool(verify_conf) != bool(plugin):
         raise PlanError("--verify CONF and --plugin SO go together (the plugin reads the config)")
     sys.exit(int(run_tune(request)))
