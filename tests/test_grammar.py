@@ -243,3 +243,18 @@ def test_cta_policy_on_a_gpu(tmp_path):
         return
     assert result.returncode == 0, result.stderr[-2000:]
     assert "NCCL_CTA_POLICY=1" in json.loads(out.read_text())["env"]
+
+
+def test_an_old_spelling_as_an_option_value_is_left_alone():
+    command = cli.commands["baseline"]
+    ctx = command.make_context("baseline", ["a.txt", "b.txt", "--label", "-o", "--label", "x", "-O", "out.json"])
+    assert ctx.params["labels"] == ("-o", "x") and ctx.params["output"] == "out.json"
+
+
+def test_pairs_runs_with_minus_g_all(tmp_path):
+    """`-g all` reaches pairs' own rank count (2 CPU ranks here), not only its parser."""
+    out = tmp_path / "pairs.json"
+    result = ncclbench("pairs", "-g", "all", "--backend", "gloo", "-b", "4K", "-n", "2", "--json", str(out),
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ncclbench: error" not in result.stderr and out.is_file()
