@@ -249,6 +249,8 @@ def test_an_old_spelling_as_an_option_value_is_left_alone():
     command = cli.commands["baseline"]
     ctx = command.make_context("baseline", ["a.txt", "b.txt", "--label", "-o", "--label", "x", "-O", "out.json"])
     assert ctx.params["labels"] == ("-o", "x") and ctx.params["output"] == "out.json"
+    ctx = command.make_context("baseline", ["a.txt", "b.txt", "-oold.json"])  # getopt's attached value
+    assert ctx.params["output"] == "old.json"
 
 
 def test_pairs_runs_with_minus_g_all(tmp_path):

@@ -75,7 +75,10 @@ class GetoptCommand(click.Command):
             return arg
         if not ctx.resilient_parsing:
             click.echo(f"ncclbench: {self.name} {name} is now {new}; the old spelling will go away", err=True)
-        return new + arg[len(name):]
+        rest = arg[len(name):]
+        if rest and not name.startswith("--") and new.startswith("--"):  # -oFILE -> --out=FILE
+            rest = "=" + rest
+        return new + rest
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The options, then the launch options under their own heading."""
