@@ -27,11 +27,11 @@ MAX_TIMEOUT_S = 1e6  # -T: about 11.6 days; longer deadlines overflow the watchd
 MAX_UNALIGN = 1 << 20  # -u: elements; past a page or two misalignment means nothing more, and huge values overflow
 
 
-def ngpus_option(spawned: str = "one GPU each (default 1)"):
+def ngpus_option():
     """-g as every command that spawns ranks reads it: a count or `all`."""
     return click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
-                        help=f"Local ranks to spawn, {spawned}; all: one per visible GPU, 2 CPU ranks where none "
-                             "is visible. Omit under torchrun/srun/mpirun.")
+                        help="Local ranks to spawn, one GPU each (default 1); all: one per visible GPU, 2 CPU ranks "
+                             "where none is visible. Omit under torchrun/srun/mpirun.")
 
 
 # torchrun's multi-node rendezvous for a self-spawned run; read by multinode_args
