@@ -310,7 +310,8 @@ def checked_plan(coll_name: str, values: dict, backend: str, argv: list[str], nr
 def apply_cta_policy(policy: int | None, backend: str) -> None:
     """-x on a rank, before its backend makes a communicator (NCCL reads NCCL_CTA_POLICY
     then): the variable set for this process, or PlanError where the NCCL in use does not
-    read that value (its version from the library this rank loads, as the header reports it)."""
+    read that value (its version from the library this rank loads, as the header reports it).
+    See docs/design/one-grammar.md."""
     if policy is None:
         return
     since = CTA_POLICY_SINCE[policy]

@@ -20,7 +20,7 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 class TuneCommand(GetoptCommand):
     """tune's -o was its output folder until -o became the reduction op's letter in every
     command: `-o PATH` (a path with a slash, or a folder that exists) still names the
-    folder, with a notice; any other word is the op."""
+    folder, with a notice; any other word is the op (docs/design/one-grammar.md)."""
 
     old_spellings = {"--output-dir": "--out"}
 

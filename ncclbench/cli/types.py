@@ -15,7 +15,7 @@ from ncclbench.errors import BadInput, ExitCode, error_line
 # heading in every command's help (by parameter name, the same in every command).
 LAUNCH_PARAMS = ("ngpus", "backend", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
 # What plot, baseline and tune called their output before -o became the reduction op's
-# letter everywhere (nccl-tests'): still read, with a notice.
+# letter everywhere (nccl-tests'): still read, with a notice (see docs/design/one-grammar.md).
 OLD_OUTPUT_SPELLINGS = {"-o": "--out", "--output": "--out"}
 SUGGESTION_CUTOFF = 0.75  # difflib ratio of names without dashes: `--itres` gets `--iters`, `--bogus` nothing
 
