@@ -187,6 +187,17 @@ def scenario_preflight_loaded(out, dist, torch, ncclbench, outdir):
                    "margins": report.margins, "cost": report.cost_s}
 
 
+def scenario_fleet(out, dist, torch, ncclbench, outdir):
+    """Every rank calls ncclbench.fleet() on the job's own default group (each rank a node of
+    its own): the same report on every rank, rank 0 writes the JSON; the group still works."""
+    report = ncclbench.fleet(backend="gloo", sim_node_size=1, timeout=20, budget=4,
+                             json_path=os.path.join(outdir, "fleet.json") if dist.get_rank() == 0 else None)
+    out["fleet"] = {"drain": report.drain, "links": report.links, "exit_code": report.exit_code,
+                    "hosts": [h["host"] for h in report.hosts]}
+    out["unknown"] = caught(lambda: ncclbench.fleet(bogus=1))
+    out["sum_after"] = sum_check(dist, torch)
+
+
 def scenario_gpu(out, dist, torch, ncclbench, outdir):
     """One GPU, NCCL: measure like the command line, leave device and stream alone, preflight
     refused (one rank: nothing to judge), and a timeout on a one-rank group (stall fault set

@@ -227,3 +227,19 @@ def test_a_collective_failing_on_one_rank_raises_its_cause_on_every_rank(tmp_pat
     messages = {rec["error"][1] for rec in recs}
     assert kinds == {"CollectiveError"} and len(messages) == 1, recs
     assert messages.pop().startswith("rank 1 on ") and "during all_reduce at 4096 B" in recs[0]["error"][1], recs
+
+
+@pytest.mark.slow
+def test_fleet_from_python_returns_one_report_on_every_rank(tmp_path):
+    """ncclbench.fleet() in a job's own ranks (torchrun, gloo, each rank a node): every rank
+    gets the same report, rank 0 writes its JSON, the job's group works after it; an unknown
+    option is refused in one line."""
+    recs = run_ranks("fleet", 3, tmp_path, timeout=240)
+    reports = [r["fleet"] for r in recs]
+    assert all(r == reports[0] for r in reports), reports
+    assert reports[0]["exit_code"] == 0 and reports[0]["drain"] == [] and len(reports[0]["hosts"]) == 3
+    doc = json.loads((tmp_path / "fleet.json").read_text())
+    assert doc["command"] == "fleet" and doc["drain"] == [] and [h["host"] for h in doc["hosts"]] == reports[0]["hosts"]
+    assert all(r["sum_after"] == 6 for r in recs)
+    assert recs[0]["unknown"][0] == "PlanError" and "bogus" in recs[0]["unknown"][1]
+

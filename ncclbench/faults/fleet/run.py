@@ -17,6 +17,13 @@ from ncclbench.locate.stats import CONFIRM
 
 def run_fleet_rank(plan: FleetPlan, info) -> int:
     """One rank's whole run; its exit code (the same on every rank that lives to the end)."""
+    return run_fleet(plan, info)[0]
+
+
+def run_fleet(plan: FleetPlan, info) -> tuple[int, dict | None]:
+    """One rank's whole run: (its exit code, the report as a dict where it has one: rank 0's,
+    every rank's with plan.share_report). Joins the job's default process group where the
+    caller made one (its store carries the rounds), else makes one on gloo."""
     import torch.distributed as dist
 
     from ncclbench.launch import launcher as launch
@@ -38,8 +45,9 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
                            ("TORCH_NCCL_ENABLE_MONITORING", "0")):
             os.environ.setdefault(key, value)
     facts = my_facts(plan, info)
-    dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=plan.timeout_s + 30))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
+                                timeout=timedelta(seconds=plan.timeout_s + 30))
     from ncclbench.engine.watchdog import default_store
 
     ctl = Control(own_client(default_store(), 3 * plan.timeout_s + 120), info.rank, info.world_size,
@@ -49,15 +57,17 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     if info.rank == 0:
         coordinator = Coordinator(plan, ctl, started)
         code, worker = coordinator.run(), coordinator.worker
+        report = coordinator.report_doc
     else:
         worker = Worker(plan, ctl, facts)
         code = worker.run()
+        report = worker.report
     sys.stdout.flush()
     if worker.stuck:  # its task thread may sit in a wait that never ends: no clean-up can finish
         from ncclbench.engine.watchdog import hard_exit
 
         hard_exit(code)
-    return code
+    return code, report
 
 
 def causes_of(facts: dict) -> dict:
@@ -98,6 +108,7 @@ class Coordinator:
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
+        self.report_doc: dict | None = None  # the report, as written to --json
 
     # ---- one step: everyone's tasks, this rank's own, everyone's results ----
     def step(self, tasks: dict, what: str) -> dict:
@@ -229,8 +240,11 @@ class Coordinator:
                            {self.layout.names[n] for n in set(alone) | set(errors) | self.out_of_pairs})
         report.emit()
         code = report.exit_code
+        self.report_doc = report.to_dict()
+        if self.plan.share_report:
+            self.ctl.publish("report", self.report_doc)
         label = f"s{self.step_no}"
-        self.ctl.assign(label, {r: {"end": code} for r in self.alive if r != 0})
+        self.ctl.assign(label, {r: {"end": code, "report": self.plan.share_report} for r in self.alive if r != 0})
         self.ctl.post(label, {})
         self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)  # then the store may go
         return code
