@@ -148,6 +148,7 @@ class Judgement:
 
 
 MIN_CLASS_PAIRS = 2   # pairs of one class needed to compare any of them: one pair has no reference
+LOCALISE_ROUNDS = 8   # localisation rounds of `pairs` and preflight at most (fleet's: --localise-rounds)
 
 
 class Localiser:

@@ -316,7 +316,7 @@ class Coordinator:
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
-        if p.socket_band and over_sockets(self.paths):
+        if p.socket_band and pairs_over_sockets(self.paths):
             say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * p.socket_band:.0f}% band")
             loc.set_reference(p.socket_band, max(p.socket_link_band or 0.0, p.socket_band))
         else:
@@ -390,7 +390,7 @@ class PairClock:
         self.rounds_left = max(1, self.rounds_left - 1)
 
 
-def over_sockets(paths: dict) -> bool:
+def pairs_over_sockets(paths: dict) -> bool:
     """Whether NCCL ran every node pair whose path its log named over its Socket network
     ({(a, b): label such as "NET/Socket/Shared"}), and named one."""
     from ncclbench.locate.bands import over_sockets as sockets
