@@ -95,8 +95,9 @@ def explain_here(ngpus: str = "all", backend: str | None = None, timeout_s: int 
         if not os.path.exists(out):
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise PlanError(f"the measurement failed (exit code {done.returncode}): {last}", done.returncode or 1)
-        with open(out) as f:
-            doc = json.load(f)
+        from ncclbench.inputs import read_text
+
+        doc = json.loads(read_text(out, "results"))
     nb = doc.get("ncclbench", {})
     lines = [f"# Measured here: {ALL_REDUCE.name} {' '.join(sweep)} on {nb.get('ranks')} rank(s), {nb.get('backend')} backend"]
     path = Path.from_dict(nb.get("nccl_path"))

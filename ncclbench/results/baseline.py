@@ -70,10 +70,11 @@ def _template(path: str, collective: str) -> dict:
     `show` prints the baseline as a run; {} when that run is not ncclbench or nccl-tests JSON."""
     import json
 
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        doc = json.loads(read_text(path, "results"))
+    except (InputFileError, ValueError, RecursionError):
         return {}
     docs = doc if isinstance(doc, list) else [doc]
     for d in docs:
