@@ -117,21 +117,27 @@ def _floor_doc(times: list, seed: int, spread=0.02, backend="gloo"):
 
 
 def test_a_row_moved_by_the_hosts_pace_passes_a_late_rank_does_not(tmp_path):
-    """Two gloo runs whose floor rows (8 B-8 KiB) are each tight but spread 25% apart from
-    each other, as a busy host leaves them: one row 1.6x slower in NEW is within the runs'
-    level spread (the old rule failed it: all its iterations moved); a rank 2 ms late per
-    call moves every row far beyond it; in runs whose floors are tight, the same 1.6x fails."""
+    """Two gloo runs whose floor rows (8 B-8 KiB) spread 25% apart from each other, as a busy
+    host leaves them, with iterations +-30% wide: one row 1.6x slower in NEW, its quartiles
+    apart but its blocks overlapping BASE's, is within the runs' level spread; a rank 2 ms
+    late per call, and every row 4x slower (whose blocks all lie beyond BASE's: beyond doubt,
+    however wide the spread), fail; in runs whose floors are tight, the same 1.6x fails."""
     pattern = [-0.3, 0.2, 0.0, -0.15, 0.35, -0.25]  # log spread 0.3 (1.4826 x its median deviation)
     base_times = [60.0 * math.exp(v) for v in pattern]
     new_times = [60.0 * math.exp(v) for v in reversed(pattern)]
     new_times[2] = base_times[2] * 1.6
-    base = _write(tmp_path / "a.json", _floor_doc(base_times, seed=1))
-    new = _write(tmp_path / "b.json", _floor_doc(new_times, seed=2))
+    base = _write(tmp_path / "a.json", _floor_doc(base_times, seed=1, spread=0.3))
+    new = _write(tmp_path / "b.json", _floor_doc(new_times, seed=2, spread=0.3))
     moved = _compare(base, new)
     assert moved.exit_code == 0 and "level spread allows" in moved.output, moved.output
-    late = _write(tmp_path / "late.json", _floor_doc([t + 2000.0 for t in base_times], seed=3))
+    assert "quartiles" not in moved.output and "NEW p25" in moved.output  # the 1.6x row: quartiles apart
+    late = _write(tmp_path / "late.json", _floor_doc([t + 2000.0 for t in base_times], seed=3, spread=0.3))
     caught = _compare(base, late)
     assert caught.exit_code == 1 and caught.output.count("REGRESSION") == 12, caught.output
+    slower = _write(tmp_path / "x4.json", _floor_doc([t * 4 for t in base_times], seed=1, spread=0.3))
+    shown = _compare(base, slower)
+    assert shown.exit_code == 1 and shown.output.count("REGRESSION") == 12, shown.output
+    assert shown.output.count("every NEW block slower than every BASE block") == 12
     tight = [60.0 * (1 + 0.01 * i) for i in range(6)]
     tight_new = list(tight)
     tight_new[2] *= 1.6
