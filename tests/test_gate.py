@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from pathlib import Path
 
@@ -204,6 +205,32 @@ def test_recorded_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(rec
     for run in healthy[3:]:
         slow = _slowed(run, tmp_path, 2.0, 2 << 20)
         assert _regressed(healthy[0], slow) and _regressed(base, slow), run.name
+
+
+@pytest.mark.parametrize("recorded", [H200, H100], ids=["h200", "h100"])
+def test_recorded_pairs_never_lie_apart_and_a_4x_copy_does(recorded, tmp_path):
+    """The healthy pairs' false alarms stay 0 with the beyond-doubt rule: in no healthy pair
+    does every NEW block of a row lie beyond every BASE block (the closest: NEW's fastest at
+    0.96 of BASE's slowest), while a copy of a run 4x slower in every iteration fails against
+    that run on every row it slows, however wide the level spread."""
+    healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
+    for a, b in zip(healthy, healthy[1:]):
+        c = compare_frames(read_results(a), read_results(b))
+        assert (c.rows["status"] != "regression").all()
+        assert not c.rows["noise"].str.contains("every NEW block").any(), (a.name, b.name)
+    caught = total = 0
+    for run in healthy:  # issue 63's case: a run against its own copy, 4x slower
+        base, new = read_results(run), read_results(_slowed(run, tmp_path, 4.0, 2 << 20))
+        c = compare_frames(base, new)
+        keys = ["size_bytes", "placement"]
+        both = c.rows.merge(base[keys + ["noise_max_us"]], on=keys).merge(new[keys + ["noise_min_us"]], on=keys)
+        both = both[both["size_bytes"] <= 2 << 20]
+        # a row whose own blocks spread over 4x (a block the GPU ran ahead of the host, a slow
+        # spell) still overlaps its copy: within its own noise; every row apart fails
+        apart = both[both["noise_min_us"] > both["noise_max_us"]]
+        assert (apart["status"] == "regression").all(), apart[["size_bytes", "status", "noise"]].to_string()
+        caught, total = caught + len(apart), total + len(both)
+    assert caught >= 0.8 * total, (caught, total)
 
 
 def test_recorded_h200_pairs_fail_without_the_level_rule(monkeypatch):
