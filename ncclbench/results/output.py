@@ -125,8 +125,8 @@ def check_csv_appendable(path: str) -> None:
     check_writable(path, "CSV file")
     p = Path(path)
     if p.exists() and p.stat().st_size > 0:
-        with open(p, newline="") as f:
-            first = f.readline().strip()
+        with open(p, newline="", errors="replace") as f:
+            first = f.readline(1 << 16).strip()  # bounded: a binary file may hold no newline
         if first.split(",") != CSV_COLUMNS:
             raise PlanError(f"cannot append to {path}: its columns differ from ncclbench's "
                             "(write to a new file or move the old one away)")
