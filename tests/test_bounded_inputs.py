@@ -230,3 +230,13 @@ def test_json_to_an_existing_file_says_where_and_dev_null_stays(tmp_path):
     assert r.returncode == 0 and "exists" not in r.stderr, r.stderr[-2000:]
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and not os.path.exists("/dev/null.0")
     assert sorted(p.name for p in (ROOT / "results").iterdir()) == before
+
+
+@pytest.mark.parametrize("doc,words", [
+    ({"ncclbench": {"collective": "all_reduce"}, "config": {"minimum_bytes": 8}, "results": [{"size": 8}]},
+     "KeyError: 'count'"),
+    ({"ncclbench": 5, "config": {"minimum_bytes": 8}, "results": 7}, "TypeError"),
+])
+def test_show_of_a_malformed_run_document_is_one_line(doc, words, tmp_path):
+    path = _write(tmp_path / "bad.json", doc)
+    assert_one_line(run_cli(["show", path], timeout=60), "not a run's JSON document as ncclbench writes it", words)
