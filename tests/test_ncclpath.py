@@ -377,7 +377,7 @@ def test_a_log_without_connection_lines_says_the_path_cannot_be_read(subsys, rea
 
 
 def test_a_verdict_without_the_log_says_so_and_guesses_nothing():
-    from ncclbench.api.verdict import NOT_READ, transport_notes
+    from ncclbench.faults.preflight.verdict import NOT_READ, transport_notes
 
     lines, _ = transport_notes("nccl", ["a", "b"], {}, [0, 0], {"NCCL_IB_DISABLE": "1"}, 1.0)
     assert lines[-1] == NOT_READ and not any("inferred" in line for line in lines)
@@ -480,7 +480,7 @@ def test_log_folders_of_ended_processes_are_removed(fresh_switch, tmp_path, monk
 def test_fleet_links_and_pair_tests_carry_the_path(tmp_path):
     import csv
 
-    from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.faults.fleet.report import FleetReport
 
     report = FleetReport(plan={"backend": "nccl", "nbytes": 1 << 26, "budget_s": 30.0, "csv_path": str(tmp_path / "t.csv")})
     report.links = [{"hosts": ["n1", "n2"], "reason": "slow twice"}]
@@ -595,7 +595,10 @@ def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
 
 
 def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
-    from ncclbench.engine.pairs import PairsPlan, PairsResult, tournament_rounds
+    from ncclbench.engine.pair_exchange import pair_busbw
+    from ncclbench.locate.schedule import tournament_rounds
+    from ncclbench.faults.pairs.report import PairsResult
+    from ncclbench.faults.pairs.run import PairsPlan
 
     plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="nccl", timeout_s=60, fail_below=20.0,
                      json_path=str(tmp_path / "p.json"), csv_path=None)
@@ -603,7 +606,7 @@ def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
                 "device_info": "NVIDIA H100"} for r in range(4)]
     times = [{1: 1e-4, 2: 1e-2, 3: 1e-4}, {0: 1e-4, 2: 1e-4, 3: 1e-4}, {0: 1e-2, 1: 1e-4, 3: 1e-4},
              {0: 1e-4, 1: 1e-4, 2: 1e-4}]
-    result = PairsResult(plan, devices, tournament_rounds(4), times, [])
+    result = PairsResult(plan, devices, tournament_rounds(4), pair_busbw(times, plan.nbytes), [])
     result.path = path_of("two-hosts-socket")
     lines = result.report_lines("CUDA events")
     assert any(l.startswith("# NCCL path: NET/Socket") for l in lines)

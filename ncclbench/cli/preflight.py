@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, make_groups
+from ncclbench.faults.preflight.inputs import PREFLIGHT_COLLECTIVES, make_groups
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 
@@ -18,7 +18,7 @@ def run_preflight_rank(o: dict, info) -> int:
     rank 0 prints and writes the report; the exit code a CI job can gate on."""
     from ncclbench.launch import launcher as launch
     from ncclbench.backends import create_backend
-    from ncclbench.api.preflight import Preflight
+    from ncclbench.faults.preflight.run import Preflight
 
     launch.prepare_environ(info)
     backend = create_backend(o["backend"], info, o["timeout"])

@@ -5,7 +5,7 @@ For each group given (each mesh dimension on its own groups, all of a dimension'
 once, as the job runs them): a short plan (all_reduce, all_gather, reduce_scatter at three
 sizes) through the engine of `measure()`, sized to the time budget by a calibration op.
 Judged relative (each group against the other groups of its dimension, each rank's own time
-against the other ranks', by the robust rule of ncclbench.api.verdict) and absolute (a floor in
+against the other ranks', by the robust rule of ncclbench.faults.preflight.verdict) and absolute (a floor in
 GB/s, a percentage of the link peak the topology probe finds, or a baseline results file).
 What is flagged is measured again and only kept when it is flagged both times. Then the
 suspect ranks are paired with known-good partners (send/recv both ways, the engine of
@@ -25,9 +25,10 @@ import time
 from functools import partial
 
 from ncclbench.api.measure import ranks_text
-from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
-from ncclbench.api.preflight_report import explain, group_records, host_verdicts, timed_out_report
-from ncclbench.api.preflight_verdict import (best_cells, group_name, mesh_culprit, pair_kind, slow_groups,
+from ncclbench.faults.preflight.inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
+from ncclbench.faults.preflight.report import explain, finding, group_records, timed_out_report
+from ncclbench.locate.kinds import pair_kind
+from ncclbench.faults.preflight.groups import (best_cells, group_name, mesh_culprit, slow_groups,
                                                sockets_between_hosts)
 from ncclbench.engine.collectives import ALL_REDUCE
 from ncclbench.errors import PlanError, TimeoutExpired
@@ -74,7 +75,9 @@ class Preflight:
         self.host: dict[int, str] = {}
         self.notes: list[str] = []
         self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
-        self.solo_group = None        # this rank's one-rank group (ncclbench.api.within)
+        self.pair_records: list = []  # every pair tested, at its best (the report's `pairs`)
+        self.unsettled: dict = {}     # {rank: evidence} low in pairs, not settled
+        self.solo_group = None        # this rank's one-rank group (ncclbench.faults.preflight.within)
         self.margins: dict = {}       # {check: worst fraction below its reference}
         self.paths: dict = {}         # {group: the path NCCL's log named (pathview.Path.to_dict)}
 
@@ -137,8 +140,8 @@ class Preflight:
         self.pair_kind = partial(pair_kind, self.host, self.topo, self.facts, nccl=nccl)
 
     def _measure_and_judge(self):
-        from ncclbench.api import within
-        from ncclbench.api.verdict import judge_absolute, judge_relative, wrong_data
+        from ncclbench.faults.preflight import within
+        from ncclbench.faults.preflight.verdict import judge_absolute, judge_relative, wrong_data
 
         s = self.setup
         plans = self.plans = {name: self._size_plan(name) for name, _ in s["dims"]}
@@ -170,17 +173,18 @@ class Preflight:
     def _inside_groups(self) -> tuple[dict, dict]:
         """({rank: evidence} slow alone or with most partners in its group, {(a, b): evidence}
         slow links inside a group): what a group tells without a peer group or a floor."""
-        from ncclbench.api import within
+        from ncclbench.faults.preflight import within
 
         plans = self.plans.values()
         solo_bytes = max(p["max_bytes"] for p in plans)
         if "nccl" in self.backends.values():  # a GPU's op alone must outlast its host's call (~20 us)
             solo_bytes = max(solo_bytes, within.SOLO_MIN_BYTES_GPU)
         alone = within.judge_alone(self, solo_bytes, max(p["iters"] for p in plans))
-        paired, links = within.judge_inside_pairs(self, self.pair_bytes(), PAIR_SHARE * self.setup["budget"])
+        paired, links, unsettled = within.judge_inside_pairs(self, PAIR_SHARE * self.setup["budget"])
         self._phase("ranks alone and in pairs")
         for r, line in paired.items():
             alone[r] = f"{alone[r]}; {line}" if r in alone else line
+        self.unsettled = {r: line for r, line in unsettled.items() if r not in alone}
         return alone, links
 
     # ---- sizing and measuring ----
@@ -239,7 +243,7 @@ class Preflight:
 
     def _measure_dim(self, dim: str, plan: dict) -> list:
         """Every collective of the plan on this rank's group of `dim`; every group's cells."""
-        from ncclbench.api.verdict import Cell
+        from ncclbench.faults.preflight.verdict import Cell
 
         mine, path = [], {}
         for coll in self.setup["collectives"]:
@@ -264,7 +268,7 @@ class Preflight:
 
     def _link_peaks(self, runs: dict) -> dict:
         """{group: link peak GB/s or None}, and the transport lines of each group."""
-        from ncclbench.api.verdict import transport_notes
+        from ncclbench.faults.preflight.verdict import transport_notes
         from ncclbench.engine.pathread import path_notes
         from ncclbench.topology.pathview import Path
 
@@ -287,9 +291,9 @@ class Preflight:
 
     # ---- localisation and the report ----
     def _verdict(self, plans, runs, peaks, rel, absolute, wrong, inside):
-        from ncclbench.api.verdict import PreflightReport
+        from ncclbench.faults.preflight.verdict import PreflightReport
 
-        convicted, inner_links = inside
+        convicted, inner_links = inside[0], dict(inside[1])
         slow, notes = slow_groups(rel, absolute, self.instances, self.setup["floor"])
         self.notes += notes
         # a slow group with a rank already found slow is explained by it: its partners are
@@ -297,21 +301,25 @@ class Preflight:
         unexplained = {k: v for k, v in slow.items() if not set(k[1]) & set(convicted)}
         culprit = mesh_culprit(unexplained, {}, set(), self.host, self.instances)
         members = {r for (_d, g) in unexplained for r in g}
-        bad, fine = self._localise(sorted(culprit or members), unexplained) if members else ({}, set())
+        bad, fine, cross = self._localise(sorted(culprit or members), unexplained) if members else ({}, set(), {})
         if culprit and set(culprit) <= fine and members - fine:  # cleared: then the others
-            more_bad, more_fine = self._localise(sorted(members - fine), unexplained)
+            more_bad, more_fine, more_cross = self._localise(sorted(members - fine), unexplained)
             bad.update(more_bad)
             fine |= more_fine
+            cross.update(more_cross)
+        for pair, line in cross.items():
+            inner_links.setdefault(pair, f"with known-good partners: {line}")
         self._phase("pairs")
         bad.update(mesh_culprit(unexplained, bad, fine, self.host, self.instances))
         bad.update(convicted)
         self._slow_nics(runs, slow, bad)
         failures, host_evidence, links = explain(slow, bad, fine, wrong, inner_links, self.host, self.instances,
                                                 self.pair_wrong)
+        found = finding(host_evidence, bad, self.unsettled, links, inner_links, self.host)
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
-                                 bad_links=links, wrong_results=any(wrong.values()) or bool(self.pair_wrong),
-                                 notes=self.notes)
-        report.hosts = host_verdicts(host_evidence, bad, self.host)
+                                 hosts=found.hosts, links=found.links,
+                                 wrong_results=any(wrong.values()) or bool(self.pair_wrong), notes=self.notes,
+                                 pairs=self.pair_records)
         report.groups = group_records(runs, peaks, slow, wrong, set(bad) | {r for p in links for r in p}, self.host,
                                       self.instances, self.setup["collectives"], self.backends, self.transport,
                                       self.paths)
@@ -328,7 +336,7 @@ class Preflight:
         """A host whose NIC runs at under half the others' where the traffic crossing hosts ran
         at the slower rate (preflight_verdict.slow_nic_hosts): its group slow, the host's
         first rank in that group the culprit."""
-        from ncclbench.api.preflight_verdict import slow_nic_hosts
+        from ncclbench.faults.preflight.groups import slow_nic_hosts
 
         best = {g: max(c.busbw for c in cells if c.group == g)
                 for cells in runs.values() for g in {c.group for c in cells}}
@@ -346,49 +354,58 @@ class Preflight:
                 slow.setdefault((dim, g), []).append(
                     f"best busbw {best[g]:.3g} GB/s between hosts, bound by the NIC of {', '.join(sorted(mine))}")
 
-    def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set]:
-        """Suspects with known-good partners (twice): ({bad rank: evidence}, {ranks cleared})."""
-        from ncclbench.api.verdict import judge_pairs, repair_rounds
+    def _localise(self, suspects: list[int], slow: dict) -> tuple[dict, set, dict]:
+        """Suspects with known-good partners, judged by the localisation core: ({bad rank:
+        evidence}, {suspects cleared: high with their partners}, {(a, b): evidence} slow links)."""
+        from ncclbench.faults.preflight.pairs import localise
+        from ncclbench.locate.schedule import known_good_rounds
 
         good = [r for r in sorted(self.host) if r not in suspects]
         same_host = {r: any(len({self.host[m] for m in g}) == 1 for (_d, g) in slow if r in g) for r in suspects}
-        rounds, alone = repair_rounds(suspects, good, self.host, same_host)
+        rounds, alone = known_good_rounds(suspects, good, self.host, same_host)
         if alone:
             self.notes.append(f"rank(s) {ranks_text(alone)}: no known-good partner of the same kind "
                               "(same host or not) to tell the node from the link")
         if not rounds:
-            return {}, set()
-        repeats = [self._pairs(rounds, self.pair_bytes(), PAIR_SHARE * self.setup["budget"] / 2) for _ in range(2)]
-        return judge_pairs(repeats, suspects, self.host, self.setup["band"], self.pair_kind, self.kind_bands)
+            return {}, set(), {}
+        loc = localise(self, rounds, PAIR_SHARE * self.setup["budget"])
+        bad, links, _unsettled = loc.verdict(self.who)
+        high = loc.high()
+        return ({r: f"with known-good partners: {line}" for r, line in bad.items()},
+                {r for r in suspects if r in high}, links)
+
+    def who(self, rank: int) -> str:
+        return f"rank {rank} ({self.host[rank]})"
 
     def kind_bands(self, kind: tuple) -> tuple[float, float] | None:
         """(band, link band) for pairs across hosts where NCCL ran between hosts over its
-        Socket network (preflight_inputs.SOCKET_BAND, never below the run's bands); None (the
-        run's bands) for every other kind."""
+        Socket network (the socket row of ncclbench.locate.bands, never below the run's
+        bands); None (the run's bands) for every other kind."""
         same_host = kind[0]
         if same_host or not sockets_between_hosts(self.paths):
             return None
         s = self.setup
-        return s["socket_band"], max(s["link_band"], s["socket_band"])
+        return s["socket_band"], s.get("socket_link_band", max(s["link_band"], s["socket_band"]))
 
-    def _pairs(self, rounds: list, nbytes: int, share_s: float) -> dict:
-        """One pass of the rounds with the engine of `ncclbench pairs` on the default group,
-        each pair's round capped at `share_s` / rounds seconds (a pair far slower is measured
+    def pair_bytes_for(self, cap_s: float) -> int:
+        """Bytes per exchange for a pass whose pairs may take `cap_s` each per round: what the
+        cap moves at the slowest rate the calibration saw, at most pair_bytes() (a pair that
+        slow runs fewer bytes, engine.pair_exchange.pair_effort; smaller for all would hide a
+        slow NIC behind latency)."""
+        rate = min((b / t for p in self.plans.values() for b, t in [p["probed_s"][-1]] if t > 0), default=1e12)
+        return min(self.pair_bytes(), max(MIN_PAIR_BYTES, _pow2_floor(int(cap_s * rate))))
+
+    def _pairs(self, rounds: list, nbytes: int, cap_s: float) -> dict:
+        """One pass of the rounds with the one pair exchange on the default group, `nbytes`
+        each way, each pair's round capped at `cap_s` seconds (a pair far slower is measured
         with fewer iterations or bytes rather than making every rank wait);
         {(a, b): GB/s per direction}."""
         from ncclbench.api.measure import GroupCall, _own_stream
-        from ncclbench.api.verdict import pair_busbw
+        from ncclbench.engine.pair_exchange import pair_busbw
         from ncclbench.engine.pair_rounds import guarded_rounds
 
         call = GroupCall(None, "the preflight pair exchanges", parent=self.world, exit_on_timeout=self.exit_on_timeout)
-        cap = share_s / max(1, len(rounds))
-        # one size for every pair of the pass (busbw of different sizes does not compare):
-        # what a round's cap moves at the slowest rate the calibration saw (a pair that slow
-        # runs fewer bytes, engine.pairs.pair_effort; smaller for all would hide a slow NIC
-        # behind latency)
-        rate = min((b / t for p in self.plans.values() for b, t in [p["probed_s"][-1]] if t > 0), default=1e12)
-        nbytes = min(nbytes, max(MIN_PAIR_BYTES, _pow2_floor(int(cap * rate))))
-        times, wrong = guarded_rounds(call, rounds, nbytes, self.timeout_s * len(rounds), _own_stream, cap)
+        times, wrong = guarded_rounds(call, rounds, nbytes, self.timeout_s * len(rounds), _own_stream, cap_s)
         everyone = self.world.exchange((times, wrong), "preflight: gathering the pair times", self.timeout_s)
         call.forget()
         self.pair_wrong |= {(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers}
@@ -476,7 +493,7 @@ def _topology_facts() -> dict | None:
     """This host's GPU links, NVLink peak and RDMA NICs, for the transport lines."""
     from ncclbench.topology import probe as topo
     from ncclbench.topology.model import link_peak_gbps
-    from ncclbench.api.verdict import nic_rate_gbps
+    from ncclbench.faults.preflight.verdict import nic_rate_gbps
 
     try:
         t = topo.probe(include_nics=True)

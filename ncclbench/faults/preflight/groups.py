@@ -1,6 +1,6 @@
 """Preflight's localisation rules on gathered numbers: which groups are slow, which rank of a
 mesh explains them, which pairs are compared with which. Pure functions of what every rank
-gathered (the rules of one measurement are in ncclbench.api.verdict), so every rank reaches
+gathered (the rules of one measurement are in ncclbench.faults.preflight.verdict), so every rank reaches
 the same verdict and the rules can be unit-tested without processes."""
 
 from __future__ import annotations
@@ -14,57 +14,14 @@ def group_name(instances: dict, dim: str, ranks: tuple) -> str:
     return f"{dim}[{index}] (ranks {ranks_text(ranks)})"
 
 
-def pair_kind(host: dict, topo: dict, facts: list, a: int, b: int, nccl: bool = True) -> tuple:
-    """What a pair is compared with, the way NCCL carries it. On one host: the GPU link
-    type where the host's topology says (NVLink and PCIe pairs differ), and whether NCCL
-    spreads the exchange over shared channels: it places point-to-point traffic by the
-    distance between the two ranks in the communicator, and at half the communicator's
-    size sending and receiving share the same channels (on 4 H200s on one NVSwitch ranks
-    0-2 and 1-3 exchanged at 157 GB/s per direction against 238 for the other pairs,
-    every time). Across hosts: over the network, NIC to NIC; channel sharing is an
-    NVLink matter and plays no part, so every cross-host pair is of one kind unless the
-    two hosts' NICs differ in rate (the slower NIC of the two sets the pair's peak).
-    `nccl`: whether the pairs run on NCCL (gloo has no channels)."""
-    if host[a] != host[b]:
-        return False, "net", _nic_rate(topo, host[a], host[b])
-    n = len(host)
-    shared_channels = nccl and 2 * ((b - a) % n) == n
-    codes = (topo.get(host[a]) or {}).get("codes")
-    da, db = facts[a]["device"], facts[b]["device"]
-    link = codes[da][db] if codes and da is not None and db is not None and max(da, db) < len(codes) else None
-    return True, link, shared_channels
-
-
-def _nic_rate(topo: dict, *hosts: str) -> float | None:
-    """The slower of the hosts' fastest active RDMA ports (GB/s), or None where unknown."""
-    rates = []
-    for h in hosts:
-        mine = [n.get("rate_gbps") for n in (topo.get(h) or {}).get("nics", [])
-                if (n.get("state") or "").upper() == "ACTIVE" and n.get("rate_gbps")]
-        if not mine:
-            return None
-        rates.append(max(mine))
-    return min(rates)
-
-
-def kind_text(kind: tuple) -> str:
-    """A pair kind in words, for the note on pairs that were not judged."""
-    same, link, third = kind
-    if not same:
-        return "across hosts over the network" + (f" (NIC {third:g} GB/s)" if third else "")
-    return ("on one host" + (f" over {link}" if link else "")
-            + (" at half the communicator (shared NCCL channels)" if third else ""))
-
-
 def best_cells(first: list, second: list) -> list:
     """Each group's cells at their best over two measurements (the higher busbw of each
-    collective, size and placement): one-sided noise does not make a group slow."""
-    best: dict = {}
-    for c in first + second:
-        key = (c.group, c.key)
-        if key not in best or c.busbw > best[key].busbw:
-            best[key] = c
-    return list(best.values())
+    collective, size and placement, ncclbench.locate.stats.best_of): one-sided noise does
+    not make a group slow."""
+    from ncclbench.locate.stats import best_of
+
+    best = best_of([{(c.group, c.key): c.busbw for c in cells} for cells in (first, second)])
+    return [next(c for c in first + second if (c.group, c.key) == k and c.busbw == v) for k, v in best.items()]
 
 
 def slow_groups(rel: dict, absolute: dict, instances: dict, floor) -> tuple[dict, list[str]]:
@@ -112,13 +69,14 @@ NIC_OUTLIER = 0.5  # a host whose NICs give under half the other hosts' rate
 
 
 def sockets_between_hosts(paths: dict) -> bool:
-    """Whether NCCL ran between hosts over its Socket network: every path ({group:
-    pathview.Path.to_dict}) that crossed hosts names Socket, and one did (a path within one
-    host names Socket too where the host has no RDMA devices)."""
+    """Whether NCCL ran between hosts over its Socket network (ncclbench.locate.bands.over_sockets)
+    by the paths ({group: pathview.Path.to_dict}) that crossed hosts (a path within one host
+    names Socket too where the host has no RDMA devices)."""
+    from ncclbench.locate.bands import over_sockets
     from ncclbench.topology.pathview import Path
 
     crossed = [p for p in map(Path.from_dict, paths.values()) if p is not None and p.crosses_hosts]
-    return bool(crossed) and all(p.network == "Socket" for p in crossed)
+    return bool(crossed) and over_sockets(p.network or "?" for p in crossed)
 
 
 def slow_nic_hosts(paths: dict, best: dict) -> dict:

@@ -12,17 +12,17 @@ which rank holds it back. Two measurements can:
   its members exchanges both ways, the groups' round-robin rounds side by side; a rank slow
   with most of its partners is slow, a pair slow on its own is a slow link.
 
-Each is measured once, and again where that flags something; each rank and pair is
-judged at its best (noise on a shared host only slows)."""
+Ranks alone are measured once, and again where that flags something; the pairs go through
+the localisation core (faults.preflight.pairs). Each rank and pair is judged at its best
+(noise on a shared host only slows)."""
 
 from __future__ import annotations
 
 import math
 
-from ncclbench.api.preflight_verdict import group_name
+from ncclbench.faults.preflight.groups import group_name
 from ncclbench.engine.collectives import ALL_GATHER
 
-MAX_SWEEPS = 3
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
 SOLO_COLLECTIVE = ALL_GATHER
 # A one-rank op on a GPU is a copy in its own memory: at the groups' sizes (chosen by the
@@ -62,7 +62,7 @@ def solo_times(pf, nbytes: int, iters: int, only=None) -> dict:
     cell = rows[0].out_of_place if rows.has_rows and len(rows) else None
     mine = None
     if cell is not None and math.isfinite(cell.time_us):
-        mine = (cell.per_iter or {}).get("min_us") or cell.time_us  # its best iteration: load only slows
+        mine = (cell.per_iter or {}).get("min_us") or cell.time_us  # its best iteration (locate.stats.best_time)
     everyone = pf.world.exchange(mine, "preflight: gathering the ranks' own times", pf.timeout_s)
     return {r: t / 1e6 for r, t in enumerate(everyone) if t}
 
@@ -103,13 +103,14 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
     others' times on busy ones; a re-measure without a yardstick time counts for nothing.
     Each rank's best time against the others' best times; a rank is named only when every
     run flagged it (one that a changed reference flags late is not named unmeasured)."""
-    from ncclbench.api.verdict import judge_solo, worst_below
+    from ncclbench.locate.alone import slow_alone
+    from ncclbench.locate.stats import worst_below
 
     if len(pf.host) < 2:
         return {}
     alone_band = pf.setup.get("alone_band", pf.setup["band"])
     best = solo_times(pf, nbytes, iters)
-    flagged = judge_solo(best, alone_band)
+    flagged = slow_alone(best, alone_band)
     runs = 1
     while flagged and runs < SOLO_RUNS:
         waves = host_waves(sorted(flagged), pf.host)
@@ -130,7 +131,7 @@ def judge_alone(pf, nbytes: int, iters: int) -> dict:
             for r in wave:
                 if again.get(r):
                     best[r] = min(best[r], again[r] * scale)
-        flagged = {r: v for r, v in judge_solo(best, alone_band).items() if r in flagged}
+        flagged = {r: v for r, v in slow_alone(best, alone_band).items() if r in flagged}
         runs += 1
     pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
     out = {}
@@ -149,44 +150,31 @@ def swept_groups(pf) -> dict:
     return {d: groups for d, groups in pf.instances.items() if all(low <= len(g) <= high for g in groups)}
 
 
-def judge_inside_pairs(pf, nbytes: int, share_s: float) -> tuple[dict, dict]:
-    """({rank: evidence}, {(a, b): evidence}) from the pair sweeps inside each swept group,
-    all of them within about `share_s` seconds: one sweep, and another (up to MAX_SWEEPS)
-    only while the sweeps so far flag something (contention on a shared host or fabric
-    rarely strikes the same pair twice; each pair is judged by its best sweep)."""
-    from ncclbench.api.verdict import group_pair_rounds, judge_group_pairs
+def judge_inside_pairs(pf, share_s: float) -> tuple[dict, dict, dict]:
+    """({rank: evidence} slow with every partner, {(a, b): evidence} slow links, {rank:
+    evidence} not settled) from the pair sweeps inside each swept group, judged by the
+    localisation core within about `share_s` seconds: the groups' round-robin rounds, one
+    dimension after another, as the screening; then the rounds the Localiser asks for."""
+    from ncclbench.faults.preflight.pairs import localise, unjudged_notes
+    from ncclbench.locate.schedule import group_pair_rounds
 
-    bad, links = {}, {}
     swept = swept_groups(pf)
-    for dim, groups in swept.items():
-        rounds = group_pair_rounds(groups)
-        repeats: list = []
-        found, slow_links = {}, {}
-        while len(repeats) < MAX_SWEEPS and (not repeats or found or slow_links):
-            repeats.append(pf._pairs(rounds, nbytes, share_s / MAX_SWEEPS / len(swept)))
-            below: dict = {}
-            found, slow_links = judge_group_pairs(repeats, groups, pf.pair_kind, pf.setup["band"], below,
-                                                  pf.setup.get("link_band"), pf.kind_bands)
-        for what in ("ranks", "pairs"):
-            pf.margins[f"{what} in {dim}"] = round(max(below.get(what, {}).values(), default=0.0), 4)
-        pf.notes += unjudged_notes(dim, [p for p in repeats[0] if p not in below.get("judged", ())], pf.pair_kind)
-        for r, line in found.items():
-            bad.setdefault(r, f"in {group_name(pf.instances, dim, next(g for g in groups if r in g))}: {line}")
-        for pair, line in slow_links.items():
-            where = group_name(pf.instances, dim, next(g for g in groups if pair[0] in g))
-            links.setdefault(pair, f"in {where}: {line}")
-    return bad, links
+    rounds = [r for groups in swept.values() for r in group_pair_rounds(groups)]
+    if not rounds:
+        return {}, {}, {}
+    loc = localise(pf, rounds, share_s)
+    bad, links, unsettled = loc.verdict(pf.who)
+    margins = loc.margins()
+    pf.margins["ranks in pairs"], pf.margins["pairs"] = margins["endpoints"], margins["pairs"]
+    pf.notes += unjudged_notes(", ".join(swept), loc)
 
+    def where(rank):
+        dim = next(d for d, groups in swept.items() if any(rank in g for g in groups))
+        return group_name(pf.instances, dim, next(g for g in swept[dim] if rank in g))
 
-def unjudged_notes(dim: str, pairs: list, kind) -> list[str]:
-    """One line per kind of pairs that had too few pairs of their kind to be judged."""
-    from ncclbench.api.preflight_verdict import kind_text
-
-    by_kind: dict = {}
-    for p in sorted(pairs):
-        by_kind.setdefault(kind(*p), []).append(p)
-    return [f"{dim}: pair(s) {', '.join(f'{a}-{b}' for a, b in ps)} not judged: only {len(ps)} pair(s) "
-            f"{kind_text(k)} in their group, three are needed to compare with" for k, ps in by_kind.items()]
+    return ({r: f"in {where(r)}: slow with every partner: {line}" for r, line in bad.items()},
+            {pair: f"in {where(pair[0])}: {line}" for pair, line in links.items()},
+            {r: f"in {where(r)}: {line}" for r, line in unsettled.items()})
 
 
 def one_group_note(dim: str, size: int) -> str:

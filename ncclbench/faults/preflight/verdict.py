@@ -1,13 +1,11 @@
-"""Preflight verdicts from measured numbers: pure functions and plain records, no torch and no
-distributed code, so that every rank computes the same verdict from the same gathered numbers
-and the rules can be unit-tested.
+"""Preflight's verdicts on its groups from measured numbers: pure functions and plain records,
+no torch and no distributed code, so that every rank computes the same verdict from the same
+gathered numbers and the rules can be unit-tested.
 
-Relative judgement: a value is slow when it falls below the reference by more than a band.
-The reference is the median of the better half of the values (one slow group in two, or
-four slow ranks in eight, must not drag the reference down with them), and the band is the
-larger of a minimum (`band`, 20 % by default) and 3 robust standard deviations of that better
-half (1.4826 x its median absolute deviation): noise widens it, one slow sample does not.
-Absolute judgement: a floor in GB/s, a percentage of the link peak, or a baseline file."""
+Relative judgement: a group is slow against the other groups of its dimension by the robust
+rule of the localisation core (ncclbench.locate.stats.slow_outliers). Absolute judgement: a
+floor in GB/s, a percentage of the link peak, or a baseline file. Which rank or link makes
+a group slow is the localisation core's to say (faults.preflight.pairs, .within)."""
 
 from __future__ import annotations
 
@@ -18,45 +16,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from ncclbench.errors import ExitCode, PlanError, PreflightError
-
-MAD_SIGMA = 1.4826   # a normal distribution's standard deviation per median absolute deviation
-MAD_WIDTH = 3.0      # robust standard deviations a value may fall below the reference
-
-
-# ---- robust statistics --------------------------------------------------------------------------
-def reference(values: list[float]) -> tuple[float, float]:
-    """(reference, robust spread) of higher-is-better values: the median of the better half
-    and 1.4826 x that half's median absolute deviation from it. The spread is 0 below three
-    values in that half: a deviation from one or two values is no estimate of the noise (one
-    noisy sample would open the band to everything)."""
-    ordered = sorted(values)
-    upper = ordered[len(ordered) // 2:]
-    ref = statistics.median(upper)
-    if len(upper) < 3:
-        return ref, 0.0
-    return ref, MAD_SIGMA * statistics.median(abs(v - ref) for v in upper)
-
-
-def worst_below(values: dict) -> float:
-    """How far the lowest value falls below the reference, as a fraction (0 when none does):
-    the margin a check had, reported beside its verdict."""
-    if len(values) < 2:
-        return 0.0
-    ref, _ = reference(list(values.values()))
-    return max(0.0, 1.0 - min(values.values()) / ref) if ref > 0 else 0.0
-
-
-def slow_outliers(values: dict, band: float) -> dict:
-    """{key: fraction below the reference} for the keys whose (higher-is-better) value is
-    slow; nothing with fewer than two values (no peers to compare with)."""
-    if len(values) < 2:
-        return {}
-    ref, spread = reference(list(values.values()))
-    if ref <= 0:
-        return {}
-    cut = ref * (1.0 - max(band, MAD_WIDTH * spread / ref))
-    return {key: 1.0 - v / ref for key, v in values.items() if v < cut}
-
+from ncclbench.locate.finding import Finding
+from ncclbench.locate.stats import slow_outliers
 
 # ---- what was measured ----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -225,188 +186,21 @@ def wrong_data(cells: list[Cell]) -> dict:
     return out
 
 
-# ---- localisation by pairs -------------------------------------------------------------------------
-def repair_rounds(suspects: list[int], good: list[int], host: dict, same_host: dict) -> tuple[list, list]:
-    """Rounds of pairs that put each suspect with a known-good partner (on its own host when
-    `same_host[s]`, else on another host), each rank at most once per round; the good ranks
-    left over in a round are paired among themselves, as references. Returns (rounds,
-    suspects that have no good partner of their kind)."""
-    def fits(s, g):
-        return (host[g] == host[s]) == same_host.get(s, True)
-
-    alone = [s for s in suspects if not any(fits(s, g) for g in good)]
-    left = [s for s in suspects if s not in alone]
-    rounds = []
-    while left:
-        free, pairs = list(good), []
-        for s in list(left):
-            partner = next((g for g in free if fits(s, g)), None)
-            if partner is not None:
-                pairs.append((min(s, partner), max(s, partner)))
-                free.remove(partner)
-                left.remove(s)
-        while len(free) >= 2:
-            a = free.pop(0)
-            b = next((g for g in free if host[g] == host[a]), free[0])
-            free.remove(b)
-            pairs.append((min(a, b), max(a, b)))
-        rounds.append(sorted(pairs))
-    return rounds, alone
-
-
-def pair_busbw(times: list[dict], nbytes: int) -> dict:
-    """{(a, b): GB/s per direction} of the pairs measured, from each rank's {peer: seconds}
-    (a pair's time is its slower side's)."""
-    out = {}
-    for a, mine in enumerate(times):
-        for b, seconds in mine.items():
-            if a < b and a in times[b]:
-                slowest = max(seconds, times[b][a])
-                out[(a, b)] = nbytes / slowest / 1e9 if slowest > 0 else float("inf")
-    return out
-
-
-def judge_pairs(repeats: list[dict], suspects: list[int], host: dict, band: float, kind=None,
-                kind_bands=None) -> tuple[dict, set]:
-    """({suspect: evidence line} slow with a known-good partner in every repeat, {suspects
-    fine with one in every repeat}). Pairs are compared within their kind (`kind(a, b)`;
-    default: same host or across hosts); a kind with fewer than two pairs decides nothing.
-    `kind_bands(kind)`: (band, link band) for that kind, or None for `band`. A suspect is
-    cleared only by pairs within `band` itself: one between `band` and a wider kind band is
-    neither slow nor fine (not localised), never cleared to blame a link instead."""
-    slow_in: dict = {s: [] for s in suspects}
-    fine_in: dict = {s: 0 for s in suspects}
-    for busbw in repeats:
-        kinds: dict = {}
-        for (a, b), v in busbw.items():
-            kinds.setdefault(kind(a, b) if kind else host[a] == host[b], {})[(a, b)] = v
-        for k, values in kinds.items():
-            bar = (kind_bands(k) or (band,))[0] if kind_bands and kind else band
-            # the reference: pairs of known-good ranks where the round has any (a suspect's
-            # pairs must not set the bar they are judged by), else the better half of all
-            known = [v for (a, b), v in values.items() if a not in slow_in and b not in slow_in]
-            ref = statistics.median(known) if known else (reference(list(values.values()))[0]
-                                                          if len(values) >= 2 else None)
-            flagged = {p: 1.0 - v / ref for p, v in values.items() if ref and v < ref * (1.0 - bar)}
-            for (a, b), v in values.items():
-                if ref is None:
-                    continue
-                for s in (a, b):
-                    if s in slow_in and ((a, b) in flagged):
-                        partner = b if s == a else a
-                        slow_in[s].append(f"with rank {partner} ({host[partner]}): {v:.3g} GB/s, "
-                                          f"{100 * flagged[(a, b)]:.0f}% below the reference {ref:.3g} GB/s")
-                    elif s in fine_in and v >= ref * (1.0 - band):
-                        fine_in[s] += 1
-    n = len(repeats)
-    bad = {s: lines[0] + (" (each time)" if n > 1 else "") for s, lines in slow_in.items() if len(lines) >= n and n}
-    fine = {s for s, count in fine_in.items() if count >= n and s not in bad and n}
-    return bad, fine
-
-
-# ---- inside one group: each rank alone, and the pairs of its members ----------------------------------
-def judge_solo(seconds: dict, band: float) -> dict:
-    """{rank: fraction below the others} for the ranks whose own op, run alone (a one-rank
-    group: no partner to wait for), is slow against the other ranks' (times per op)."""
-    return slow_outliers({r: 1.0 / t for r, t in seconds.items() if t > 0}, band)
-
-
-def group_pair_rounds(groups: list[tuple[int, ...]]) -> list[list[tuple[int, int]]]:
-    """Rounds that cover every pair inside each group (global ranks), the groups' own
-    round-robin rounds run side by side: round k of every group at once."""
-    from ncclbench.engine.pairs import tournament_rounds
-
-    per_group = [[[(g[a], g[b]) for a, b in pairs] for pairs in tournament_rounds(len(g))] for g in groups]
-    depth = max((len(r) for r in per_group), default=0)
-    return [sorted(p for rounds in per_group if k < len(rounds) for p in rounds[k]) for k in range(depth)]
-
-
-def best_of(repeats: list[dict]) -> dict:
-    """{key: the highest value over the repeats that have it}: what a pair reaches at best.
-    Noise on a shared host or fabric is one-sided (contention only slows), a fault is not."""
-    out: dict = {}
-    for values in repeats:
-        for key, v in values.items():
-            out[key] = max(out.get(key, v), v)
-    return out
-
-
-def judge_group_pairs(repeats: list[dict], groups: list[tuple[int, ...]], kind, band: float,
-                      margins: dict | None = None, link_band: float | None = None,
-                      kind_bands=None) -> tuple[dict, dict]:
-    """({rank: evidence} slow ranks, {(a, b): evidence} slow links) inside each group, from
-    pair sweeps ({(a, b): GB/s}) judged at their best: each pair by its best sweep, each
-    rank by its best pair. Pairs are compared only with the group's pairs of the same
-    `kind(a, b)` (one host or across hosts, link type, ...), in a kind of three pairs or
-    more. A rank (with two pairs or more in the kind) is slow when even its best pair falls
-    below the band under the median of the kind's pairs without it (a slow NIC or rank
-    slows every pair it is in; a healthy rank has at least one fast partner; its own pairs
-    never set its bar, and a slow rank's pairs pull the bar of the others down, not up). A pair is a slow
-    link when its best sweep falls below the band under its kind's pairs and no slow rank
-    explains it (`link_band`, default `band`: one pair is noisier than a rank's best of
-    several). `margins` (optional) gets {"ranks": {rank: fraction below}, "pairs": {pair:
-    fraction below}, "judged": {pairs in a kind large enough}} for everything judged: how close
-    each came to being flagged (the pairs of a slow rank are not in "pairs"). `kind_bands(kind)`:
-    (band, link band) for the pairs of that kind, or None for `band` and `link_band`."""
-    best = best_of(repeats)
-    bad: dict = {}
-    links: dict = {}
-    below: dict = {"ranks": {}, "pairs": {}, "judged": set()}
-    for g in groups:
-        kinds: dict = {}
-        for (a, b), v in best.items():
-            if a in g and b in g:
-                kinds.setdefault(kind(a, b), {})[(a, b)] = v
-        for k, values in ((k, v) for k, v in kinds.items() if len(v) >= 3):
-            below["judged"] |= set(values)
-            bands = (kind_bands(k) if kind_bands else None) or (band, band if link_band is None else link_band)
-            _judge_kind(values, bands, bad, links, below)
-    if margins is not None:
-        margins.update(below)
-    bad = {r: f"{line}, at best over {len(repeats)} sweep(s)" for r, line in bad.items()}
-    return bad, {p: line for p, line in links.items() if not set(p) & set(bad)}
-
-
-def _judge_kind(values: dict, bands: tuple, bad: dict, links: dict, below: dict) -> None:
-    """One kind of pairs of one group ({pair: best GB/s}): its slow ranks and slow links
-    (`bands`: for ranks, for links)."""
-    band, link_band = bands
-    ranks = sorted({r for p in values for r in p})
-    mine = {r: {p: v for p, v in values.items() if r in p} for r in ranks}
-    for r in (r for r in ranks if len(mine[r]) >= 2):
-        others = [v for p, v in values.items() if r not in p]
-        ref = statistics.median(others) if others else 0.0
-        if ref <= 0:
-            continue
-        best = max(mine[r].values())
-        frac = max(0.0, 1.0 - best / ref)
-        below["ranks"][r] = max(below["ranks"].get(r, 0.0), frac)
-        if frac > band:
-            worst = min(mine[r], key=mine[r].get)
-            bad[r] = (f"slow with all {len(mine[r])} of its partners in its group: its best pair {best:.3g} GB/s "
-                      f"is {100 * frac:.0f}% below {ref:.3g} GB/s, the median of the pairs without it "
-                      f"(worst: with rank {worst[0] if worst[1] == r else worst[1]}, {mine[r][worst]:.3g} GB/s)")
-    clean = {p: v for p, v in values.items() if not set(p) & set(bad)}
-    pref, _ = reference(list(clean.values())) if len(clean) >= 2 else (0.0, 0.0)
-    for p, v in clean.items():
-        below["pairs"][p] = max(0.0, 1.0 - v / pref) if pref > 0 else 0.0
-    for p, frac in (slow_outliers(clean, link_band) if len(clean) >= 3 else {}).items():
-        links[p] = (f"{clean[p]:.3g} GB/s at best, {100 * frac:.0f}% below the group's reference {pref:.3g} GB/s")
-
-
 # ---- the report -------------------------------------------------------------------------------------
 @dataclass
 class PreflightReport:
-    """What preflight found, the same on every rank. `hosts`: one verdict per host
-    (drain | suspect | ok, with the ranks and the evidence), for a scheduler; `drain`: the
-    hosts to take out. `failures`: one line each; `passed`: no failure."""
+    """What preflight found, the same on every rank, in the shape every fault-finding command
+    shares (ncclbench.locate.finding): `hosts`, one verdict per host (drain | suspect | ok,
+    with the ranks and the evidence), for a scheduler; `links`, slow links as host pairs;
+    `drain`, the hosts to take out. `failures`: one line each; `passed`: no failure."""
 
     passed: bool
     failures: list[str] = field(default_factory=list)
     hosts: list[dict] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
     groups: list[dict] = field(default_factory=list)
     bad_ranks: list[int] = field(default_factory=list)
-    bad_links: list[list[int]] = field(default_factory=list)
+    pairs: list[dict] = field(default_factory=list)
     timed_out: bool = False
     wrong_results: bool = False
     notes: list[str] = field(default_factory=list)
@@ -433,7 +227,7 @@ class PreflightReport:
             raise PreflightError(f"preflight failed: {self.failures[0]}{more}", self.exit_code)
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), drain=self.drain, exit_code=int(self.exit_code))
+        return dict(command="preflight", **asdict(self), drain=self.drain, exit_code=int(self.exit_code))
 
     def to_json(self, path) -> None:
         with open(path, "w") as f:
@@ -454,10 +248,7 @@ class PreflightReport:
                     if sockets and sockets != self.plan.get("band") else "")
             out.append(f"# Worst fall below the reference: {worst} (slow beyond {100 * self.plan.get('band', 0):.0f}%{wide})")
         out.extend(f"# Note: {n}" for n in self.notes)
-        for h in self.hosts:
-            if h["verdict"] != "ok":
-                out.append(f"# {h['verdict'].upper()} {h['host']} (ranks {','.join(map(str, h['ranks']))})")
-                out.extend(f"#     {e}" for e in h["evidence"])
+        out += Finding(self.hosts, self.links).lines()
         out.extend(f"# FAILED: {f}" for f in self.failures)
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in self.cost_s.items())
         out.append(f"# Preflight {'passed' if self.passed else 'FAILED'} ({cost})")

@@ -1,12 +1,12 @@
 """Preflight's report in words and records: the failure lines (worst news first), each host's
 verdict and evidence, one record per group, and the report every rank returns after a
-timeout. Written from the verdicts of ncclbench.api.preflight_verdict, by every rank alike."""
+timeout. Written from the verdicts of ncclbench.faults.preflight.groups, by every rank alike."""
 
 from __future__ import annotations
 
 
 from ncclbench.api.measure import ranks_text
-from ncclbench.api.preflight_verdict import group_name
+from ncclbench.faults.preflight.groups import group_name
 
 
 def explain(slow, bad, fine, wrong, inner_links, host: dict, instances: dict,
@@ -64,14 +64,17 @@ def explain(slow, bad, fine, wrong, inner_links, host: dict, instances: dict,
     return failures, evidence, links
 
 
-def host_verdicts(evidence: dict, bad: dict, host_of: dict) -> list[dict]:
-    drain = {host_of[r] for r in bad}
-    out = []
-    for host in sorted(set(host_of.values())):
-        ranks = sorted(r for r, h in host_of.items() if h == host)
-        verdict = "drain" if host in drain else ("suspect" if host in evidence else "ok")
-        out.append({"host": host, "verdict": verdict, "ranks": ranks, "evidence": evidence.get(host, [])})
-    return out
+def finding(evidence: dict, bad: dict, unsettled: dict, links: list, link_lines: dict, host_of: dict):
+    """The finding in the shared shape (ncclbench.locate.finding): a host with a bad rank is
+    drained, a host with other evidence (a slow group not localised, an unsettled rank) is a
+    suspect; `links` ([a, b] rank pairs) with their evidence from `link_lines` ({(a, b): line})."""
+    from ncclbench.locate.finding import build
+
+    where = {r: (h, [r]) for r, h in host_of.items()}
+    records = {tuple(sorted(p)): {"evidence": link_lines.get(tuple(sorted(p)), "a link between them is slow"),
+                                  "below_pct": None} for p in links}
+    return build(where, {r: [] for r in bad}, {r: [line] for r, line in unsettled.items() if r not in bad},
+                 records, evidence)
 
 
 def group_records(runs, peaks, slow, wrong, found: set, host: dict, instances: dict, collectives: list,
@@ -96,19 +99,20 @@ def group_records(runs, peaks, slow, wrong, found: set, host: dict, instances: d
 def timed_out_report(message: str, host_of: dict, notes: list):
     """Every rank's report after a timeout: the late ranks' hosts to drain, from the
     message the first rank to give up left in the store."""
-    from ncclbench.api.verdict import PreflightReport
+    from ncclbench.faults.preflight.verdict import PreflightReport
 
     from ncclbench.engine.hang import culprits_in
 
+    from ncclbench.locate.finding import build
+
     late = culprits_in(message)
     where = [f"rank {r} ({host_of.get(r, 'host unknown')})" for r in late]
-    hosts = []
-    for host in sorted({host_of.get(r) for r in late if host_of.get(r)}):
-        ranks = [r for r in late if host_of.get(r) == host]
-        hosts.append({"host": host, "verdict": "drain", "ranks": ranks,
-                      "evidence": [f"rank(s) {ranks_text(ranks)} hung: {message}"]})
+    known = {r: (h, [r]) for r, h in host_of.items()}
+    hung = {r: [f"rank(s) {ranks_text([q for q in late if host_of.get(q) == host_of[r]])} hung: {message}"]
+            for r in late if r in host_of}
     line = message + (f" ({', '.join(where)})" if where else "")
-    return PreflightReport(passed=False, failures=[line], hosts=hosts, timed_out=True, notes=notes)
+    return PreflightReport(passed=False, failures=[line], hosts=build(known, hung, {}, {}).hosts, timed_out=True,
+                           notes=notes)
 
 
 def short_reason(evidence: str) -> str:
@@ -117,7 +121,7 @@ def short_reason(evidence: str) -> str:
         return "is slow alone"
     if evidence.startswith("in "):
         return "is slow with all its partners in its group"
-    if evidence.startswith("with rank"):
+    if evidence.startswith("with known-good"):
         return "is slow with known-good partners"
     if evidence.startswith("is on "):
         return "is on the host with the slow NIC"

@@ -7,61 +7,11 @@ from __future__ import annotations
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, lookup
 from ncclbench.errors import PlanError, first_line
+from ncclbench.locate.bands import backend_bands, bands_for, parse_band
 
 DEFAULT_TIMEOUT_S = 600.0  # for agreeing on the inputs, before the timeout asked for is known to be valid
 
 PREFLIGHT_COLLECTIVES = (ALL_REDUCE.name, ALL_GATHER.name, REDUCE_SCATTER.name)
-
-# How far below its peers a group, a rank alone or a rank at its best pair may fall before it
-# is called slow, chosen from the margins healthy runs showed (PreflightReport.margins; each
-# rank and pair judged at its best iteration and best sweep; docs/api.md has the counts): NCCL
-# on one NVSwitch host stayed within a few percent; 4 gloo ranks on two CPU cores loaded by
-# other jobs fell up to 50% below their peers with nothing planted, a rank late 20 ms per
-# call 85% or more. A single pair (a slow link) is noisier on loaded CPU hosts: healthy gloo
-# pairs fell up to 91% below at their best, so gloo links are judged at LINK_BAND.
-DEFAULT_BAND = {"nccl": 0.2, "gloo": 0.6}
-LINK_BAND = {"nccl": 0.2, "gloo": 0.95}
-# NCCL between hosts over TCP sockets (its NET/Socket transport): a pair's rate follows both
-# hosts' proxy threads and TCP stacks. On 4 one-GPU hosts on one 4 x H100 machine (veth
-# links), 1 of 10 healthy runs had a rank 28% below at its best pair in all 3 sweeps (the
-# others 0-10%); a NIC capped to a fifth of its rate fell 84-87%. Pairs across hosts over
-# sockets are judged at SOCKET_BAND (ranks and links alike) when the band is "auto".
-SOCKET_BAND = 0.5
-# A gloo rank's own op alone (a 64 KiB copy, best of up to 4 runs) on a host whose cores its
-# ranks share: 4 ranks on 2 cores under a whole test suite's load, healthy ranks fell 72% and
-# 74% below the others (3.6-3.8x) in 2 of 5 full test runs, and 60% in 1 of 42 runs of three
-# such tests beside a test suite, named at the 60% gloo band; a rank late 2 ms or 20 ms per
-# call falls 94-99.9% below. Ranks alone on CPU-only groups are judged at ALONE_BAND_GLOO
-# when the band is "auto".
-ALONE_BAND_GLOO = 0.85
-
-
-def link_band(value, band: float, backends=("nccl",)) -> float:
-    """The band for a single pair: the band asked for, or with 'auto' LINK_BAND's widest."""
-    text = str(value).strip().lower()
-    return max(LINK_BAND[b] for b in backends) if value is None or text == "auto" else band
-
-
-def alone_band(band: float, auto: bool, backends) -> float:
-    """The band of the ranks-alone check: ALONE_BAND_GLOO at least on CPU-only groups when the
-    band is "auto", else the run's band."""
-    return max(band, ALONE_BAND_GLOO) if auto and "nccl" not in set(backends) else band
-
-
-def parse_band(value, backends=("nccl",)) -> float:
-    """A fraction from '20%', '0.2', or 'auto'/None (DEFAULT_BAND of the widest-noise backend
-    among `backends`)."""
-    text = str(value).strip().lower()
-    if value is None or text == "auto":
-        return max(DEFAULT_BAND[b] for b in backends)
-    try:
-        band = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise PlanError(f"band {value!r}: use a percentage such as 20% or a fraction such as 0.2") from None
-    if not 0 < band < 1:
-        raise PlanError(f"band {value!r} must be between 0% and 100%")
-    return band
-
 
 def resolve_groups(groups) -> list[tuple[str, object]]:
     """[(dimension name, this rank's group)] from None, one group, a dict or a list."""
@@ -102,7 +52,7 @@ def check_inputs(a: dict, dist) -> dict:
     backend; PlanError naming the first input that does not read."""
     from ncclbench.backends.torch_dist import group_backend_name
     from ncclbench.dtypes import resolve_dtypes
-    from ncclbench.api.verdict import parse_floor, read_baseline
+    from ncclbench.faults.preflight.verdict import parse_floor, read_baseline
 
     try:
         budget = float(a["budget_s"])
@@ -128,13 +78,12 @@ def check_inputs(a: dict, dist) -> dict:
     baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
     dims = resolve_groups(a["groups"])
     backends = {name: group_backend_name(dist, g) for name, g in dims}
-    band = parse_band(a["band"], sorted(set(backends.values())))
-    links = link_band(a["band"], band, sorted(set(backends.values())))
-    auto = a["band"] is None or str(a["band"]).strip().lower() == "auto"
-    return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=band, link_band=links,
-                socket_band=max(band, SOCKET_BAND) if auto else band,
-                alone_band=alone_band(band, auto, backends.values()),
-                collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
+    asked = parse_band(a["band"])
+    bands = backend_bands(asked, backends.values())
+    sockets = bands_for(asked, ["socket"])  # pairs across hosts where NCCL's log names its Socket network
+    return dict(dims=dims, backends=backends, floor=floor, baseline=baseline, band=bands.rank, link_band=bands.link,
+                socket_band=max(bands.rank, sockets.rank), socket_link_band=max(bands.link, sockets.link),
+                alone_band=bands.alone, collectives=collectives, datatype=datatype, budget=budget, timeout=timeout)
 
 
 def parse_mesh(spec: str, world: int) -> list[tuple[str, list[list[int]]]]:
