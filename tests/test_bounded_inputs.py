@@ -116,7 +116,7 @@ def test_the_reader_rule(tmp_path, monkeypatch):
 
 
 def test_preflight_baseline_is_read_bounded():
-    from ncclbench.api.verdict import read_baseline
+    from ncclbench.faults.preflight.verdict import read_baseline
     from ncclbench.errors import PlanError
 
     with pytest.raises(PlanError, match=r"^baseline /dev/zero: not a regular file"):
