@@ -91,7 +91,9 @@ def test_a_net_connection_printed_by_both_ends_counts_once():
     path = path_of("two-hosts-socket")
     links = [tuple(l[:3]) for p in path.processes for c in p["comms"] for l in c["links"] if l[2] == "NET/Socket"]
     assert len(links) == 8 and len(set(links)) == 4  # seen twice, one pair each
-    table = pathexplain.table(path)
+    from ncclbench.explain.report import table as path_table
+
+    table = path_table(path)
     assert table[1].split()[0] == "NET/Socket" and table[1].split()[-2:] == ["2", "eth0"]
 
 
@@ -264,7 +266,9 @@ def test_sysfs_facts(tmp_path):
     assert pathhost.nic_rate_gbps("mlx5_0", "1/IB", root) == 50.0
     assert pathhost.nic_rate_gbps("eth0", "198.18.0.10<0>", root) == 3.125
     assert pathhost.nic_rate_gbps("veth1", "", root) is None
-    assert pathhost.host_facts(root) == {"ib_devices": ["mlx5_0"], "peermem": False}
+    from ncclbench.explain.here import host_facts
+
+    assert host_facts(root) == {"ib_devices": ["mlx5_0"], "peermem": False}
     (tmp_path / "module/nvidia_peermem").mkdir()
     assert pathhost.peermem_loaded(root) is True
 
@@ -483,7 +487,7 @@ def test_fleet_links_and_pair_tests_carry_the_path(tmp_path):
     from ncclbench.faults.fleet.report import FleetReport
 
     report = FleetReport(plan={"backend": "nccl", "nbytes": 1 << 26, "budget_s": 30.0, "csv_path": str(tmp_path / "t.csv")})
-    report.links = [{"hosts": ["n1", "n2"], "reason": "slow twice"}]
+    report.finding.links = [{"hosts": ["n1", "n2"], "evidence": "slow twice"}]
     report.tests = [{"round": 1, "kind": "screen", "host_a": "n2", "host_b": "n1", "rail": 0},
                     {"round": 1, "kind": "screen", "host_a": "n3", "host_b": "n4", "rail": 0}]
     report.add_paths({("n1", "n2"): "NET/Socket"})

@@ -181,6 +181,20 @@ def topo_report(topo: topo_model.Topology) -> list[TextTable | str]:
     return out
 
 
+def health_report(readings: list[dict], causes: list[str]) -> list[TextTable | str]:
+    """Each GPU's health readings and the causes they name (ncclbench.topology.health)."""
+    from ncclbench.topology.health import reading_cells
+
+    if not readings:
+        return ["", "GPU health: not read (NVML could not be used)"]
+    cells = [reading_cells(r) for r in readings]
+    table = TextTable("GPU health (NVML and sysfs; NVML's GPU numbers)", list(cells[0]),
+                      [list(c.values()) for c in cells])
+    if causes:
+        return ["", table, "Causes:\n" + "\n".join(f"  - {line}" for line in causes)]
+    return ["", table, "Causes: none (PCIe, NVLink, ECC, row remapping and clocks as expected)"]
+
+
 def _port_text(port: topo_model.NicPort) -> str:
     return " ".join(part for part in (f"{port.port}:", port.state or "?", port.rate, port.link_layer) if part)
 
@@ -228,11 +242,15 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
     CUDA peer access and NVML P2P status. Also whether NVLinks go through an
     NVSwitch, RDMA NICs, and driver/CUDA/NCCL/torch versions.
     """
-    from ncclbench.topology import probe as topo_probe, smi
+    from ncclbench.topology import health, probe as topo_probe, smi
 
     topo = topo_probe.probe(include_nics=not no_nics)
+    readings: list[dict] = []
     if not topo.gpus:
         click.echo("no GPU visible: reporting host and versions only", err=True)
+    else:
+        readings = health.read_host()
+    causes = [line for lines in health.causes_by_host(dict(enumerate(readings))).values() for line in lines]
     problems: list[str] | None = None
     if compare_smi:
         topo_text = smi.run_nvidia_smi(smi.SMI_TOPO)
@@ -243,11 +261,13 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
             problems = smi.compare_with_smi(topo, topo_text, nvlink_text)
     if as_json:
         data = topo.to_dict()
+        if topo.gpus:
+            data["health"] = {"readings": readings, "causes": causes}
         if problems is not None:
             data["smi_check"] = {"agrees": not problems, "problems": problems}
         click.echo(json.dumps(data, indent=2))
     else:
-        emit(topo_report(topo))
+        emit(topo_report(topo) + (health_report(readings, causes) if topo.gpus else []))
     if problems:
         _fail("nvidia-smi check failed: " + "; ".join(problems), 1)
     if problems is not None:

@@ -60,6 +60,14 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     return code
 
 
+def causes_of(facts: dict) -> dict:
+    """{host: [hardware or setting cause]} from every rank's health reading (topology.health)."""
+    from ncclbench.topology import health
+
+    readings = {r: f["health"] for r, f in facts.items() if f.get("health")}
+    return health.causes_by_host(readings, {r: f["host"] for r, f in facts.items()})
+
+
 def own_client(store, timeout_s: float):
     """A client of its own to the rendezvous store's server, for the rounds: torch's store
     client does one operation at a time, and the task thread's group set-ups wait in the
@@ -214,6 +222,7 @@ class Coordinator:
         report = FleetReport.build(p, self.layout, inventory, alone, errors, busbw, self.dead, loc, schedule,
                                    self.rounds, self.costs, lost=self.lost, hung=self.hung)
         report.add_paths({(self.layout.names[a], self.layout.names[b]): v for (a, b), v in self.paths.items()})
+        report.finding.add_causes(causes_of(facts))
         report.add_retests({self.layout.names[n]: k for n, k in self.retested_alone.items()},
                            {self.layout.names[n] for n in set(alone) | set(errors) | self.out_of_pairs})
         report.emit()

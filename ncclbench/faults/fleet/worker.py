@@ -126,7 +126,9 @@ def my_facts(plan: FleetPlan, info) -> dict:
     host = socket.gethostname()
     if plan.sim_node_size:
         host = f"{host}-n{info.local_rank // plan.sim_node_size}"
-    device, model = True, None
+    from ncclbench.topology import health
+
+    device, model, reading = True, None, None
     if plan.backend == "nccl":
         import torch
 
@@ -136,7 +138,10 @@ def my_facts(plan: FleetPlan, info) -> dict:
             index = info.local_rank if visible > 1 else 0
             torch.cuda.set_device(index)
             model = torch.cuda.get_device_name(index)
-    return {"host": host, "local_rank": info.local_rank, "device": device, "model": model}
+            reading = health.read_local(index, host=host)
+    if reading is None:
+        reading = health.read_local(0, nvml=None, host=host)
+    return {"host": host, "local_rank": info.local_rank, "device": device, "model": model, "health": reading}
 
 
 def build_layout(facts: dict) -> Layout:

@@ -119,7 +119,8 @@ class Preflight:
         mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "fingerprint": fingerprint,
                 "dims": {name: tuple(dist.get_process_group_ranks(g or dist.GroupMember.WORLD)) for name, g in s["dims"]},
                 "backends": backends, "device": _current_device(backends), "free": _free_memory(backends),
-                "env": {k: os.environ[k] for k in ENV_HINTS if k in os.environ}}
+                "env": {k: os.environ[k] for k in ENV_HINTS if k in os.environ},
+                "health": _health(backends)}
         facts = self.world.exchange(mine, "preflight: gathering the ranks", self.timeout_s)
         differ = [f["rank"] for f in facts if f["fingerprint"] != facts[0]["fingerprint"]]
         if differ:
@@ -316,6 +317,7 @@ class Preflight:
         failures, host_evidence, links = explain(slow, bad, fine, wrong, inner_links, self.host, self.instances,
                                                 self.pair_wrong)
         found = finding(host_evidence, bad, self.unsettled, links, inner_links, self.host)
+        found.add_causes(self._causes())
         report = PreflightReport(passed=not failures, failures=failures, bad_ranks=sorted(bad),
                                  hosts=found.hosts, links=found.links,
                                  wrong_results=any(wrong.values()) or bool(self.pair_wrong), notes=self.notes,
@@ -373,6 +375,13 @@ class Preflight:
         high = loc.high()
         return ({r: f"with known-good partners: {line}" for r, line in bad.items()},
                 {r for r in suspects if r in high}, links)
+
+    def _causes(self) -> dict:
+        """{host: [hardware or setting cause]} from every rank's health reading (topology.health)."""
+        from ncclbench.topology import health
+
+        readings = {f["rank"]: f["health"] for f in self.facts if f.get("health")}
+        return health.causes_by_host(readings, self.host)
 
     def who(self, rank: int) -> str:
         return f"rank {rank} ({self.host[rank]})"
@@ -479,6 +488,17 @@ def _current_device(backends: dict):
     import torch
 
     return torch.cuda.current_device()
+
+
+def _health(backends: dict) -> dict:
+    """This rank's GPU and settings as topology.health reads them (no GPU: the settings only)."""
+    from ncclbench.topology import health
+
+    if "nccl" not in backends.values():
+        return health.read_local(0, nvml=None, host=socket.gethostname())
+    import torch
+
+    return health.read_local(torch.cuda.current_device(), host=socket.gethostname())
 
 
 def _free_memory(backends: dict):
