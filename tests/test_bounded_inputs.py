@@ -53,15 +53,18 @@ def bad_files(tmp_path_factory):
     binary.write_bytes(os.urandom(1 << 20))
     latin = d / "latin1.txt"  # no NUL byte, still not UTF-8
     latin.write_bytes(b"# nccl-tests version 2.19.6 caf\xe9\n")
+    os.mkfifo(d / "pipe")  # no writer: an open() for reading would wait for ever
     return {"/dev/zero": ("/dev/zero", "not a regular file (a character device)"),
             "/dev/urandom": ("/dev/urandom", "not a regular file (a character device)"),
             "sparse 2 GiB": (str(sparse), "2.0 GiB, larger than 64.0 MiB, the most a results file may be"),
             "random bytes": (str(binary), "a binary file"),
             "latin-1": (str(latin), "a binary file (not UTF-8 text at byte 31)"),
-            "folder": (str(d), "not a regular file (a folder)")}
+            "folder": (str(d), "not a regular file (a folder)"),
+            "pipe": (str(d / "pipe"), "not a regular file (a pipe)")}
 
 
-@pytest.mark.parametrize("which", ["/dev/zero", "/dev/urandom", "sparse 2 GiB", "random bytes", "latin-1", "folder"])
+@pytest.mark.parametrize("which", ["/dev/zero", "/dev/urandom", "sparse 2 GiB", "random bytes", "latin-1", "folder",
+                                   "pipe"])
 @pytest.mark.parametrize("command", ["show", "compare", "baseline", "plot"])
 def test_results_readers_refuse_in_one_line(command, which, bad_files, tmp_path):
     path, words = bad_files[which]
