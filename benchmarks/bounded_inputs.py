@@ -36,8 +36,8 @@ def commands(path: str, scratch: str) -> dict[str, list[str]]:
     return {
         "show": ["show", path],
         "compare": ["compare", path, str(HEALTHY)],
-        "baseline": ["baseline", path, str(HEALTHY), "-o", os.path.join(scratch, "base.json")],
-        "plot": ["plot", path, "-o", os.path.join(scratch, "p.png")],
+        "baseline": ["baseline", path, str(HEALTHY), "-O", os.path.join(scratch, "base.json")],
+        "plot": ["plot", path, "-O", os.path.join(scratch, "p.png")],
         "suite": ["suite", path, "--backend", "gloo", "--no-save"],
         "alltoallv matrix": ["alltoallv", "--backend", "gloo", "-b", "1K", "-e", "1K", "--alltoallv-matrix", path],
         "explain": ["explain", path],

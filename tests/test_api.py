@@ -168,11 +168,11 @@ def test_stalled_rank_times_out_on_every_rank(tmp_path):
 def test_measure_on_one_gpu_matches_the_command_line(tmp_path):
     """One rank on NCCL: measure() and the command line on the same plan (same columns and
     rows; their busbw is compared in docs/BENCHMARKS.md), device and stream untouched,
-    preflight on one GPU, and a timeout on a one-rank group."""
+    preflight refused on one GPU (nothing to judge), and a timeout on a one-rank group."""
     recs = run_ranks("gpu", 1, tmp_path)
     rec = recs[0]
     assert rec["status"] == "ok" and rec["stream_kept"] and rec["device_kept"] and rec["sum_after"] == 1
-    assert rec["preflight"]["passed"], rec["preflight"]
+    assert rec["preflight"][0] == "PlanError" and "at least 2 ranks" in rec["preflight"][1], rec["preflight"]
     assert rec["timeout"][0] == "TimeoutExpired" and re.search(r": rank 0 \(pid \d+\) on \S+ never reached it", rec["timeout"][1])
     csv = tmp_path / "cli.csv"
     r = run_cli(["allgather", "-b", "1M", "-e", "64M", "-f", "8", "-n", "20", "--no-save", "--csv", str(csv)])

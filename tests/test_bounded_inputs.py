@@ -69,8 +69,8 @@ def bad_files(tmp_path_factory):
 def test_results_readers_refuse_in_one_line(command, which, bad_files, tmp_path):
     path, words = bad_files[which]
     argv = {"show": ["show", path], "compare": ["compare", path, path],
-            "baseline": ["baseline", path, path, "-o", str(tmp_path / "b.json")],
-            "plot": ["plot", path, "-o", str(tmp_path / "p.png")]}[command]
+            "baseline": ["baseline", path, path, "-O", str(tmp_path / "b.json")],
+            "plot": ["plot", path, "-O", str(tmp_path / "p.png")]}[command]
     assert_one_line(run_capped(argv), path, words)
     assert not list(tmp_path.iterdir())
 
@@ -167,10 +167,10 @@ def _write(path, doc):
 def test_baseline_refuses_runs_of_different_setups(other, words, tmp_path):
     a = _write(tmp_path / "a.json", _doc(seed=1))
     b = _write(tmp_path / "b.json", _doc(seed=2, **other))
-    r = run_cli(["baseline", a, b, "-o", str(tmp_path / "base.json")], timeout=60)
+    r = run_cli(["baseline", a, b, "-O", str(tmp_path / "base.json")], timeout=60)
     assert_one_line(r, words)
     assert not (tmp_path / "base.json").exists()
-    same = run_cli(["baseline", a, _write(tmp_path / "c.json", _doc(seed=3)), "-o", str(tmp_path / "base.json")])
+    same = run_cli(["baseline", a, _write(tmp_path / "c.json", _doc(seed=3)), "-O", str(tmp_path / "base.json")])
     assert same.returncode == 0 and (tmp_path / "base.json").exists(), same.stderr
 
 

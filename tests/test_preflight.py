@@ -982,3 +982,11 @@ def test_every_rank_stops_calibrating_at_the_same_size_whatever_its_own_clock(mo
     for t in threads:
         t.join(30)
     assert results[0] == results[1] and isinstance(results[0], list), results
+
+
+def test_one_rank_is_refused_not_passed():
+    """One rank crosses no link: nothing would be judged, so preflight says so (exit 2), under
+    its own launcher and under torchrun, rather than reporting 'passed'."""
+    r = run_cli(["preflight", "-g", "1", "--backend", "gloo"], timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "at least 2 ranks" in r.stderr, r.stderr
+    assert "passed" not in r.stdout

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import click
 
+from ncclbench.api.params import GPU_COUNT
 from ncclbench.cli.types import OneLineErrorCommand
 
 
 @click.command("explain", cls=OneLineErrorCommand)
 @click.argument("logs", nargs=-1, type=str)
-@click.option("-g", "--ngpus", default="all", show_default=True,
+@click.option("-g", "--ngpus", type=GPU_COUNT, default="all", show_default=True,
               help="Without LOG: ranks of the short measurement run here (a number or `all`).")
 @click.option("--backend", type=click.Choice(["nccl", "cupy", "gloo"]), default=None,
               help="Without LOG: the backend of the measurement (default: nccl with a GPU, else gloo).")

@@ -1,4 +1,4 @@
-"""`ncclbench plot FILE... -o busbw.png`: the command over results.plot."""
+"""`ncclbench plot FILE... -O busbw.png`: the command over results.plot."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Sequence
 import click
 
 from ncclbench.api.params import SIZE
-from ncclbench.cli.types import OneLineErrorCommand
+from ncclbench.cli.types import OLD_OUTPUT_SPELLINGS, OneLineErrorCommand
 from ncclbench.errors import BadInput, PlanError
 from ncclbench.lazy import lazy_import
 from ncclbench.results.compare import read_inputs
@@ -18,9 +18,9 @@ from ncclbench.results.readers import filter_results
 pd = lazy_import("pandas")
 
 
-@click.command("plot", cls=OneLineErrorCommand)
+@click.command("plot", cls=OneLineErrorCommand, old_spellings=OLD_OUTPUT_SPELLINGS)
 @click.argument("files", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-O", "--out", "output", required=True, type=click.Path(dir_okay=False),
               help="Image to write; the format follows the extension (.png, .svg, .pdf).")
 @click.option("--placement", type=click.Choice(["out_of_place", "in_place", "both"]), default="out_of_place",
               show_default=True)

@@ -210,6 +210,8 @@ class Coordinator:
         facts, _missing = self.ctl.collect("facts", list(range(self.ctl.world)), time.monotonic() + p.timeout_s + SLACK_S)
         self.layout = build_layout(facts)
         self.alive = sorted(facts)
+        if len(self.layout.names) < 2:
+            return self._nothing_to_judge()
         clock = self._phase("start-up", self.started)
         say(f"{len(self.layout.names)} nodes, {self.ctl.world} ranks; each node alone")
         inventory = judge_inventory(self.layout.gpus, self.layout.models, p.gpus_per_node)
@@ -231,6 +233,20 @@ class Coordinator:
         self.ctl.assign(label, {r: {"end": code} for r in self.alive if r != 0})
         self.ctl.post(label, {})
         self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)  # then the store may go
+        return code
+
+    def _nothing_to_judge(self) -> int:
+        """One node: nothing to compare it with. Said, exit 2, every rank told to end."""
+        from ncclbench.errors import ExitCode, error_line
+
+        why = (f"fleet compares nodes with each other and found one ({self.layout.names[0]}): nothing was judged "
+               "(run it across 2 or more nodes; --sim-node-size splits one host's ranks into nodes)")
+        print(error_line(why), file=sys.stderr, flush=True)
+        code = int(ExitCode.USAGE)
+        label = f"s{self.step_no}"
+        self.ctl.assign(label, {r: {"end": code} for r in self.alive if r != 0})
+        self.ctl.post(label, {})
+        self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)
         return code
 
     def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
