@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ncclbench import procs
+from ncclbench.launch import watch as rank_watch
 
 GATHER_S = 3.0      # the reporting rank waits this long at most for the witnesses
 VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
@@ -230,6 +231,7 @@ class Census:
         self.rank, self.nranks = board.rank, board.nranks
         self.store = None  # connected on first use (connecting may itself hang: see within())
         self.entries: dict = {}
+        self.watchers: dict = {}  # rank -> address of its watcher (launch.watch), read with the board
         self.seen: tuple = ({}, {})  # (witnesses, states) gathered so far
 
     def _key(self, name) -> str:
@@ -261,6 +263,8 @@ class Census:
         self.seen = ({self.rank: me}, {})
         self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
+        if self.store is not None:
+            self.watchers = rank_watch.registered(self.store, self.nranks)
         me.states = self.local_states()
         self.seen = ({self.rank: me}, dict(me.states))
         try:
@@ -398,6 +402,12 @@ class Census:
     def _verdict(self) -> str | None:
         key = self._key("verdict")
         return self.store.get(key).decode(errors="replace") if self.store.check([key]) else None
+
+    def tell_watchers(self, why: str, culprits=(), only=None) -> list[int]:
+        """Tell the ranks' watchers (launch.watch) that the job has ended: every rank's, or
+        those of the ranks in `only`; the ranks whose watcher took it."""
+        chosen = {r: a for r, a in self.watchers.items() if only is None or r in only}
+        return rank_watch.tell(chosen, why, culprits) if chosen else []
 
     def frozen_here(self, verdict_ranks: list[int]) -> list[tuple[int, int]]:
         """(rank, pid) of the named ranks on this host that are stopped (T, t) now."""

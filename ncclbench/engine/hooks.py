@@ -115,7 +115,13 @@ class RankHooks:
                     # no exit before the ranks the verdict found late answered: under torchrun
                     # any exit makes the agent terminate the ranks left (see below)
                     hang.within(hang.LATE_WAIT_S + 2 * hang.STORE_WAIT_S, census.wait_late)
-                    _end_stopped(census, hang.culprits_in(verdict))
+                    named = hang.culprits_in(verdict)
+                    _end_stopped(census, named)
+                    if not one_node_spawn():  # the named ranks' watchers, should the deciding rank's news not come
+                        census.tell_watchers(_short(verdict), named, only=named)
+                elif not one_node_spawn():  # no verdict came: the job gave up all the same
+                    census.tell_watchers(f"timeout: {what} did not finish within {timeout_s:g} s (-T), and no "
+                                         "verdict came from rank 0")
                 hard_exit(ExitCode.TIMEOUT)
         verdict = census.gather_within()
         first = cause() if finish is not None else None
@@ -139,6 +145,8 @@ class RankHooks:
             hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
             hang.within(late_s + 1, lambda: census.wait_answers(verdict.late, late_s))
             _end(ending)
+            if not one_node_spawn():  # a one-node -g launcher ends its ranks itself
+                census.tell_watchers(_short(message), verdict.ranks())
         hard_exit(ExitCode.TIMEOUT)
 
     def open_outcome(self, finish) -> None:
@@ -161,6 +169,11 @@ class RankHooks:
 
             while True:
                 time.sleep(1)
+
+
+def _short(message: str) -> str:
+    """A verdict's head and first culprit, for the watchers' lines (the rest is on host 0)."""
+    return message.split("; ", 1)[0]
 
 
 def _end_stopped(census, named: list[int]) -> list[int]:

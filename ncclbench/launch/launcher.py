@@ -44,6 +44,9 @@ def prepare_environ(info) -> None:
     from ncclbench.launch import stop
 
     stop.start(info.rank)  # a thread that ends this rank when a peer dies while it is stuck in C code
+    from ncclbench.launch import watch
+
+    watch.start(info.rank)  # a process that ends this rank if the job ended while it could not (stopped)
 
 
 def end_with_launcher() -> None:
