@@ -53,6 +53,7 @@ class Plant:
     seconds: float = 3600.0
     factor: float = 1.0
     item: str | None = None       # only inside this tune item (outside every item too)
+    at: int = 1                   # gpu_stall: before this timed iteration (from 1) of the size
 
     def matches(self, context: dict) -> bool:
         if self.rank is not None and context.get(self.rank_key) != self.rank:
@@ -64,6 +65,7 @@ class Plant:
 
 
 _planted: dict[str, list[Plant]] | None = None
+_armed: dict[str, Plant] = {}  # plants waiting at a later point (arm), taken once there (armed)
 _scope: dict = {}  # context every failpoint gets meanwhile (within())
 
 
@@ -78,6 +80,17 @@ def failpoint(name: str, value=None, /, **context):
         if plant.matches(context):
             value = plant.action(plant, value, context)
     return value
+
+
+def armed(name: str, **context) -> Plant | None:
+    """The plant an earlier failpoint left for point `name` (the arm action), taken: where a
+    failpoint's own call would cost too much (inside a timed loop), the code asks once before."""
+    if not _armed:
+        return None
+    plant = _armed.get(name)
+    if plant is None or not plant.matches(dict(_scope, **context)):
+        return None
+    return _armed.pop(name)
 
 
 @contextmanager
@@ -96,6 +109,7 @@ def reset() -> None:
     """Read the environment again at the next failpoint."""
     global _planted
     _planted = None
+    _armed.clear()
 
 
 def _load() -> dict[str, list[Plant]]:
@@ -108,7 +122,7 @@ def _load() -> dict[str, list[Plant]]:
     return planted
 
 
-FIELDS = {"rank", "size", "seconds", "us", "factor"}  # of a NCCLBENCH_FAULT entry
+FIELDS = {"rank", "size", "seconds", "us", "factor", "at"}  # of a NCCLBENCH_FAULT entry
 
 
 def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
@@ -129,11 +143,14 @@ def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
             rank, size = int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None
             seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
             factor = float(fields.get("factor", 1))
+            at = int(fields.get("at", 1))
+            if at < 1:
+                raise ValueError(f"at={at}: timed iterations count from 1")
         except ValueError as e:
             raise ValueError(f"{ENV}: {part.strip()!r}: {e} (sizes in bytes, times as numbers)") from None
         for name, action, rank_key in KINDS[kind]:
             out.append((name, Plant(kind, action, rank=rank if rank_key else None, rank_key=rank_key or "rank",
-                                    size=size, seconds=seconds, factor=factor, item=item)))
+                                    size=size, seconds=seconds, factor=factor, item=item, at=at)))
     return out
 
 
@@ -179,6 +196,14 @@ def gpu_sleep(plant: Plant, value, _context):
     if torch.cuda.is_available():
         torch.cuda._sleep(int(plant.seconds * GPU_SLEEP_HZ))
     return value
+
+
+def arm(target: str) -> Action:
+    """Leave the plant for point `target`, which takes it once (armed())."""
+    def act(plant, value, _context):
+        _armed[target] = plant
+        return value
+    return act
 
 
 def kill(_plant, _value, _context):
@@ -394,6 +419,8 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "stall": (("engine.before_size", sleep, "rank"),),
     "pair_stall": (("fleet.pair", sleep, "rank"),),
     "gpu_sleep": (("engine.before_size", gpu_sleep, "rank"),),
+    "gpu_stall": (("engine.before_size", arm("timing.loop"), "rank"),),
+    "gpu_stall_connect": (("engine.before_connect", gpu_sleep, "rank"),),
     "terms": (("engine.before_size", signal_burst("TERM"), "rank"),),
     "ints": (("engine.before_size", signal_burst("INT"), "rank"),),
     "error": (("engine.before_size", raising(

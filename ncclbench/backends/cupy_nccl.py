@@ -179,6 +179,9 @@ class CupyBackend(TorchBackend):
         self._event_record(marker.ptr, self._stream())
         return marker
 
+    def reached(self, mark) -> bool | None:
+        return None if mark is None else bool(mark.done)  # cudaEventQuery, no wait
+
     def elapsed(self, start, end) -> float:
         return self._event_elapsed(start.ptr, end.ptr) / 1e3
 
