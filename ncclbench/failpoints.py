@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 ENV = "NCCLBENCH_FAULT"
+STAMP_ENV = "NCCLBENCH_FAULT_STAMP"  # a folder: each fault that acts writes when it did (tests time from it)
 ITEM_ENV = "NCCLBENCH_FAULT_ITEM"
 PAIRS_SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
 PAIRS_SLOW_SECONDS = 0.1
@@ -187,6 +188,18 @@ def sleep(plant: Plant, value, _context):
 GPU_SLEEP_HZ = 2.0e9  # cycles a second for gpu_sleep: at or above these GPUs' clocks, so it lasts at least S
 
 
+def stamp(plant: Plant) -> None:
+    """With NCCLBENCH_FAULT_STAMP set: note in that folder when `plant` acted (wall clock),
+    so that a test times what follows from the fault itself, not from the launch."""
+    folder = os.environ.get(STAMP_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{plant.kind}.{os.getpid()}"), "w") as f:
+                f.write(repr(time.time()))
+        except OSError:
+            pass
+
+
 def gpu_sleep(plant: Plant, value, _context):
     """A kernel that spins for at least `seconds` queued on the current CUDA stream, which the
     collectives follow: the host goes on, the GPU reaches the next op only when it ends (a
@@ -194,6 +207,7 @@ def gpu_sleep(plant: Plant, value, _context):
     import torch
 
     if torch.cuda.is_available():
+        stamp(plant)
         torch.cuda._sleep(int(plant.seconds * GPU_SLEEP_HZ))
     return value
 

@@ -39,7 +39,7 @@ from typing import Callable, ContextManager
 
 from ncclbench.engine.position import HERE, TIMED
 from ncclbench.errors import GraphCaptureError, PlanError, first_line
-from ncclbench.failpoints import armed, failpoint
+from ncclbench.failpoints import armed, failpoint, stamp
 
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
@@ -231,6 +231,7 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     here.iterations = steps
     stall = armed("timing.loop", rank=getattr(backend, "rank", None))
     if stall is not None and stall.at <= 1:  # a planted GPU stall (failpoints gpu_stall) before the start mark
+        stamp(stall)
         backend.hold(stall.seconds)
     elif stall is not None:  # after an iteration: the plain loop stays as it is
         step = _stalled(backend, step, stall)
@@ -261,6 +262,7 @@ def _stalled(backend, step: Callable[[int], None], plant) -> Callable[[int], Non
     def step_then_stall(k):
         step(k)
         if k == after:
+            stamp(plant)
             backend.hold(plant.seconds)
     return step_then_stall
 
