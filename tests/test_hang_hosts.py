@@ -296,9 +296,9 @@ def _watched(mode: str, seconds: float):
     proc = subprocess.Popen([sys.executable, "-c", WATCHED, mode, str(seconds)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     entry = proc.stdout.readline().strip()
-    addr, watcher, host = entry.split("|")
+    addr, watcher, host, token = entry.split("|")
     ip, port = addr.rsplit(":", 1)
-    return proc, (ip, int(port)), int(watcher), host
+    return proc, (ip, int(port), token), int(watcher), host
 
 
 def _wait_gone(pid: int, seconds: float) -> bool:
@@ -317,9 +317,14 @@ def _wait_gone(pid: int, seconds: float) -> bool:
 
 
 def test_a_watcher_told_the_job_ended_kills_its_stopped_rank_and_says_why():
+    """News without the watcher's token (anyone who reaches its port) is ignored; with it,
+    the stopped rank is ended and the line says which and why."""
     proc, addr, watcher, host = _watched("stop", 60)
     try:
         assert host == socket.gethostname()
+        assert watch.tell({1: (*addr[:2], "not-its-token")}, "forged", [1]) == [1]
+        time.sleep(1.0)
+        assert proc.poll() is None and _wait_gone(watcher, 0.1) is False
         assert watch.tell({1: addr}, "timeout: all_reduce at 1024 B did not finish within 5 s (-T)", [1]) == [1]
         proc.wait(timeout=10)
         err = proc.stderr.read()
@@ -372,10 +377,10 @@ def test_the_registry_round_trip_and_an_unreachable_watcher():
             return self[k]
 
     store = Store()
-    store.set(watch.REGISTRY_KEY.format(rank=2), "198.18.0.2:4242|77|simnode1")
-    assert watch.registered(store, 4) == {2: ("198.18.0.2", 4242)}
+    store.set(watch.REGISTRY_KEY.format(rank=2), "198.18.0.2:4242|77|simnode1|abc")
+    assert watch.registered(store, 4) == {2: ("198.18.0.2", 4242, "abc")}
     with socket.socket() as s:  # a port nobody listens on: refused at once, nothing reached
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    assert watch.tell({0: ("127.0.0.1", closed)}, "x", seconds=1) == []
+    assert watch.tell({0: ("127.0.0.1", closed, "abc")}, "x", seconds=1) == []
     assert json.loads(json.dumps({"why": "x"}))  # the wire format is one JSON line

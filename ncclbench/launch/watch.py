@@ -28,12 +28,13 @@ import time
 from ncclbench import procs
 
 REGISTRY_KEY = "ncclbench/watch/{rank}"
-GRACE_S = 5.0      # after the news: how long a rank that still runs gets to leave on its own
+GRACE_S = 10.0     # after the news: how long a rank that still runs gets to leave on its own
 POLL_S = 0.25      # how often the watcher looks whether its rank is still there
 TELL_S = 1.5       # how long telling all watchers may take (a host whose network is gone never answers)
 ENV = "NCCLBENCH_WATCH"  # "0": start no watcher (a test of what happens without one)
 
-_address: tuple[int, int] | None = None  # (port, watcher pid) of this rank's watcher
+TOKEN_ENV = "NCCLBENCH_WATCH_TOKEN"  # how the watcher gets its token (not on its command line)
+_address: tuple[int, int, str] | None = None  # (port, watcher pid, token) of this rank's watcher
 
 
 def start(rank: int) -> None:
@@ -51,7 +52,9 @@ def start(rank: int) -> None:
     except OSError:
         return
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    token = os.urandom(16).hex()  # news must carry it: who reads the store may end ranks, nobody else
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+               **{TOKEN_ENV: token})
     try:
         child = subprocess.Popen(
             [sys.executable, "-S", "-c", "import sys; from ncclbench.launch.watch import serve; "
@@ -64,11 +67,11 @@ def start(rank: int) -> None:
     finally:
         port = listener.getsockname()[1]
         listener.close()
-    _address = (port, child.pid)
+    _address = (port, child.pid, token)
 
 
 def registration(master_addr: str | None = None) -> str | None:
-    """`ip:port|watcher pid|host` for the store: the address this host is reached at from the
+    """`ip:port|watcher pid|host|token` for the store: the address this host is reached at from the
     rendezvous host (the interface its route there leaves by); None without a watcher."""
     if _address is None:
         return None
@@ -80,7 +83,7 @@ def registration(master_addr: str | None = None) -> str | None:
             ip = probe.getsockname()[0]
     except OSError:
         pass
-    return f"{ip}:{_address[0]}|{_address[1]}|{socket.gethostname()}"
+    return f"{ip}:{_address[0]}|{_address[1]}|{socket.gethostname()}|{_address[2]}"
 
 
 def register(store, rank: int) -> None:
@@ -93,34 +96,35 @@ def register(store, rank: int) -> None:
             pass
 
 
-def registered(store, nranks: int) -> dict[int, tuple[str, int]]:
-    """rank -> (ip, port) of every watcher in the store (the ranks without one left out)."""
-    out: dict[int, tuple[str, int]] = {}
+def registered(store, nranks: int) -> dict[int, tuple[str, int, str]]:
+    """rank -> (ip, port, token) of every watcher in the store (the ranks without one left out)."""
+    out: dict[int, tuple[str, int, str]] = {}
     for r in range(nranks):
         key = REGISTRY_KEY.format(rank=r)
         try:
             if not store.check([key]):
                 continue
-            addr = store.get(key).decode(errors="replace").split("|", 1)[0]
+            fields = store.get(key).decode(errors="replace").split("|")
         except Exception:  # noqa: BLE001 - the store went away: the ones read so far
             break
-        ip, _, port = addr.rpartition(":")
-        if ip and port.isdigit():
-            out[r] = (ip, int(port))
+        ip, _, port = fields[0].rpartition(":")
+        if ip and port.isdigit() and len(fields) >= 4:
+            out[r] = (ip, int(port), fields[3])
     return out
 
 
 def tell(watchers: dict, why: str, culprits=(), seconds: float = TELL_S) -> list[int]:
-    """Tell each watcher (rank -> (ip, port)) that the job has ended, with `why` (the
+    """Tell each watcher (rank -> (ip, port, token)) that the job has ended, with `why` (the
     verdict's line) and the ranks it named; the ranks whose watcher took it, within `seconds`
     in all (each in a thread of its own: a host whose network is gone holds only its own)."""
-    message = (json.dumps({"why": why, "culprits": sorted(culprits)}) + "\n").encode()
     reached: list[int] = []
 
     def one(rank, addr):
+        ip, port, token = addr
+        message = json.dumps({"why": why, "culprits": sorted(culprits), "token": token}) + "\n"
         try:
-            with socket.create_connection(addr, timeout=seconds) as conn:
-                conn.sendall(message)
+            with socket.create_connection((ip, port), timeout=seconds) as conn:
+                conn.sendall(message.encode())
             reached.append(rank)
         except OSError:
             pass
@@ -142,6 +146,7 @@ def serve(fd: int, rank_pid: int, rank: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # a launcher's signal to the group is for the rank
     listener = socket.socket(fileno=fd)
+    token = os.environ.pop(TOKEN_ENV, None)
     while _running(rank_pid):
         ready, _, _ = select.select([listener], [], [], POLL_S)
         if not ready:
@@ -151,7 +156,7 @@ def serve(fd: int, rank_pid: int, rank: int) -> None:
         except OSError:
             continue
         news = _read_news(conn)
-        if news is not None:
+        if news is not None and token is not None and news.get("token") == token:
             end_rank(rank_pid, rank, news)
             return
 
