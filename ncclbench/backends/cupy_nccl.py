@@ -180,7 +180,12 @@ class CupyBackend(TorchBackend):
         return marker
 
     def reached(self, mark) -> bool | None:
-        return None if mark is None else bool(mark.done)  # cudaEventQuery, no wait
+        if mark is None:
+            return None
+        import cupy
+
+        with cupy.cuda.Device(self.device.index or 0):  # the asking thread's device: the rank's
+            return bool(mark.done)  # cudaEventQuery, no wait
 
     def elapsed(self, start, end) -> float:
         return self._event_elapsed(start.ptr, end.ptr) / 1e3
