@@ -451,6 +451,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "term_at_exit": (("engine.after_outcome", terminate_at_exit, "rank"),),
     "slow_device": (("timing.device_time_factor", replacing(lambda plant, _factor: plant.factor), None),),
     "device_stall": (("backend.device_setup", sleep, "rank"),),
+    "device_freeze": (("backend.device_setup", freeze, "rank"),),
     "no_gpu": (("backend.device_setup", calling("find_gpu", 0), "rank"),),
     "device_fail": (("backend.device_setup", raising(
         "CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT device_fail)"), "rank"),),

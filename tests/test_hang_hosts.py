@@ -153,6 +153,32 @@ def test_without_the_watcher_the_stopped_rank_stays():
     assert len(run.named) == 1 and run.gone is None and run.pid in left, (run.named, run.gone, left)
 
 
+@rig
+@pytest.mark.slow
+def test_a_rank_stopped_while_it_sets_up_is_ended_on_its_host_too():
+    """Rank 1 (alone on host 1) stopped inside its first set-up step (device_freeze): rank 0
+    says it did not finish within -T, and rank 1's watcher, told by the set-up's verdict,
+    ends it; nothing stays on either host."""
+    with netsim.SimFleet(2) as fleet:
+        procs = fleet.launch("spawn", ARGS, 1, port=29735, ncclbench=cli_command(),
+                             env=dict(os.environ, NCCLBENCH_FAULT="device_freeze:rank=1"))
+        hosts = [Host(p) for p in procs]
+        started, gone = time.time(), None
+        while time.time() - started < 120:
+            if not netsim.pids_in(fleet.spaces[0]) and not netsim.pids_in(fleet.spaces[1]):
+                gone = time.time() - started
+                break
+            time.sleep(0.2)
+        time.sleep(0.3)
+    said = [x for _, x in hosts[0].errors()]
+    assert any(re.search(r"rank 1 did not finish setting up the device within 5 s \(-T\)", x) for x in said), said
+    ended = [x for _, x in hosts[1].errors() if "was ended by ncclbench" in x]
+    assert len(ended) == 1 and "stopped (state T" in ended[0] and "the run named it as the cause" in ended[0], \
+        hosts[1].tail()
+    assert gone is not None, hosts[0].tail()
+    print(f"rank 1 stopped in set-up: all gone {gone:.1f} s after the launch (-T {T})")
+
+
 # ---- on one GPU (or more): 2 hosts, NCCL over sockets between them ---------------------------------
 def _gpus() -> list[str] | None:
     """Each host's GPU: its own where the machine has 2, else both on GPU 0 (under MPS)."""
