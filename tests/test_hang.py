@@ -467,6 +467,11 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
             run.kill(run.pids.values())
     assert nodes[0].returncode == 4
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
+    time.sleep(0.5)
+    # host 1 says that its rank was ended and why (its host mate or its watcher ended it)
+    assert any(re.match(r"ncclbench: error: rank 3 \(pid \d+\) on simnode1, stopped \(state T: SIGSTOP or SIGTSTP\), "
+                        r"was ended by ncclbench \(SIGKILL\): the run named it as the cause \(timeout: ", line)
+               for line in run.host1_err), run.host1_err
     print(f"across hosts: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
 
 
@@ -479,7 +484,9 @@ def _two_hosts(fleet, tmp_path, port: int):
     run = Run.__new__(Run)
     run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
     threading.Thread(target=run._err, daemon=True).start()
-    threading.Thread(target=nodes[1].communicate, daemon=True).start()
+    run.host1_err = []  # host 1's stderr lines
+    threading.Thread(target=nodes[1].stdout.read, daemon=True).start()
+    threading.Thread(target=lambda: run.host1_err.extend(nodes[1].stderr), daemon=True).start()
     return nodes, run
 
 

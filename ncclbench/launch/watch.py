@@ -181,6 +181,15 @@ def _read_news(conn: socket.socket) -> dict | None:
         return None
 
 
+def ended_line(rank: int, pid: int, host: str, letter: str | None, named: bool, why: str,
+               waited_s: float | None = None) -> str:
+    """The line said on a rank's host when ncclbench ended it after the job ended."""
+    waited = "" if waited_s is None else f" and still there {waited_s:g} s after the run ended"
+    reason = "the run named it as the cause" if named else "the run had ended"
+    return (f"ncclbench: error: rank {rank} (pid {pid}) on {host}, {procs.state_text(letter)}{waited}, was ended by "
+            f"ncclbench (SIGKILL): {reason} ({why})")
+
+
 def end_rank(pid: int, rank: int, news: dict, grace_s: float = GRACE_S) -> bool:
     """Once told: SIGKILL to the rank now if it is stopped or in the kernel, else once
     `grace_s` has passed with it still there; one line on stderr when it was ended."""
@@ -192,13 +201,9 @@ def end_rank(pid: int, rank: int, news: dict, grace_s: float = GRACE_S) -> bool:
         if letter in procs.FROZEN or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    why = str(news.get("why") or "the run ended")
     named = rank in [int(r) for r in news.get("culprits") or []]
-    state = procs.state_text(letter)
-    waited = "" if letter in procs.FROZEN else f" and still there {grace_s:g} s after the run ended"
-    reason = "the run named it as the cause" if named else "the run had ended"
-    print(f"ncclbench: error: rank {rank} (pid {pid}) on {socket.gethostname()}, {state}{waited}, was ended by "
-          f"ncclbench (SIGKILL): {reason} ({why})", file=sys.stderr, flush=True)
+    print(ended_line(rank, pid, socket.gethostname(), letter, named, str(news.get("why") or "the run ended"),
+                     None if letter in procs.FROZEN else grace_s), file=sys.stderr, flush=True)
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
