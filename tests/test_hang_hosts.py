@@ -414,7 +414,7 @@ def test_the_registry_round_trip_and_an_unreachable_watcher():
 
     store = Store()
     store.set(watch.REGISTRY_KEY.format(rank=2), "198.18.0.2:4242|77|simnode1|abc")
-    assert watch.registered(store, 4) == {2: ("198.18.0.2", 4242, "abc")}
+    assert watch.registered(store, range(4)) == {2: ("198.18.0.2", 4242, "abc")}
     with socket.socket() as s:  # a port nobody listens on: refused at once, nothing reached
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]

@@ -269,7 +269,7 @@ class SetupBoard:
         from ncclbench.launch import watch
 
         try:
-            chosen = {r: a for r, a in watch.registered(self.store, self.nranks).items() if r in ranks}
+            chosen = watch.registered(self.store, ranks)
         except Exception:  # noqa: BLE001 - the store went away: nobody to tell
             return
         if chosen:

@@ -276,7 +276,6 @@ class Census:
         self.rank, self.nranks = board.rank, board.nranks
         self.store = None  # connected on first use (connecting may itself hang: see within())
         self.entries: dict = {}
-        self.watchers: dict = {}  # rank -> address of its watcher (launch.watch), read with the board
         self.seen: tuple = ({}, {})  # (witnesses, states) gathered so far
 
     def _key(self, name) -> str:
@@ -308,8 +307,6 @@ class Census:
         self.seen = ({self.rank: me}, {})
         self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
-        if self.store is not None:
-            self.watchers = rank_watch.registered(self.store, self.nranks)
         me.states = self.local_states()
         self.seen = ({self.rank: me}, dict(me.states))
         try:
@@ -451,7 +448,10 @@ class Census:
     def tell_watchers(self, why: str, culprits=(), only=None) -> list[int]:
         """Tell the ranks' watchers (launch.watch) that the job has ended: every rank's, or
         those of the ranks in `only`; the ranks whose watcher took it."""
-        chosen = {r: a for r, a in self.watchers.items() if only is None or r in only}
+        if self.store is None:
+            return []
+        ranks = range(self.nranks) if only is None else sorted(only)
+        chosen = within(3 * STORE_WAIT_S, lambda: rank_watch.registered(self.store, ranks), {})
         return rank_watch.tell(chosen, why, culprits) if chosen else []
 
     def frozen_here(self, verdict_ranks: list[int]) -> list[tuple[int, int]]:

@@ -96,10 +96,11 @@ def register(store, rank: int) -> None:
             pass
 
 
-def registered(store, nranks: int) -> dict[int, tuple[str, int, str]]:
-    """rank -> (ip, port, token) of every watcher in the store (the ranks without one left out)."""
+def registered(store, ranks) -> dict[int, tuple[str, int, str]]:
+    """rank -> (ip, port, token) of the watchers of `ranks` in the store (the ranks without
+    one left out)."""
     out: dict[int, tuple[str, int, str]] = {}
-    for r in range(nranks):
+    for r in ranks:
         key = REGISTRY_KEY.format(rank=r)
         try:
             if not store.check([key]):
