@@ -280,6 +280,16 @@ def test_gpu_a_gpu_stalled_before_the_first_op_is_named_across_hosts(tmp_path):
 @pytest.mark.gpu
 @rig
 @gpu_hosts
+@pytest.mark.parametrize("what", ["nccl, -G 20 (graph replays)", "cupy, eager"])
+def test_gpu_a_gpu_stalled_inside_the_timed_loop_is_named_with_graphs_and_cupy(what, tmp_path):
+    """The same stall with -G (a mark after each graph replay) and on the CuPy backend."""
+    _stall_in_loop(what, tmp_path)
+
+
+# a stopped or cut-off client's NCCL kernel may keep a GPU shared under MPS busy: these come last
+@pytest.mark.gpu
+@rig
+@gpu_hosts
 @pytest.mark.parametrize("how", ["spawn", "torchrun"])
 def test_gpu_a_stopped_rank_on_host_1_is_named_and_every_host_cleaned_up(how):
     """Rank 1 (alone on host 1) stopped by SIGSTOP mid-sweep, its peer waiting inside NCCL:
@@ -303,15 +313,6 @@ def test_gpu_a_host_whose_link_goes_down_is_named_and_every_host_cleaned_up():
     assert re.search(r"\(-T\): rank 1 \(pid \d+\) on simnode1 did not answer", run.line()), run.line()
     print(run.table("host 1's link down", "ncclbench -g 1 --nnodes 2", "nccl, eager"))
     _gpu_bounds(run)
-
-
-@pytest.mark.gpu
-@rig
-@gpu_hosts
-@pytest.mark.parametrize("what", ["nccl, -G 20 (graph replays)", "cupy, eager"])
-def test_gpu_a_gpu_stalled_inside_the_timed_loop_is_named_with_graphs_and_cupy(what, tmp_path):
-    """The same stall with -G (a mark after each graph replay) and on the CuPy backend."""
-    _stall_in_loop(what, tmp_path)
 
 
 # ---- the watcher alone ----------------------------------------------------------------------------
