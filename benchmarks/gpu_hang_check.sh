@@ -16,6 +16,7 @@ set -u
 OUT=${1:?usage: gpu_hang_check.sh OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.." || exit 1  # the repository root
 # A rule of the validation hosts, not a default of ncclbench: NVLink multicast stays off.
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 PY=${PY:-python3}
