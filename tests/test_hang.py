@@ -153,6 +153,14 @@ def test_devices_that_agree_or_a_device_that_caught_up_with_its_host_name_no_gpu
     wits[1].loop = _loop(5)
     del wits[2]
     assert hang.decide(3, 7, "w", b, wits, {2: "T"}).ranks() == [2]
+    # a size just slower than -T: the ranks read their devices at different moments, so the
+    # counts differ, but every device moves while it is watched
+    wits = {r: witness(r, gpu=True) for r in range(3)}
+    for r, passed in ((0, 103), (1, 100), (2, 104)):
+        wits[r].loop = dict(_loop(passed, issued=200, steps=200), moved=True)
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    wits[1].loop["moved"] = False
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == [1]
 
 
 class _MarkingBackend:
@@ -186,6 +194,7 @@ class _MarkingBackend:
     def synchronize(self):
         if self.probe is not None:
             self.readings.append(timing.PROGRESS.reading())
+            self.samples.append(timing.PROGRESS.sample(0.01))
 
     def barrier(self):
         pass
@@ -201,7 +210,7 @@ def test_the_loops_marks_are_read_as_progress_and_a_planted_stall_lands_before_a
     failpoints.reset()
     try:
         backend = _MarkingBackend()
-        backend.probe, backend.readings = True, []
+        backend.probe, backend.readings, backend.samples = True, [], []
         failpoints.failpoint("engine.before_size", rank=1, size=1024)
 
         def op(_k):
@@ -215,6 +224,7 @@ def test_the_loops_marks_are_read_as_progress_and_a_planted_stall_lands_before_a
     assert loop[:12] == ["mark"] + ["op", "mark"] * 4 + ["op", "hold", "mark"], loop[:12]
     reading = backend.readings[-1]  # in the wait after the loop
     assert reading == {"placement": None, "steps": 20, "block": 1, "issued": 21, "passed": 5}, reading
+    assert backend.samples[-1] == dict(reading, moved=False)  # stopped: no mark passed while watched
     assert timing.PROGRESS.reading() is None  # cleared once the device caught up
     plain = _MarkingBackend()
     plain.probe = None

@@ -42,6 +42,7 @@ STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store
 NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
 LATE_WHERE = "a point not told (no answer yet: its own timeout had not fired, or it cannot answer)"
 LATE_WAIT_S = 10.0  # after the reporting rank's timeout: the longest any rank waits for late ranks to answer
+PROGRESS_SAMPLE_S = 0.3  # a device's marks are read twice this far apart: a stopped device does not move
 
 
 @dataclass
@@ -154,8 +155,9 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
 
 def gpus_behind(witnesses: dict, step: int) -> dict:
     """rank -> clause, for the ranks whose device is behind the others' inside one timed loop:
-    its host issued marks its device has not passed, and the device of another rank in the
-    same loop (same step and placement) passed more of them. Every rank's host may have
+    its host issued marks its device has not passed, its device passed none while it was
+    watched (a device that runs slowly moves: the ranks read at different moments), and the
+    device of another rank in the same loop (same step and placement) passed more of them. Every rank's host may have
     issued every iteration (a GPU runs behind its host), so the host's position cannot tell
     whose GPU stopped; the devices' marks can: peers of a stalled GPU wait inside the next
     op, past the mark it has not reached."""
@@ -170,7 +172,7 @@ def gpus_behind(witnesses: dict, step: int) -> dict:
             continue
         top = max(loop["passed"] for loop in ranks.values())
         for r, loop in ranks.items():
-            if loop["passed"] < top and loop["passed"] < loop["issued"]:
+            if loop["passed"] < top and loop["passed"] < loop["issued"] and not loop.get("moved"):
                 ahead = ranks_text([q for q, other in ranks.items() if other["passed"] > loop["passed"]])
                 out[r] = (f"its GPU stopped in the timed loop{f' ({placement})' if placement else ''}: "
                           f"{_loop_point(loop)}, which the GPUs of {ahead} passed; its host issued "
@@ -303,7 +305,7 @@ class Census:
 
     def post(self) -> Witness:
         me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {},
-                               procs.state(os.getpid()), timing.PROGRESS.reading())
+                               procs.state(os.getpid()), timing.PROGRESS.sample(PROGRESS_SAMPLE_S))
         self.seen = ({self.rank: me}, {})
         self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}

@@ -218,6 +218,18 @@ class LoopProgress:
         return {"placement": self.placement, "steps": self.steps, "block": self.block, "issued": issued,
                 "passed": passed}
 
+    def sample(self, interval_s: float = 0.3) -> dict | None:
+        """reading() twice, `interval_s` apart, the second with `moved`: whether the device
+        passed a mark meanwhile (a device that runs slowly moves; a stopped one does not)."""
+        first = self.reading()
+        if first is None:
+            return None
+        time.sleep(interval_s)
+        second = self.reading()
+        if second is None or second["issued"] < first["issued"]:
+            return None  # the loop ended meanwhile: nothing stopped in it
+        return dict(second, moved=second["passed"] > first["passed"])
+
 
 PROGRESS = LoopProgress()
 
