@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 ENV = "NCCLBENCH_FAULT"
+STAMP_ENV = "NCCLBENCH_FAULT_STAMP"  # a folder: each fault that acts writes when it did (tests time from it)
 ITEM_ENV = "NCCLBENCH_FAULT_ITEM"
 PAIRS_SLOW_ENV = "NCCLBENCH_PAIRS_SLOW"
 PAIRS_SLOW_SECONDS = 0.1
@@ -53,6 +54,7 @@ class Plant:
     seconds: float = 3600.0
     factor: float = 1.0
     item: str | None = None       # only inside this tune item (outside every item too)
+    at: int = 1                   # gpu_stall: before this timed iteration (from 1) of the size
 
     def matches(self, context: dict) -> bool:
         if self.rank is not None and context.get(self.rank_key) != self.rank:
@@ -64,6 +66,7 @@ class Plant:
 
 
 _planted: dict[str, list[Plant]] | None = None
+_armed: dict[str, Plant] = {}  # plants waiting at a later point (arm), taken once there (armed)
 _scope: dict = {}  # context every failpoint gets meanwhile (within())
 
 
@@ -78,6 +81,17 @@ def failpoint(name: str, value=None, /, **context):
         if plant.matches(context):
             value = plant.action(plant, value, context)
     return value
+
+
+def armed(name: str, **context) -> Plant | None:
+    """The plant an earlier failpoint left for point `name` (the arm action), taken: where a
+    failpoint's own call would cost too much (inside a timed loop), the code asks once before."""
+    if not _armed:
+        return None
+    plant = _armed.get(name)
+    if plant is None or not plant.matches(dict(_scope, **context)):
+        return None
+    return _armed.pop(name)
 
 
 @contextmanager
@@ -96,6 +110,7 @@ def reset() -> None:
     """Read the environment again at the next failpoint."""
     global _planted
     _planted = None
+    _armed.clear()
 
 
 def _load() -> dict[str, list[Plant]]:
@@ -108,7 +123,7 @@ def _load() -> dict[str, list[Plant]]:
     return planted
 
 
-FIELDS = {"rank", "size", "seconds", "us", "factor"}  # of a NCCLBENCH_FAULT entry
+FIELDS = {"rank", "size", "seconds", "us", "factor", "at"}  # of a NCCLBENCH_FAULT entry
 
 
 def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
@@ -129,11 +144,14 @@ def parse(text: str | None, item: str | None = None) -> list[tuple[str, Plant]]:
             rank, size = int(fields.get("rank", 0)), int(fields["size"]) if "size" in fields else None
             seconds = float(fields["us"]) / 1e6 if "us" in fields else float(fields.get("seconds", 3600))
             factor = float(fields.get("factor", 1))
+            at = int(fields.get("at", 1))
+            if at < 1:
+                raise ValueError(f"at={at}: timed iterations count from 1")
         except ValueError as e:
             raise ValueError(f"{ENV}: {part.strip()!r}: {e} (sizes in bytes, times as numbers)") from None
         for name, action, rank_key in KINDS[kind]:
             out.append((name, Plant(kind, action, rank=rank if rank_key else None, rank_key=rank_key or "rank",
-                                    size=size, seconds=seconds, factor=factor, item=item)))
+                                    size=size, seconds=seconds, factor=factor, item=item, at=at)))
     return out
 
 
@@ -170,6 +188,18 @@ def sleep(plant: Plant, value, _context):
 GPU_SLEEP_HZ = 2.0e9  # cycles a second for gpu_sleep: at or above these GPUs' clocks, so it lasts at least S
 
 
+def stamp(plant: Plant) -> None:
+    """With NCCLBENCH_FAULT_STAMP set: note in that folder when `plant` acted (wall clock),
+    so that a test times what follows from the fault itself, not from the launch."""
+    folder = os.environ.get(STAMP_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{plant.kind}.{os.getpid()}"), "w") as f:
+                f.write(repr(time.time()))
+        except OSError:
+            pass
+
+
 def gpu_sleep(plant: Plant, value, _context):
     """A kernel that spins for at least `seconds` queued on the current CUDA stream, which the
     collectives follow: the host goes on, the GPU reaches the next op only when it ends (a
@@ -177,8 +207,17 @@ def gpu_sleep(plant: Plant, value, _context):
     import torch
 
     if torch.cuda.is_available():
+        stamp(plant)
         torch.cuda._sleep(int(plant.seconds * GPU_SLEEP_HZ))
     return value
+
+
+def arm(target: str) -> Action:
+    """Leave the plant for point `target`, which takes it once (armed())."""
+    def act(plant, value, _context):
+        _armed[target] = plant
+        return value
+    return act
 
 
 def kill(_plant, _value, _context):
@@ -394,6 +433,8 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "stall": (("engine.before_size", sleep, "rank"),),
     "pair_stall": (("fleet.pair", sleep, "rank"),),
     "gpu_sleep": (("engine.before_size", gpu_sleep, "rank"),),
+    "gpu_stall": (("engine.before_size", arm("timing.loop"), "rank"),),
+    "gpu_stall_connect": (("engine.before_connect", gpu_sleep, "rank"),),
     "terms": (("engine.before_size", signal_burst("TERM"), "rank"),),
     "ints": (("engine.before_size", signal_burst("INT"), "rank"),),
     "error": (("engine.before_size", raising(
@@ -410,6 +451,7 @@ KINDS: dict[str, tuple[tuple[str, Action, str | None], ...]] = {
     "term_at_exit": (("engine.after_outcome", terminate_at_exit, "rank"),),
     "slow_device": (("timing.device_time_factor", replacing(lambda plant, _factor: plant.factor), None),),
     "device_stall": (("backend.device_setup", sleep, "rank"),),
+    "device_freeze": (("backend.device_setup", freeze, "rank"),),
     "no_gpu": (("backend.device_setup", calling("find_gpu", 0), "rank"),),
     "device_fail": (("backend.device_setup", raising(
         "CUDA error: an illegal memory access was encountered (NCCLBENCH_FAULT device_fail)"), "rank"),),

@@ -170,6 +170,21 @@ def pids_in(ns_name: str) -> list[int]:
     return found
 
 
+# Open MPI's launch agent (plm_rsh_agent, in place of ssh): `agent [ssh options] HOST COMMAND`
+# runs COMMAND (orted's, one shell string) inside HOST's namespaces
+MPI_AGENT = """#!{python}
+import os, sys
+sys.path.insert(0, {tests!r})
+import netsim
+args = sys.argv[1:]
+while args and args[0].startswith("-"):
+    args.pop(0)
+host, command = args[0], " ".join(args[1:])
+ns, name = dict(e.split("=", 1) for e in os.environ["NETSIM_AGENT_MAP"].split(","))[host].split(":")
+netsim.enter_host(ns, name)
+os.execvp("sh", ["sh", "-c", command])
+"""
+
 MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
@@ -242,6 +257,7 @@ class SimFleet:
         self.hosts = [f"{prefix}{i}" for i in range(n)]
         self.addrs = [SUBNET.format(0, i + 1) for i in range(n)]
         self.procs: list[subprocess.Popen] = []
+        self._folders: list[str] = []  # made for a launch (mpirun's agent), removed by close()
         self._made_spaces: list[str] = []
         self._made_bridge = False
         self.mps = Mps() if mps else None
@@ -294,6 +310,9 @@ class SimFleet:
                 pass
         if self.mps is not None:
             self.mps.stop()
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders = []
         try:
             from pyroute2 import IPRoute, netns
         except ImportError:
@@ -401,7 +420,8 @@ class SimFleet:
         """One job of `per_host` ranks on every host, started as a user's launcher would:
         `spawn` (ncclbench's own -g/--nnodes, torchrun's agent inside), `torchrun` (the
         user's own torchrun on each host), `slurm` or `mpi` (each rank a process with the
-        variables srun or Open MPI's mpirun give it). Host 0's first process comes first."""
+        variables srun or Open MPI's mpirun give it), `mpirun` (Open MPI's own, from host 0:
+        one process returned). Host 0's first process comes first."""
         import sys
 
         cli = ncclbench or [sys.executable, "-m", "ncclbench"]
@@ -412,8 +432,10 @@ class SimFleet:
                                     "--node-rank", str(i), "--nproc-per-node", str(per_host),
                                     "--master-addr", self.addrs[0], "--master-port", str(port),
                                     "-m", "ncclbench", *args], env=env) for i in range(self.n)]
+        if how == "mpirun":
+            return [self._mpirun(cli + args, per_host, port, env)]
         if how not in ("slurm", "mpi"):
-            raise ValueError(f"unknown launcher {how!r}: spawn, torchrun, slurm or mpi")
+            raise ValueError(f"unknown launcher {how!r}: spawn, torchrun, slurm, mpi or mpirun")
         world = self.n * per_host
         procs = []
         for i in range(self.n):
@@ -433,6 +455,28 @@ class SimFleet:
                                 OMPI_COMM_WORLD_LOCAL_SIZE=str(per_host))
                 procs.append(self._run_env(i, cli + args, full))
         return procs
+
+    def _mpirun(self, argv: list[str], per_host: int, port: int, env: dict | None) -> subprocess.Popen:
+        """Open MPI's own mpirun started on host 0, its daemon (orted) on each other host
+        started through an agent that enters that host (in place of ssh); the ranks get the
+        run's variables through mpirun's `-x`. CPU hosts only (one environment for all)."""
+        import sys
+
+        folder = tempfile.mkdtemp(prefix="nbmpi-")
+        self._folders.append(folder)
+        agent = Path(folder) / "agent"
+        agent.write_text(MPI_AGENT.format(python=sys.executable, tests=str(Path(__file__).resolve().parent)))
+        agent.chmod(0o755)
+        full = self.env_for(0, env)
+        full.update(MASTER_ADDR=self.addrs[0], MASTER_PORT=str(port),
+                    NETSIM_AGENT_MAP=",".join(f"{a}={ns}:{h}" for a, ns, h in zip(self.addrs, self.spaces, self.hosts)))
+        passed = [k for k in full if k in ("MASTER_ADDR", "MASTER_PORT", "PATH", "PYTHONPATH", "OMP_NUM_THREADS")
+                  or k.startswith(("NCCLBENCH_", "NCCL_", "GLOO_", "TORCH_"))]
+        cmd = ["mpirun", "--allow-run-as-root", "--mca", "plm_rsh_agent", str(agent), "--mca", "oob_tcp_if_include",
+               "eth0", "-H", ",".join(f"{a}:{per_host}" for a in self.addrs), "-np", str(self.n * per_host)]
+        for k in passed:
+            cmd += ["-x", k]
+        return self._run_env(0, cmd + argv, full)
 
     def _run_env(self, i: int, argv: list[str], full_env: dict, **popen) -> subprocess.Popen:
         ns, host = self.spaces[i], self.hosts[i]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, ROW_RE, cli_command, wait_gone
-from ncclbench.engine import hang, ras
+from ncclbench.engine import hang, ras, timing
 from ncclbench.engine.watchdog import BoardEntry
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -99,6 +99,137 @@ def test_a_rank_seen_stopped_that_answered_is_not_stopped():
     wits, states = census._read(witness(0, states={1: "T"}))
     assert states == {1: "T"}
     assert hang.Witness.parse(witness(1, gpu=False, states={0: "S"}).line()) == witness(1, gpu=False, states={0: "S"})
+
+
+def _loop(passed, issued=21, placement="out-of-place", steps=20, block=1):
+    return {"placement": placement, "steps": steps, "block": block, "issued": issued, "passed": passed}
+
+
+def test_a_gpu_that_stopped_inside_the_timed_loop_is_named_from_the_devices_marks():
+    """Every host issued all 20 iterations (each waits for its device), so the host's position
+    tells nothing; rank 1's device has not passed the mark after iteration 5 while ranks 0,2
+    passed it and wait inside iteration 6: rank 1's GPU is named, the others waited."""
+    where = "out-of-place, waiting for its device after issuing the 20 timed iterations"
+    wits = {r: witness(r, gpu=True, where=where) for r in range(3)}
+    for r, passed in ((0, 6), (1, 5), (2, 6)):
+        wits[r].loop = _loop(passed)
+    v = hang.decide(3, 7, "all_reduce at 128 B", board({r: 7 for r in range(3)}), wits, {})
+    assert v.ranks() == [1] and v.culprits[0][1] == hang.GPU
+    assert v.text() == ("rank 1 (pid 101) on h0: its GPU stopped in the timed loop (out-of-place): its stream has "
+                        "not passed the end of timed iteration 5, which the GPUs of ranks 0,2 passed; its host issued "
+                        "20 of 20 (earlier work on its stream still runs); ranks 0,2 waited for rank 1 at " + where)
+    assert hang.culprits_in("timeout: x did not finish within 5 s (-T): " + v.text()) == [1]
+    assert hang.Witness.parse(wits[1].line()) == wits[1]  # the reading travels through the store
+    # before the start mark; in blocks of 10 iterations (more than NOISE_SAMPLES)
+    wits[1].loop = _loop(0)
+    assert "its stream has not reached the loop's start" in hang.decide(3, 7, "w", board({r: 7 for r in range(3)}),
+                                                                        wits, {}).text()
+    for r, passed in ((0, 3), (1, 2), (2, 3)):
+        wits[r].loop = _loop(passed, issued=11, steps=100, block=10)
+    assert "not passed the end of timed iteration 20, which the GPUs of ranks 0,2 passed; its host issued 100 of " \
+        "100" in hang.decide(3, 7, "w", board({r: 7 for r in range(3)}), wits, {}).text()
+
+
+def test_devices_that_agree_or_a_device_that_caught_up_with_its_host_name_no_gpu():
+    """Equal marks (a size just slower than -T), marks of another placement or step, a device
+    that passed all its host issued (its host is the slow one: another rule's), and gloo's
+    host-clock marks (passed == issued) name nobody by this rule."""
+    b = board({r: 7 for r in range(3)})
+    wits = {r: witness(r, gpu=True) for r in range(3)}
+    for r in range(3):
+        wits[r].loop = _loop(6)
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    wits[1].loop = _loop(5, placement="in-place")
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    wits[1].loop, wits[1].step = _loop(5), 6
+    assert hang.gpus_behind(wits, 7) == {}
+    wits[1].step = 7
+    wits[1].loop = _loop(5, issued=5)
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    for r, issued in ((0, 6), (1, 4), (2, 6)):
+        wits[r].loop = _loop(issued, issued=issued)
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    # a frozen rank outranks the device rule (its peers' devices stop behind it too)
+    wits[1].loop = _loop(5)
+    del wits[2]
+    assert hang.decide(3, 7, "w", b, wits, {2: "T"}).ranks() == [2]
+    # a size just slower than -T: the ranks read their devices at different moments, so the
+    # counts differ, but every device moves while it is watched
+    wits = {r: witness(r, gpu=True) for r in range(3)}
+    for r, passed in ((0, 103), (1, 100), (2, 104)):
+        wits[r].loop = dict(_loop(passed, issued=200, steps=200), moved=True)
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == []
+    wits[1].loop["moved"] = False
+    assert hang.decide(3, 7, "w", b, wits, {}).ranks() == [1]
+
+
+class _MarkingBackend:
+    """A device that runs `ahead` ops behind its host: a mark is passed once that many ops
+    were issued after it; hold() adds a long kernel that none passes."""
+
+    rank = 1
+
+    def __init__(self, lag=1):
+        self.ops, self.lag, self.held_at, self.calls = 0, lag, None, []
+
+    def markers(self, n):
+        return [None] * n
+
+    def mark(self, _marker):
+        self.calls.append("mark")
+        return self.ops
+
+    def reached(self, mark):
+        if self.held_at is not None and mark >= self.held_at:
+            return False
+        return mark + self.lag <= self.ops or self.ops >= 25
+
+    def hold(self, _seconds):
+        self.calls.append("hold")
+        self.held_at = self.ops
+
+    def elapsed(self, a, b):
+        return (b - a) * 1e-6
+
+    def synchronize(self):
+        if self.probe is not None:
+            self.readings.append(timing.PROGRESS.reading())
+            self.samples.append(timing.PROGRESS.sample(0.01))
+
+    def barrier(self):
+        pass
+
+
+def test_the_loops_marks_are_read_as_progress_and_a_planted_stall_lands_before_a_mark(monkeypatch):
+    """NCCLBENCH_FAULT gpu_stall at=6: the hold goes after the 5th iteration's op and before
+    the mark that ends it; the reading, taken while the host waits for its device, shows the
+    device stopped there. Without the plant the loop issues exactly what it did before."""
+    from ncclbench import failpoints
+
+    monkeypatch.setenv("NCCLBENCH_FAULT", "gpu_stall:rank=1,size=1024,at=6,seconds=60")
+    failpoints.reset()
+    try:
+        backend = _MarkingBackend()
+        backend.probe, backend.readings, backend.samples = True, [], []
+        failpoints.failpoint("engine.before_size", rank=1, size=1024)
+
+        def op(_k):
+            backend.ops += 1
+            backend.calls.append("op")
+        timing.measure(backend, op, timing.TimingSettings(iters=20))
+    finally:
+        monkeypatch.delenv("NCCLBENCH_FAULT")
+        failpoints.reset()
+    loop = backend.calls[backend.calls.index("mark"):]
+    assert loop[:12] == ["mark"] + ["op", "mark"] * 4 + ["op", "hold", "mark"], loop[:12]
+    reading = backend.readings[-1]  # in the wait after the loop
+    assert reading == {"placement": None, "steps": 20, "block": 1, "issued": 21, "passed": 5}, reading
+    assert backend.samples[-1] == dict(reading, moved=False)  # stopped: no mark passed while watched
+    assert timing.PROGRESS.reading() is None  # cleared once the device caught up
+    plain = _MarkingBackend()
+    plain.probe = None
+    timing.measure(plain, lambda _k: plain.calls.append("op"), timing.TimingSettings(iters=3))
+    assert "hold" not in plain.calls
 
 
 # ---- real processes -----------------------------------------------------------------------------
@@ -346,6 +477,11 @@ def test_a_frozen_rank_on_another_host_is_named_by_its_host_mate(tmp_path):
             run.kill(run.pids.values())
     assert nodes[0].returncode == 4
     assert to_name < NAME_BOUND and to_gone < GONE_BOUND, (to_name, to_gone)
+    time.sleep(0.5)
+    # host 1 says that its rank was ended and why (its host mate or its watcher ended it)
+    assert any(re.match(r"ncclbench: error: rank 3 \(pid \d+\) on simnode1, stopped \(state T: SIGSTOP or SIGTSTP\), "
+                        r"was ended by ncclbench \(SIGKILL\): the run named it as the cause \(timeout: ", line)
+               for line in run.host1_err), run.host1_err
     print(f"across hosts: frozen rank named after {to_name:.1f} s, all gone after {to_gone:.1f} s")
 
 
@@ -358,7 +494,9 @@ def _two_hosts(fleet, tmp_path, port: int):
     run = Run.__new__(Run)
     run.proc, run.pids, run.rows, run.err = nodes[0], {}, 0, []
     threading.Thread(target=run._err, daemon=True).start()
-    threading.Thread(target=nodes[1].communicate, daemon=True).start()
+    run.host1_err = []  # host 1's stderr lines
+    threading.Thread(target=nodes[1].stdout.read, daemon=True).start()
+    threading.Thread(target=lambda: run.host1_err.extend(nodes[1].stderr), daemon=True).start()
     return nodes, run
 
 

@@ -179,6 +179,14 @@ class CupyBackend(TorchBackend):
         self._event_record(marker.ptr, self._stream())
         return marker
 
+    def reached(self, mark) -> bool | None:
+        if mark is None:
+            return None
+        import cupy
+
+        with cupy.cuda.Device(self.device.index or 0):  # the asking thread's device: the rank's
+            return bool(mark.done)  # cudaEventQuery, no wait
+
     def elapsed(self, start, end) -> float:
         return self._event_elapsed(start.ptr, end.ptr) / 1e3
 

@@ -99,6 +99,10 @@ class Backend(Protocol):
 
     def mark(self, marker) -> Any: ...
 
+    def reached(self, mark) -> bool | None:
+        """Whether the device has passed `mark`, without waiting and from any thread (a
+        hang's census reads how far each device got); None where it cannot tell."""
+
     def elapsed(self, start, end) -> float:
         """Seconds between two marks (after synchronize())."""
 

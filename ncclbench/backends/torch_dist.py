@@ -464,6 +464,11 @@ class TorchBackend:
             return marker
         return time.perf_counter()
 
+    def reached(self, mark) -> bool | None:
+        """Whether the device passed `mark` (from mark()), without waiting: a CUDA event
+        query; a host-clock mark (gloo) was passed when made; None: nothing recorded."""
+        return None if mark is None else bool(mark.query()) if self.is_gpu else True
+
     def elapsed(self, start, end) -> float:
         """Seconds between two marks (call synchronize() first)."""
         if self.is_gpu:

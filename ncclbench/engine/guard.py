@@ -8,6 +8,7 @@ speaks) and its peers failed later with an unrelated error ("Connection reset by
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -241,6 +242,7 @@ class SetupBoard:
             text = self.store.get(key(str(r))).decode()
             if text:
                 failures.append(Failure(**json.loads(text)))
+        absent = list(missing)  # never reported: maybe stopped, and then only SIGKILL ends them
         if failures:
             missing = []  # the peers of a failed rank wait on it: not the news
         result = verdict(failures, self.nranks, missing, what, self.timeout_s)
@@ -254,7 +256,24 @@ class SetupBoard:
         deadline = time.monotonic() + self.HEARD_S
         while self.store.add(key("heard"), 0) < waiting_for and time.monotonic() < deadline:
             time.sleep(self.POLL_S)
+        self._tell_watchers(absent, "; ".join(result.lines))
         return result
+
+    def _tell_watchers(self, ranks: list[int], why: str) -> None:
+        """The watchers (launch.watch) of the ranks that never reported: the job has ended
+        (a one-node -g launcher ends its ranks itself)."""
+        spawned_here = os.environ.get("NCCLBENCH_SPAWNED") and os.environ.get("WORLD_SIZE") == \
+            os.environ.get("LOCAL_WORLD_SIZE")
+        if not ranks or spawned_here:
+            return
+        from ncclbench.launch import watch
+
+        try:
+            chosen = watch.registered(self.store, ranks)
+        except Exception:  # noqa: BLE001 - the store went away: nobody to tell
+            return
+        if chosen:
+            watch.tell(chosen, why, ranks)
 
 
 class _Watcher:

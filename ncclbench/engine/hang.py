@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ncclbench import procs
+from ncclbench.engine import timing
+from ncclbench.launch import watch as rank_watch
 
 GATHER_S = 3.0      # the reporting rank waits this long at most for the witnesses
 VERDICT_WAIT_S = GATHER_S + 2.0  # the other ranks wait this long at most for its verdict
@@ -40,6 +42,7 @@ STORE_WAIT_S = 2.0  # one store operation of the census, at most (a frozen store
 NEVER, FROZEN, GPU, SILENT = "never reached", "frozen", "gpu", "silent"
 LATE_WHERE = "a point not told (no answer yet: its own timeout had not fired, or it cannot answer)"
 LATE_WAIT_S = 10.0  # after the reporting rank's timeout: the longest any rank waits for late ranks to answer
+PROGRESS_SAMPLE_S = 0.3  # a device's marks are read twice this far apart: a stopped device does not move
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Witness:
     gpu: bool | None = None   # its GPU reached the step's first op (None: no GPU, or unknown)
     states: dict = field(default_factory=dict)  # rank -> /proc state letter (None: gone) of ranks on its host
     own: str | None = None    # its main thread's /proc state, read by its watchdog thread (D: in the kernel)
+    loop: dict | None = None  # how far its device got in the timed loop (engine.timing.LoopProgress)
 
     def line(self) -> str:
         return json.dumps(asdict(self))
@@ -61,8 +65,10 @@ class Witness:
     def parse(cls, text: str) -> "Witness | None":
         try:
             d = json.loads(text)
+            loop = d.get("loop")
             return cls(int(d["rank"]), int(d["step"]), str(d["what"]), d.get("where"), d.get("gpu"),
-                       {int(k): v for k, v in (d.get("states") or {}).items()}, d.get("own"))
+                       {int(k): v for k, v in (d.get("states") or {}).items()}, d.get("own"),
+                       loop if isinstance(loop, dict) else None)
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -129,8 +135,10 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
         elif _stopped(states, r):
             culprits.append((r, FROZEN, f"{who(r)} is {procs.state_text(letter)} inside it"))
     if not culprits:
+        behind = gpus_behind(witnesses, step)
         culprits = [(r, GPU, f"{who(r)}: its GPU never reached it (earlier work on its stream still runs)")
-                    for r in range(nranks) if r in witnesses and witnesses[r].gpu is False]
+                    if witnesses[r].gpu is False else (r, GPU, f"{who(r)}: {behind[r]}")
+                    for r in range(nranks) if r in witnesses and (witnesses[r].gpu is False or r in behind)]
     if not culprits:
         culprits = [(r, SILENT, f"{who(r)} did not answer (its process is stopped, or its host or network is gone)"
                      + (f"; its process is {procs.state_text(states[r])}" if r in states else ""))
@@ -143,6 +151,46 @@ def decide(nranks: int, step: int, what: str, board: dict, witnesses: dict, stat
                  and board.get(r) is not None and board[r].step >= step)
     waiting.update({r: LATE_WHERE for r in late})
     return Verdict(what, culprits, waiting, tuple(sorted(witnesses)), late)
+
+
+def gpus_behind(witnesses: dict, step: int) -> dict:
+    """rank -> clause, for the ranks whose device is behind the others' inside one timed loop:
+    its host issued marks its device has not passed, its device passed none while it was
+    watched (a device that runs slowly moves: the ranks read at different moments), and the
+    device of another rank in the same loop (same step and placement) passed more of them. Every rank's host may have
+    issued every iteration (a GPU runs behind its host), so the host's position cannot tell
+    whose GPU stopped; the devices' marks can: peers of a stalled GPU wait inside the next
+    op, past the mark it has not reached."""
+    loops: dict = {}
+    for r, w in witnesses.items():
+        loop = w.loop
+        if w.step == step and loop and isinstance(loop.get("passed"), int) and isinstance(loop.get("issued"), int):
+            loops.setdefault(loop.get("placement"), {})[r] = loop
+    out = {}
+    for placement, ranks in loops.items():
+        if len(ranks) < 2:
+            continue
+        top = max(loop["passed"] for loop in ranks.values())
+        for r, loop in ranks.items():
+            if loop["passed"] < top and loop["passed"] < loop["issued"] and not loop.get("moved"):
+                ahead = ranks_text([q for q, other in ranks.items() if other["passed"] > loop["passed"]])
+                out[r] = (f"its GPU stopped in the timed loop{f' ({placement})' if placement else ''}: "
+                          f"{_loop_point(loop)}, which the GPUs of {ahead} passed; its host issued "
+                          f"{_iterations(loop, loop['issued'] - 1)} of {loop['steps']} (earlier work on its "
+                          "stream still runs)")
+    return out
+
+
+def _iterations(loop: dict, marks: int) -> int:
+    """Timed iterations that `marks` marks after the loop's start mark close."""
+    return min(max(0, marks) * int(loop.get("block") or 1), int(loop.get("steps") or 0))
+
+
+def _loop_point(loop: dict) -> str:
+    """Where a device that passed `loop['passed']` marks stands, in timed iterations."""
+    if loop["passed"] == 0:
+        return "its stream has not reached the loop's start"
+    return f"its stream has not passed the end of timed iteration {_iterations(loop, loop['passed'])}"
 
 
 def _poll(done, wait_s: float, every: float) -> None:
@@ -257,7 +305,7 @@ class Census:
 
     def post(self) -> Witness:
         me = self.me = Witness(self.rank, self.step, self.what, self.where, gpu_reached(self.marker), {},
-                               procs.state(os.getpid()))
+                               procs.state(os.getpid()), timing.PROGRESS.sample(PROGRESS_SAMPLE_S))
         self.seen = ({self.rank: me}, {})
         self.store = self.store or bounded(getattr(self.board, "store", None))
         self.entries = self.board.entries(self.store) or {}
@@ -398,6 +446,15 @@ class Census:
     def _verdict(self) -> str | None:
         key = self._key("verdict")
         return self.store.get(key).decode(errors="replace") if self.store.check([key]) else None
+
+    def tell_watchers(self, why: str, culprits=(), only=None) -> list[int]:
+        """Tell the ranks' watchers (launch.watch) that the job has ended: every rank's, or
+        those of the ranks in `only`; the ranks whose watcher took it."""
+        if self.store is None:
+            return []
+        ranks = range(self.nranks) if only is None else sorted(only)
+        chosen = within(3 * STORE_WAIT_S, lambda: rank_watch.registered(self.store, ranks), {})
+        return rank_watch.tell(chosen, why, culprits) if chosen else []
 
     def frozen_here(self, verdict_ranks: list[int]) -> list[tuple[int, int]]:
         """(rank, pid) of the named ranks on this host that are stopped (T, t) now."""

@@ -16,6 +16,7 @@ from ncclbench.engine.signals import _held_signals, hold_termination_signals, st
 from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
 from ncclbench.errors import ExitCode, RankFailures, error_line, first_line, ranks_list
 from ncclbench.launch import stop as rank_stop
+from ncclbench.launch import watch as rank_watch
 
 
 _TIMING_OUT = threading.Event()  # set once this rank's -T verdict is being written
@@ -115,7 +116,14 @@ class RankHooks:
                     # no exit before the ranks the verdict found late answered: under torchrun
                     # any exit makes the agent terminate the ranks left (see below)
                     hang.within(hang.LATE_WAIT_S + 2 * hang.STORE_WAIT_S, census.wait_late)
-                    _end_stopped(census, hang.culprits_in(verdict))
+                    named = hang.culprits_in(verdict)
+                    ended = _end_stopped(census, named)
+                    _say_ended(census, ended, _short(verdict))
+                    if not one_node_spawn():  # the named ranks' watchers, should the deciding rank's news not come
+                        census.tell_watchers(_short(verdict), named, only=named)
+                elif not one_node_spawn():  # no verdict came: the job gave up all the same
+                    census.tell_watchers(f"timeout: {what} did not finish within {timeout_s:g} s (-T), and no "
+                                         "verdict came from rank 0")
                 hard_exit(ExitCode.TIMEOUT)
         verdict = census.gather_within()
         first = cause() if finish is not None else None
@@ -139,6 +147,8 @@ class RankHooks:
             hang.within(3.0, lambda: census.post_verdict(message, len([r for r in verdict.answered if r != rank])))
             hang.within(late_s + 1, lambda: census.wait_answers(verdict.late, late_s))
             _end(ending)
+            if not one_node_spawn():  # a one-node -g launcher ends its ranks itself
+                census.tell_watchers(_short(message), verdict.ranks())
         hard_exit(ExitCode.TIMEOUT)
 
     def open_outcome(self, finish) -> None:
@@ -163,12 +173,28 @@ class RankHooks:
                 time.sleep(1)
 
 
-def _end_stopped(census, named: list[int]) -> list[int]:
+def _short(message: str) -> str:
+    """A verdict's head and first culprit, for the watchers' lines (the rest is on host 0)."""
+    return message.split("; ", 1)[0]
+
+
+def _end_stopped(census, named: list[int]) -> list[tuple[int, int]]:
     """The named ranks on this host that are stopped (state T), ended with SIGKILL. Their
     launcher would wait for them: torchrun's agent sends SIGTERM, which a stopped process
     keeps pending, and kills them only 30 s later. The -g launcher of one node ends them
     itself, and says so."""
     return _end(_stopped_here(census, named))
+
+
+def _say_ended(census, ended: list[tuple[int, int]], why: str) -> None:
+    """On a host other than rank 0's, the line the culprit's watcher would have said about
+    each rank this rank ended (rank 0's own line says it on its host)."""
+    host = socket.gethostname()
+    zero = census.entries.get(0)
+    if zero is None or zero.host == host:
+        return
+    for r, pid in ended:
+        print(rank_watch.ended_line(r, pid, host, "T", True, why), file=sys.stderr, flush=True)
 
 
 def _stopped_here(census, named: list[int]) -> list[tuple[int, int]]:
@@ -177,9 +203,9 @@ def _stopped_here(census, named: list[int]) -> list[tuple[int, int]]:
     return [] if one_node_spawn() else census.frozen_here(named)
 
 
-def _end(ranks: list[tuple[int, int]]) -> list[int]:
+def _end(ranks: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """SIGKILL to each (rank, pid) still stopped (a host mate may have ended it meanwhile,
-    and its pid been taken again); the ranks it reached."""
+    and its pid been taken again); the (rank, pid) it reached."""
     import signal
 
     from ncclbench import procs
@@ -190,7 +216,7 @@ def _end(ranks: list[tuple[int, int]]) -> list[int]:
             continue
         try:
             os.kill(pid, signal.SIGKILL)
-            ended.append(r)
+            ended.append((r, pid))
         except OSError:
             pass
     return ended

@@ -17,6 +17,7 @@ from ncclbench.errors import (BenchError, CollectiveError, ExitCode, Interrupted
                               interruption_message)
 from ncclbench.failpoints import failpoint
 from ncclbench.launch import stop as rank_stop
+from ncclbench.launch import watch as rank_watch
 
 
 def run_rank(plans, launch, make_report, epilogue=None) -> int:
@@ -55,6 +56,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
     def guard(store):
         board = SetupBoard(store, launch.rank, launch.world_size, timeout_s,
                            held=_held_interrupt, hold=hold_termination_signals)
+        rank_watch.register(store, launch.rank)  # from the first set-up step on (launch.watch)
 
         def run(step, what, fn):
             value = board.run(step, what, fn)

@@ -87,7 +87,7 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     def finish_early(message: str, status: str = "timeout") -> None:
         report.finish(RunSummary(list(rows), complete=False, status=status, errors=[message]))
 
-    marker = [None]  # the GPU event each step's first op follows (engine.hang)
+    marker = [backend.markers(1)[0]]  # the GPU event each step's first op follows (engine.hang)
 
     def on_timeout(what: str) -> None:
         step, label = what.split("|", 1)
@@ -100,12 +100,12 @@ def run_plan(plan, backend, make_report, *, hooks: RankHooks | None = None) -> R
     watchdog = SizeWatchdog(plan.timeout_s, on_timeout)
     try:
         devices, notes, buffers = set_up(plan, backend, runner, board, watchdog, hooks)
-        path = _read_path(plan, backend, runner, buffers, watchdog) if hooks.read_path else None
+        path = _read_path(plan, backend, runner, buffers, watchdog, marker[0]) if hooks.read_path else None
     except BaseException:
         watchdog.stop()
         raise
     peers.watch(devices, backend.rank)
-    marker[0], memory = backend.markers(1)[0], backend.memory_usage() if plan.memory_report else None
+    memory = backend.memory_usage() if plan.memory_report else None
     # From the report's first line to the sweep's start a signal is noted, not raised: the
     # sweep then stops before it begins and the report still gets its trailer.
     hooks.hold_signals()
@@ -162,12 +162,15 @@ def _open_report(plan, backend, devices, notes, path, make_report):
     return make_report(plan, info)
 
 
-def _read_path(plan, backend, runner, buffers, watchdog):
+def _read_path(plan, backend, runner, buffers, watchdog, marker=None):
     """The path NCCL took (rank 0; None elsewhere and on gloo), read after one op that
-    connects the ranks, under the -T deadline like any collective."""
+    connects the ranks, under the -T deadline like any collective; `marker` is recorded
+    before it, so that a hang there names a GPU that never reached it (engine.hang)."""
     if plan.backend == "gloo":
         return None
     watchdog.arm("0|connecting the ranks (one op, so that NCCL's log names its path)")
+    failpoint("engine.before_connect", rank=backend.rank)
+    _reached(backend, marker, "connecting the ranks (one untimed op)")
     try:
         return pathread.read_for_run(plan, backend, runner, buffers)
     finally:

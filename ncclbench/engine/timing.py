@@ -39,7 +39,7 @@ from typing import Callable, ContextManager
 
 from ncclbench.engine.position import HERE, TIMED
 from ncclbench.errors import GraphCaptureError, PlanError, first_line
-from ncclbench.failpoints import failpoint
+from ncclbench.failpoints import armed, failpoint, stamp
 
 
 # Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
@@ -177,6 +177,63 @@ def _line_up(backend, run_op, hold_s: float = 0.0) -> None:
         run_op(0)
 
 
+class LoopProgress:
+    """The timed loop's own marks as the host issues them, for a hang's census (engine.hang):
+    how far each rank's device got, read on the watchdog's thread without waiting (a mark the
+    device has passed, asked through the backend: a CUDA event query on a GPU). The loop adds
+    nothing for it: its marks are the ones the times come from (one per iteration up to
+    NOISE_SAMPLES iterations, then one per block; one per replay with -G), and the loop
+    stores the list once before it starts."""
+
+    __slots__ = ("marks", "block", "steps", "placement", "reached")
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.marks, self.block, self.steps, self.placement, self.reached = None, 1, 0, None, None
+
+    def begin(self, marks: list, block: int, steps: int, placement: str | None, reached) -> None:
+        self.marks, self.block, self.steps, self.placement, self.reached = marks, block, steps, placement, reached
+
+    def reading(self) -> dict | None:
+        """{placement, steps, block, issued, passed}: marks issued by the host and passed by
+        the device, in order (mark 0 starts the loop, mark j ends iteration min(j*block,
+        steps)); None outside a timed loop or where the backend cannot tell."""
+        marks, reached = self.marks, self.reached
+        if marks is None or reached is None:
+            return None
+        issued = len(marks)  # appended by the main thread meanwhile: read once
+        passed = 0
+        try:
+            for mark in marks[:issued]:
+                done = reached(mark)
+                if done is None:
+                    return None
+                if not done:
+                    break
+                passed += 1
+        except Exception:  # noqa: BLE001 - a broken context: no reading
+            return None
+        return {"placement": self.placement, "steps": self.steps, "block": self.block, "issued": issued,
+                "passed": passed}
+
+    def sample(self, interval_s: float = 0.3) -> dict | None:
+        """reading() twice, `interval_s` apart, the second with `moved`: whether the device
+        passed a mark meanwhile (a device that runs slowly moves; a stopped one does not)."""
+        first = self.reading()
+        if first is None:
+            return None
+        time.sleep(interval_s)
+        second = self.reading()
+        if second is None or second["issued"] < first["issued"]:
+            return None  # the loop ended meanwhile: nothing stopped in it
+        return dict(second, moved=second["passed"] > first["passed"])
+
+
+PROGRESS = LoopProgress()
+
+
 def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int,
                  block: int) -> Timing:
     """`step(k)` for k < steps between two device marks from `pool`, and one more after
@@ -184,8 +241,15 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     here = HERE
     here.at(TIMED)
     here.iterations = steps
+    stall = armed("timing.loop", rank=getattr(backend, "rank", None))
+    if stall is not None and stall.at <= 1:  # a planted GPU stall (failpoints gpu_stall) before the start mark
+        stamp(stall)
+        backend.hold(stall.seconds)
+    elif stall is not None:  # after an iteration: the plain loop stays as it is
+        step = _stalled(backend, step, stall)
     host0 = time.perf_counter()
     marks = [backend.mark(pool[0])]
+    PROGRESS.begin(marks, block, steps, here.placement, getattr(backend, "reached", None))
     for k in range(steps):
         here.iteration = k  # a slot store: read only by the -T watchdog's thread
         step(k)
@@ -194,10 +258,25 @@ def _marked_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per
     host1 = time.perf_counter()
     here.at(f"waiting for its device after issuing the {steps} timed iterations")
     backend.synchronize()
+    PROGRESS.clear()
     total_ops = steps * ops_per_step
     sizes = [block] * (steps // block) + ([steps % block] if steps % block else [])
     samples = [backend.elapsed(a, b) / (n * ops_per_step) for a, b, n in zip(marks, marks[1:], sizes)]
     return Timing(backend.elapsed(marks[0], marks[-1]) / total_ops, (host1 - host0) / total_ops, samples)
+
+
+def _stalled(backend, step: Callable[[int], None], plant) -> Callable[[int], None]:
+    """`step` with the device held busy `plant.seconds` (backend.hold) after the ops of
+    timed iteration `plant.at` - 1, before the mark that ends it: the host goes on issuing,
+    the device finishes that iteration's ops and reaches the next only when the hold ends."""
+    after = plant.at - 2  # the step (from 0) whose ops the hold follows
+
+    def step_then_stall(k):
+        step(k)
+        if k == after:
+            stamp(plant)
+            backend.hold(plant.seconds)
+    return step_then_stall
 
 
 def _paired_loop(backend, pool, steps: int, step: Callable[[int], None], ops_per_step: int) -> Timing:

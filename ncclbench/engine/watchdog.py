@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ncclbench.failpoints import failpoint
 from ncclbench.launch import stop as rank_stop
+from ncclbench.launch import watch as rank_watch
 
 PROGRESS_KEY = "ncclbench/progress/{rank}"
 
@@ -28,9 +29,13 @@ class ProgressBoard:
     def __init__(self, store, rank: int, nranks: int):
         self.store, self.rank, self.nranks = store, rank, nranks
         self._me = f"{os.getpid()}|{socket.gethostname()}"
+        self._registered = False
 
     def reach(self, step: int, what: str | None = None) -> None:
         if self.store is not None:
+            if not self._registered:  # this rank's watcher (launch.watch), once per board
+                self._registered = True
+                rank_watch.register(self.store, self.rank)
             try:
                 self.store.set(PROGRESS_KEY.format(rank=self.rank), f"{step}|{self._me}|{what or ''}")
             except Exception:  # noqa: BLE001 - progress is a diagnostic, never a failure

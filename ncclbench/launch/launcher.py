@@ -44,6 +44,10 @@ def prepare_environ(info) -> None:
     from ncclbench.launch import stop
 
     stop.start(info.rank)  # a thread that ends this rank when a peer dies while it is stuck in C code
+    from ncclbench.launch import watch
+
+    if info.world_size > 1:  # a process that ends this rank if the job ended while it could not (stopped)
+        watch.start(info.rank)
 
 
 def end_with_launcher() -> None:
