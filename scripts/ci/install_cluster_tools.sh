@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # install_cluster_tools.sh -- the real launchers tests/test_cluster.py drives: Open MPI's
-# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, from Debian's packages. (The
+# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, from Debian's packages; and the
+# monitoring tools tests/test_metrics.py checks --metrics files with: promtool (Debian's
+# prometheus) and node_exporter (prometheus-node-exporter), run by the test, never as services. (The
 # simulated hosts of tests/netsim.py need no package here: they are built through netlink
 # by pyroute2, from the test extras.)
 #
@@ -24,6 +26,8 @@ declare -A PROVIDES=(
     [slurmd]=slurmd
     [sbatch]=slurm-client
     [munged]=munge
+    [promtool]=prometheus
+    [prometheus-node-exporter]=prometheus-node-exporter
 )
 
 say() { echo "install_cluster_tools: $*"; }
@@ -40,7 +44,7 @@ missing_packages() {
 
 mapfile -t wanted < <(missing_packages)
 if [[ ${#wanted[@]} -eq 0 ]]; then
-    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged"
+    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged, promtool, prometheus-node-exporter"
     exit 0
 fi
 
