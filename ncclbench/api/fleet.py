@@ -71,6 +71,8 @@ class FleetPlan:
     json_path: str | None = None
     csv_path: str | None = None
     drain_path: str | None = None
+    drain_format: str = "scontrol"
+    metrics_path: str | None = None
 
 
 @dataclass

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 
 from ncclbench.errors import ExitCode
 
-REASON_CHARS = 200   # scontrol's Reason= is one line; the whole evidence is in the JSON
-
 
 @dataclass
 class FleetReport:
@@ -120,11 +118,9 @@ class FleetReport:
         return out
 
     def scontrol_lines(self) -> list[str]:
-        out = []
-        for d in self.drain:
-            reason = ("ncclbench fleet: " + d["reason"]).replace('"', "'")[:REASON_CHARS]
-            out.append(f'scontrol update NodeName={d["host"]} State=DRAIN Reason="{reason}"')
-        return out
+        from ncclbench.results import drain
+
+        return drain.render([(d["host"], d["reason"]) for d in self.drain], "scontrol", "fleet")[0]
 
     def to_dict(self) -> dict:
         return {"drain": self.drain, "exit_code": self.exit_code, "nodes": self.nodes, "links": self.links,
@@ -145,9 +141,10 @@ class FleetReport:
                 writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
                 writer.writeheader()
                 writer.writerows(self.tests)
-        if p.get("drain_path"):
-            with open(p["drain_path"], "w") as f:
-                f.write("".join(line + "\n" for line in self.scontrol_lines()))
+        from ncclbench.results.metrics import write_report_files
+
+        write_report_files("fleet", self.to_dict(), p.get("backend", ""), p.get("metrics_path"), p.get("drain_path"),
+                           p.get("drain_format") or "scontrol")
 
 
 CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "bytes", "busbw_gbps", "reference_gbps",

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from ncclbench.api.params import drain_options, metrics_option
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import parse_size
@@ -47,7 +48,7 @@ def build_plan(o: dict, backend: str):
                      floor=floor, gpus_per_node=o["gpus_per_node"], all_pairs_rounds=max(1, o["all_pairs_up_to"] - 1),
                      screen_rounds=o["rounds"], max_localise=o["localise_rounds"], seed=o["seed"],
                      sim_node_size=o["sim_node_size"], json_path=o["json_path"], csv_path=o["csv_path"],
-                     drain_path=o["drain_path"])
+                     drain_path=o["drain_path"], drain_format=o["drain_format"], metrics_path=o["metrics_path"])
 
 
 def run_fleet(o: dict) -> int:
@@ -100,8 +101,8 @@ def run_fleet(o: dict) -> int:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffled schedule.")
 @click.option("--json", "json_path", default=None, help="Write the report to this file (top-level \"drain\" list).")
 @click.option("--csv", "csv_path", default=None, help="Write one row per pair test to this CSV file.")
-@click.option("--drain-file", "drain_path", default=None,
-              help="Write one `scontrol update NodeName=... State=DRAIN` line per node to drain (never run).")
+@drain_options
+@metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds one exchange (or a node's local test) may take; a node past it is named, the run goes on.")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")

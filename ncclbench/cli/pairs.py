@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ncclbench.api.params import metrics_option
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.engine.pairs import PairsPlan, parse_percent, run_rank
 from ncclbench.errors import ExitCode, PlanError
@@ -29,7 +30,7 @@ def build_plan(o: dict, backend: str) -> PairsPlan:
         if path:
             check_writable(path, what)
     return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
-                     o["json_path"], o["csv_path"])
+                     o["json_path"], o["csv_path"], metrics_path=o["metrics_path"])
 
 
 def run_pairs(o: dict) -> int:
@@ -75,6 +76,7 @@ def run_pairs(o: dict) -> int:
               help="Exit 1 when any pair is more than X% below the median pair.")
 @click.option("--json", "json_path", default=None, help="Write the matrix and every pair to this JSON file.")
 @click.option("--csv", "csv_path", default=None, help="Write one row per pair to this CSV file (overwritten).")
+@metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds an exchange may take before the run is aborted.")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")

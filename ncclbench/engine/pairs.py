@@ -126,6 +126,7 @@ class PairsPlan:
     json_path: str | None
     csv_path: str | None
     pair_cap_s: float | None = None  # seconds one pair may take per round (preflight); None: no cap
+    metrics_path: str | None = None  # --metrics: Prometheus text of the pairs
 
     def fingerprint(self) -> tuple:
         """What every rank must agree on, or the rounds would not line up."""
@@ -441,6 +442,16 @@ class PairsResult:
             with open(self.plan.json_path, "w") as f:
                 json.dump(doc, f, indent=1)
                 f.write("\n")
+        if self.plan.metrics_path:
+            from ncclbench.results.metrics import write_report_files
+
+            records = self.pair_records()
+            links = [{"ranks": [r["rank_a"], r["rank_b"]], "hosts": [r["host_a"], r["host_b"]],
+                      "below_pct": r["below_median_pct"], "path": r["path"]} for r in records if r["flagged"]]
+            write_report_files("pairs", {"command": "pairs", "pairs": records, "links": links,
+                                         "exit_code": int(self.exit_code()),
+                                         "nccl_path": self.path.to_dict() if self.path is not None else None},
+                               self.plan.backend, self.plan.metrics_path)
         if self.plan.csv_path:
             records = self.pair_records()
             with open(self.plan.csv_path, "w", newline="") as f:

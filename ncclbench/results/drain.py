@@ -122,3 +122,17 @@ def write(path: str, source, fmt: str = "scontrol", command: str = "") -> list[t
 
 def warning_lines(left_out) -> list[str]:
     return [f"ncclbench: warning: host {ascii(host)} left out of the drain file: {why}" for host, why in left_out]
+
+
+def write_or_warn(path: str, source, fmt: str = "scontrol", command: str = "") -> bool:
+    """write(), saying on stderr which hosts were left out, or why the file could not be written."""
+    import sys
+
+    try:
+        left_out = write(path, source, fmt, command)
+    except OSError as exc:
+        print(f"ncclbench: warning: cannot write drain file {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return False
+    for line in warning_lines(left_out):
+        print(line, file=sys.stderr, flush=True)
+    return True

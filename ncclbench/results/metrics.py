@@ -185,12 +185,19 @@ def add_run_info(expo: Exposition, command: str, info: dict, now: float | None =
     expo.add("last_run_timestamp_seconds", {"command": command}, time.time() if now is None else now)
 
 
+def _path_label(path) -> str:
+    """The short name of the path NCCL took, from a path document (topology.pathview) or text."""
+    if isinstance(path, dict):
+        return path.get("label") or ""
+    return path or ""
+
+
 def sweep_info(doc: dict) -> dict:
     nb = doc.get("ncclbench") or {}
     path = nb.get("nccl_path") or {}
     return {"collective": nb.get("collective"), "backend": nb.get("backend"),
             "ncclbench_version": nb.get("ncclbench_version"), "torch_version": nb.get("torch_version"),
-            "nccl_version": nb.get("nccl"), "nccl_path": path.get("label") if isinstance(path, dict) else "",
+            "nccl_version": nb.get("nccl"), "nccl_path": _path_label(path),
             "gpu": nb.get("gpu")}
 
 
@@ -221,7 +228,9 @@ def sweeps_text(command: str, docs: list[dict], now: float | None = None) -> str
 def report_text(command: str, report: dict, info: dict | None = None, now: float | None = None) -> str:
     expo = Exposition()
     add_report(expo, report, command)
-    paths = sorted({link.get("path") for link in report.get("links") or [] if link.get("path")})
+    named = [link.get("path") for link in report.get("links") or []]
+    named += [_path_label(g.get("nccl_path")) for g in report.get("groups") or []] + [_path_label(report.get("nccl_path"))]
+    paths = sorted({p for p in named if p})
     add_run_info(expo, command, dict(info or {}, nccl_path=",".join(paths)) if paths else (info or {}), now)
     return expo.text()
 
@@ -280,3 +289,25 @@ def write_textfile(path: str, text: str, merge: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+def write_or_warn(path: str, text: str) -> bool:
+    """write_textfile(), or one warning on stderr when the file cannot be written."""
+    try:
+        write_textfile(path, text)
+    except OSError as exc:
+        print(f"ncclbench: warning: cannot write metrics file {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def write_report_files(command: str, report: dict, backend: str, metrics_path=None, drain_path=None,
+                       drain_format: str = "scontrol") -> None:
+    """Rank 0's --metrics and --drain-file of a fault-finding report (pairs, preflight, fleet);
+    a file that cannot be written is one warning, the report stands."""
+    from ncclbench.results import drain
+
+    if drain_path:
+        drain.write_or_warn(drain_path, report, drain_format, command)
+    if metrics_path:
+        write_or_warn(metrics_path, report_text(command, report, process_info(backend)))
