@@ -139,7 +139,8 @@ def add_report(expo: Exposition, report: dict, command: str) -> None:
         labels = dict(cmd, **_ends(link))
         labels["path"] = link.get("path") or ""
         expo.add("slow_link", labels, 1)
-        expo.add("slow_link_below_reference_ratio", labels, _scaled(link.get("below_pct"), 0.01))
+        pct = _number(link.get("below_pct"))
+        expo.add("slow_link_below_reference_ratio", labels, None if pct is None else pct / 100)
     for pair in (report.get("pairs") or []) + (report.get("tests") or []):
         labels = dict(cmd, **_ends(pair))
         labels["rail"] = "" if pair.get("rail") is None else pair.get("rail")
