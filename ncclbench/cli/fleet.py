@@ -48,7 +48,8 @@ def build_plan(o: dict, backend: str):
                      floor=floor, gpus_per_node=o["gpus_per_node"], all_pairs_rounds=max(1, o["all_pairs_up_to"] - 1),
                      screen_rounds=o["rounds"], max_localise=o["localise_rounds"], seed=o["seed"],
                      sim_node_size=o["sim_node_size"], json_path=o["json_path"], csv_path=o["csv_path"],
-                     drain_path=o["drain_path"], drain_format=o["drain_format"], metrics_path=o["metrics_path"])
+                     drain_path=o["drain_path"], drain_format=o.get("drain_format", "scontrol"),
+                     metrics_path=o.get("metrics_path"))
 
 
 def run_fleet(o: dict) -> int:

@@ -30,7 +30,7 @@ def build_plan(o: dict, backend: str) -> PairsPlan:
         if path:
             check_writable(path, what)
     return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
-                     o["json_path"], o["csv_path"], metrics_path=o["metrics_path"])
+                     o["json_path"], o["csv_path"], metrics_path=o.get("metrics_path"))
 
 
 def run_pairs(o: dict) -> int:

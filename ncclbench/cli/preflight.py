@@ -28,7 +28,8 @@ def run_preflight_rank(o: dict, info) -> int:
         groups = make_groups(o["mesh"], hosts)
         report = Preflight(groups, o["min_peak_busbw"], o["budget"], o["band"], o["collectives"].split(","),
                            o["baseline_tolerance"], "float", o["timeout"], o["json_path"], exit_on_timeout=True,
-                           metrics_path=o["metrics_path"], drain_path=o["drain_path"], drain_format=o["drain_format"]).run()
+                           metrics_path=o.get("metrics_path"), drain_path=o.get("drain_path"),
+                           drain_format=o.get("drain_format", "scontrol")).run()
     finally:
         backend.close()
     if info.rank == 0:
