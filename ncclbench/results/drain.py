@@ -94,20 +94,21 @@ def render(source, fmt: str = "scontrol", command: str = "") -> tuple[list[str],
             if fmt != "hosts":  # a plain list has no comments: its readers take every line as a host
                 lines.append(f"# left out: host {ascii(host)}: {why}")
             continue
-        text = one_line(f"ncclbench {command}: {reason}" if command else f"ncclbench: {reason}")
-        lines.extend(_lines(host, text, fmt))
+        lines.extend(_lines(host, f"ncclbench {command}:" if command else "ncclbench:", one_line(reason), fmt))
     return lines, left_out
 
 
-def _lines(host: str, reason: str, fmt: str) -> list[str]:
+def _lines(host: str, prefix: str, short: str, fmt: str) -> list[str]:
+    """The commands for one host; the reason is `prefix short` (the taint value gets `short` alone)."""
     q = shlex.quote
+    reason = f"{prefix} {short}".strip()
     if fmt == "scontrol":
         return [f"scontrol update NodeName={q(host)} State=DRAIN Reason={q(reason[:REASON_CHARS])}"]
     if fmt == "kubectl":
         # `--` ends kubectl's options: a name starting with '-' stays a name
         return [f"kubectl cordon -- {q(host)}",
                 f"kubectl taint nodes --overwrite -- {q(host)} "
-                f"{q(f'{TAINT_KEY}={taint_value(reason)}:{TAINT_EFFECT}')}",
+                f"{q(f'{TAINT_KEY}={taint_value(short)}:{TAINT_EFFECT}')}",
                 f"kubectl annotate nodes --overwrite -- {q(host)} {q(f'{ANNOTATION_KEY}={reason}')}"]
     return [host]
 
