@@ -309,3 +309,42 @@ def test_an_unwritable_metrics_file_is_refused_in_one_line(tmp_path, path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ncclbench: error:") and "metrics file" in lines[0], proc.stderr
+
+
+API_SCRIPT = """
+import sys
+import torch.distributed as dist
+import ncclbench
+
+dist.init_process_group("gloo")
+rows = ncclbench.measure("all_reduce", "1K:16K:x4", iters=2)
+try:
+    ncclbench.measure("all_reduce", "1K", metrics_path="m.prom")
+except ncclbench.PlanError as exc:
+    refused = str(exc)
+if dist.get_rank() == 0:
+    rows.to_json(sys.argv[1] + "/rows.json")
+    rows.to_metrics(sys.argv[1] + "/rows.prom")
+    open(sys.argv[1] + "/refused.txt", "w").write(refused)
+dist.destroy_process_group()
+"""
+
+
+@needs_promtool
+def test_the_api_s_rows_write_the_same_metrics(tmp_path):
+    """ncclbench.measure() refuses metrics_path (it returns rows) and Rows.to_metrics writes
+    what --metrics would: checked by promtool, values equal to Rows.to_json."""
+    script = tmp_path / "ranks.py"
+    script.write_text(API_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Rows.to_metrics" in (tmp_path / "refused.txt").read_text()
+    promtool_check(tmp_path / "rows.prom")
+    doc = json.loads((tmp_path / "rows.json").read_text())
+    busbw = metrics.parse((tmp_path / "rows.prom").read_text()).families["ncclbench_busbw_bytes_per_second"]
+    got = {(dict(items)["size_bytes"], dict(items)["placement"]): value for items, value in busbw["samples"].values()}
+    want = {(str(r["size"]), p): r[p]["bus_bw"] * 1e9 for r in doc["results"] for p in ("out_of_place", "in_place")}
+    assert got == want and len(want) == 6
