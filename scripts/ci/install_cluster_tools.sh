@@ -12,8 +12,10 @@
 #
 # Package installs must not start daemons: in a container there is no init system to
 # manage them, and a munged or slurmd started with Debian's default configuration would
-# hold the sockets and ports the tests' own daemons need. A temporary policy-rc.d (the
-# Debian mechanism for exactly this) makes invoke-rc.d skip every start.
+# hold the sockets and ports the tests' own daemons need (so would a prometheus on :9090 and a
+# node_exporter on :9100, whose postinst scripts start them through invoke-rc.d where no
+# systemd runs). A temporary policy-rc.d (the Debian mechanism for exactly this) makes
+# invoke-rc.d skip every start.
 #
 # Usage: scripts/ci/install_cluster_tools.sh        (exit 0 when the tools are usable)
 
