@@ -1,4 +1,4 @@
-"""`ncclbench fleet`'s verdict (ncclbench.api.fleet_verdict.simulate) on a made-up fabric
+"""`ncclbench fleet`'s verdict (ncclbench.locate.localiser.simulate) on a made-up fabric
 with one-sided contention: per share of contended pair tests, over T trials of N nodes with
 3 bad nodes and 2 bad links planted (each slowed to 40%), the false drains, false links,
 planted faults missed, suspects left and rounds run. Pure Python, no torch, no GPU.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ncclbench.api.fleet_verdict import planted_fabric, simulate  # noqa: E402
-from ncclbench.engine.fleet_schedule import screening_rounds  # noqa: E402
+from ncclbench.locate.localiser import planted_fabric, simulate  # noqa: E402
+from ncclbench.locate.schedule import screening_rounds  # noqa: E402
 
 
 def plant(n: int, seed: int) -> tuple[set, set]:

@@ -12,12 +12,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ncclbench"
 SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints"}  # vocabulary every layer uses
 
 # layer -> the layers it may import (besides itself and the shared modules)
+CAPABILITY = {"api", "engine", "backends", "results", "topology", "launch", "locate"}  # what a capability may use
 ALLOWED = {
-    "entry": {"cli", "launch", "api"},  # ncclbench/__init__.py hands out the API's names
-    "cli": {"api", "tune", "engine", "backends", "results", "topology", "launch"},
-    "tune": {"api", "engine", "backends", "results", "topology", "launch"},
-    "api": {"engine", "backends", "results", "topology", "launch"},
-    "engine": {"backends", "results", "topology", "launch"},
+    "entry": {"cli", "launch", "api", "preflight", "fleet"},  # ncclbench/__init__.py hands out the API's names
+    "cli": {"api", "tune", "pairs", "preflight", "fleet", "engine", "backends", "results", "topology", "launch",
+            "locate"},
+    "tune": CAPABILITY,
+    "pairs": CAPABILITY,
+    "preflight": CAPABILITY,
+    "fleet": CAPABILITY,
+    "api": {"engine", "backends", "results", "topology", "launch", "locate"},
+    "engine": {"backends", "results", "topology", "launch", "locate"},
+    "locate": set(),  # the localisation core: pure statistics and records
     "backends": {"launch", "topology"},
     "launch": {"topology"},
     "results": set(),

@@ -185,14 +185,14 @@ def test_a_fleet_run_s_metrics_read_back_equal_its_report(tmp_path):
     promtool_check(prom)
     with node_exporter(folder) as url:
         samples = scrape(url)
-    values = {"ok": 0, "suspect": 1, "drain": 2, "link": 0}
-    assert [n["verdict"] for n in report["nodes"]][-1] == "drain"
-    for n in report["nodes"]:
-        assert one(samples, "ncclbench_host_verdict", command="fleet", host=n["host"]) == values[n["verdict"]]
+    values = {"ok": 0, "suspect": 1, "drain": 2}
+    assert [h["verdict"] for h in report["hosts"]][-1] == "drain"
+    for h in report["hosts"]:
+        assert one(samples, "ncclbench_host_verdict", command="fleet", host=h["host"]) == values[h["verdict"]]
     latest = {}
-    for t in report["tests"]:
+    for t in report["pairs"]:
         if t["busbw_gbps"] is not None:
-            latest[(t["host_a"], t["host_b"], "" if t["rail"] is None else str(t["rail"]))] = t["busbw_gbps"]
+            latest[(*t["hosts"], "" if t["rail"] is None else str(t["rail"]))] = t["busbw_gbps"]
     assert latest
     for (a, b, rail), value in latest.items():
         assert one(samples, "ncclbench_pair_busbw_bytes_per_second", command="fleet", host_a=a, host_b=b,

@@ -595,7 +595,10 @@ def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
 
 
 def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
-    from ncclbench.engine.pairs import PairsPlan, PairsResult, tournament_rounds
+    from ncclbench.engine.pair_exchange import pair_busbw
+    from ncclbench.locate.schedule import tournament_rounds
+    from ncclbench.pairs.report import PairsResult
+    from ncclbench.pairs.run import PairsPlan
 
     plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="nccl", timeout_s=60, fail_below=20.0,
                      json_path=str(tmp_path / "p.json"), csv_path=None)
@@ -603,7 +606,7 @@ def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
                 "device_info": "NVIDIA H100"} for r in range(4)]
     times = [{1: 1e-4, 2: 1e-2, 3: 1e-4}, {0: 1e-4, 2: 1e-4, 3: 1e-4}, {0: 1e-2, 1: 1e-4, 3: 1e-4},
              {0: 1e-4, 1: 1e-4, 2: 1e-4}]
-    result = PairsResult(plan, devices, tournament_rounds(4), times, [])
+    result = PairsResult(plan, devices, tournament_rounds(4), pair_busbw(times, plan.nbytes), [])
     result.path = path_of("two-hosts-socket")
     lines = result.report_lines("CUDA events")
     assert any(l.startswith("# NCCL path: NET/Socket") for l in lines)

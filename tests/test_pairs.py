@@ -1,18 +1,21 @@
-"""`ncclbench pairs`: the round-robin schedule and the slow-pair verdict as pure functions,
-then the real command on gloo ranks (healthy, and with one rank slowed by the test hook)."""
+"""`ncclbench pairs`: the round-robin schedule and the verdict (the localisation core on made-up
+numbers), then the real command on gloo ranks (healthy, and with one rank slowed by the test hook)."""
 
 from __future__ import annotations
 
 import csv
 import itertools
 import json
+import random
 
 import pytest
 
 from conftest import run_cli
+from ncclbench.engine.pair_exchange import pair_busbw
 from ncclbench.errors import ExitCode, PlanError
-from ncclbench.engine.pairs import (PairsPlan, PairsResult, below_median, pair_busbw, parse_percent,
-                                    peer_in_round, slow_pairs, tournament_rounds)
+from ncclbench.locate.schedule import peer_in_round, tournament_rounds
+from ncclbench.pairs.report import PairsResult, below_median, slow_pairs
+from ncclbench.pairs.run import PairsPlan, localise, parse_percent
 
 # Small enough that gloo's exchanges cost next to nothing; the launch (torch imports on
 # 2 cores) dominates each end-to-end test at ~10-20 s.
@@ -39,46 +42,37 @@ def test_peer_in_round():
     assert [peer_in_round(pairs, r) for r in range(5)] == [3, 2, 1, 0, None]
 
 
-# ---- verdict -------------------------------------------------------------------------
-
-def matrix_from(values: dict, n: int):
-    m = [[None] * n for _ in range(n)]
-    for (a, b), v in values.items():
-        m[a][b] = m[b][a] = v
-    return m
-
+# ---- numbers ---------------------------------------------------------------------------
 
 def test_pair_busbw_takes_the_slower_side():
     # rank 0 saw 1 ms with rank 1, rank 1 saw 2 ms: the exchange is over after 2 ms
     times = [{1: 0.001, 2: 0.001}, {0: 0.002, 2: 0.001}, {0: 0.001, 1: 0.004}]
-    m = pair_busbw(times, 2_000_000)
-    assert m[0][1] == m[1][0] == pytest.approx(1.0)  # 2 MB / 2 ms = 1 GB/s
-    assert m[1][2] == pytest.approx(0.5)
-    assert m[0][2] == pytest.approx(2.0)
-    assert [m[i][i] for i in range(3)] == [None, None, None]
+    busbw = pair_busbw(times, 2_000_000)
+    assert busbw[(0, 1)] == pytest.approx(1.0)  # 2 MB / 2 ms = 1 GB/s
+    assert busbw[(1, 2)] == pytest.approx(0.5)
+    assert busbw[(0, 2)] == pytest.approx(2.0)
+    assert set(busbw) == {(0, 1), (0, 2), (1, 2)}
 
 
 def test_slow_pairs_flags_only_pairs_far_below_the_median():
-    m = matrix_from({(0, 1): 100, (0, 2): 100, (0, 3): 100, (1, 2): 40, (1, 3): 100, (2, 3): 85}, 4)
-    assert [(a, b) for a, b, _, _ in slow_pairs(m, 20)] == [(1, 2)]
-    (a, b, v, pct), = slow_pairs(m, 20)
+    values = {(0, 1): 100, (0, 2): 100, (0, 3): 100, (1, 2): 40, (1, 3): 100, (2, 3): 85}
+    assert [(a, b) for a, b, _, _ in slow_pairs(values, 20)] == [(1, 2)]
+    (a, b, v, pct), = slow_pairs(values, 20)
     assert v == 40 and pct == pytest.approx(60.0)  # median of the six pairs is 100
-    assert [(a, b) for a, b, _, _ in slow_pairs(m, 10)] == [(1, 2), (2, 3)]
-    assert slow_pairs(m, 60) == []  # "more than" 60%: exactly 60% is not flagged
+    assert [(a, b) for a, b, _, _ in slow_pairs(values, 10)] == [(1, 2), (2, 3)]
+    assert slow_pairs(values, 60) == []  # "more than" 60%: exactly 60% is not flagged
 
 
 def test_below_median_lists_every_pair_slowest_first():
-    m = matrix_from({(0, 1): 10, (0, 2): 30, (1, 2): 20}, 3)
-    ranked = below_median(m)
+    ranked = below_median({(0, 1): 10, (0, 2): 30, (1, 2): 20})
     assert [(a, b) for a, b, _, _ in ranked] == [(0, 1), (1, 2), (0, 2)]
     assert [round(p) for *_, p in ranked] == [50, 0, -50]
 
 
 def test_slow_pairs_edge_cases():
-    assert slow_pairs(matrix_from({}, 1), 20) == []
-    assert slow_pairs(matrix_from({(0, 1): 5.0}, 2), 20) == []  # one pair is its own median
-    uniform = matrix_from({pair: 7.0 for pair in itertools.combinations(range(5), 2)}, 5)
-    assert slow_pairs(uniform, 1) == []
+    assert slow_pairs({}, 20) == []
+    assert slow_pairs({(0, 1): 5.0}, 20) == []  # one pair is its own median
+    assert slow_pairs({pair: 7.0 for pair in itertools.combinations(range(5), 2)}, 1) == []
 
 
 @pytest.mark.parametrize("text, value", [("20%", 20.0), ("20", 20.0), (" 12.5 % ", 12.5)])
@@ -92,28 +86,79 @@ def test_parse_percent_refuses(text):
         parse_percent(text)
 
 
-def fake_result(times, fail_below=20.0, wrong=()):
+# ---- the verdict: the localisation core on made-up numbers ------------------------------
+
+def devices_of(n: int, per_host: int = 1) -> list[dict]:
+    return [{"rank": r, "pid": 100 + r, "host": f"node{r // per_host}", "device": r % per_host,
+             "device_hex": "cpu", "device_info": "CPU (gloo)"} for r in range(n)]
+
+
+def fabric(slow_rank=None, slow_link=None, noise=0.05, seed=0, slow=0.01):
+    """GB/s per pair: 1.0 with noise; `slow` x that where a pair holds the slow rank or is the
+    slow link (100x: gloo's links are judged at a 95% band)."""
+    rng = random.Random(seed)
+
+    def measure(rounds):
+        out = {}
+        for pairs in rounds:
+            for a, b in pairs:
+                hit = slow_rank in (a, b) or {a, b} == set(slow_link or ())
+                out[(a, b)] = (slow if hit else 1.0) * rng.gauss(1.0, noise)
+        return out, []
+    return measure
+
+
+def decided(n=4, per_host=1, fail_below=None, band=None, wrong=(), **faults):
     plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="gloo", timeout_s=60,
-                     fail_below=fail_below, json_path=None, csv_path=None)
-    devices = [{"rank": r, "pid": 100 + r, "host": f"node{r // 2}", "device": r % 2, "device_hex": "cpu",
-                "device_info": "CPU (gloo)"} for r in range(len(times))]
-    return PairsResult(plan, devices, tournament_rounds(len(times)), times, list(wrong))
+                     fail_below=fail_below, json_path=None, csv_path=None, band=band)
+    devices = devices_of(n, per_host)
+    measure = fabric(**faults)
+    busbw, _ = measure(tournament_rounds(n))
+    loc, bad_data, rounds = localise(plan, devices, (busbw, list(wrong)), measure)
+    return PairsResult(plan, devices, tournament_rounds(n), busbw, bad_data, loc, rounds)
 
 
-def uniform_times(n, seconds=0.001, slow=None, slow_seconds=0.01):
-    return [{p: (slow_seconds if slow in (r, p) else seconds) for p in range(n) if p != r} for r in range(n)]
-
-
-def test_report_names_the_slow_pairs_and_exits_1():
-    result = fake_result(uniform_times(5, slow=3))
-    text = "\n".join(result.report_lines("host clock"))
-    assert "4 pair(s) more than 20% below the median" in text
-    assert "#     0 <-> 3      0.1000 GB/s    90.0% below median  (node0 - node1)" in text
-    assert "5 rounds of 2 pairs side by side (round-robin; one rank idle per round)" in text
+def test_a_slow_rank_drains_its_host_alone_and_exits_1():
+    result = decided(slow_rank=2)
+    assert result.finding.drain == ["node2"] and result.finding.links == [], result.finding
     assert result.exit_code() == ExitCode.REGRESSION
-    assert fake_result(uniform_times(5)).exit_code() == ExitCode.OK
-    assert fake_result(uniform_times(5, slow=3), fail_below=None).exit_code() == ExitCode.OK
-    assert fake_result(uniform_times(4), wrong=[(0, 1)]).exit_code() == ExitCode.WRONG_RESULTS
+    text = "\n".join(result.report_lines("host clock"))
+    assert "# DRAIN node2 (rank 2)" in text and "slow with every partner" in text
+    assert "then " in text and "localisation round(s)" in text
+
+
+def test_a_slow_link_names_its_host_pair_and_drains_nothing():
+    result = decided(slow_link=(1, 3))
+    doc = result.to_dict()
+    assert doc["drain"] == [] and [link["hosts"] for link in doc["links"]] == [["node1", "node3"]], doc["hosts"]
+    assert doc["links"][0]["ranks"] == [1, 3] and doc["links"][0]["below_pct"] > 80
+    assert {h["host"]: h["verdict"] for h in doc["hosts"]} == {"node0": "ok", "node1": "suspect",
+                                                                "node2": "ok", "node3": "suspect"}
+    assert doc["exit_code"] == ExitCode.REGRESSION and doc["passed"] is False
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_healthy_job_localises_nothing(seed):
+    result = decided(n=6, seed=seed, noise=0.1)
+    assert not result.finding.localised and result.exit_code() == ExitCode.OK, result.finding
+
+
+def test_fail_below_is_a_floor_beside_the_verdict_and_wrong_data_exits_7():
+    assert decided(fail_below=5.0, noise=0.2, seed=1).exit_code() == ExitCode.REGRESSION
+    assert decided(wrong=[(0, 1)]).exit_code() == ExitCode.WRONG_RESULTS
+
+
+def test_two_ranks_are_not_judged_and_say_so():
+    result = decided(n=2, slow_link=(0, 1))
+    assert not result.finding.localised and result.exit_code() == ExitCode.OK
+    assert any("not judged" in n for n in result.finding.notes), result.finding.notes
+
+
+def test_pairs_of_one_host_are_compared_among_themselves():
+    """2 hosts of 2 ranks: the two pairs on one host are a kind too small to judge; the four
+    pairs across hosts find a slow rank."""
+    result = decided(n=4, per_host=2, slow_rank=3)
+    assert result.finding.drain == ["node1"], result.finding
 
 
 # ---- the command, for real -------------------------------------------------------------
@@ -173,22 +218,27 @@ def test_slow_rank_is_flagged_and_fails_the_run(tmp_path):
                    env={"NCCLBENCH_PAIRS_SLOW": "1"}, timeout=180)
     assert proc.returncode == ExitCode.REGRESSION, proc.stdout + proc.stderr
     assert "3 pair(s) more than 20% below the median" in proc.stdout
-    flagged = {(p["rank_a"], p["rank_b"]) for p in json.loads(out_json.read_text())["pairs"] if p["flagged"]}
+    doc = json.loads(out_json.read_text())
+    flagged = {(p["rank_a"], p["rank_b"]) for p in doc["pairs"] if p["flagged"]}
     assert flagged == {(0, 1), (1, 2), (1, 3)}
+    # the verdict: rank 1 slow with every partner, its host (the only one) to drain, no link
+    assert doc["drain"] == [doc["devices"][1]["host"]] and doc["links"] == [], doc["hosts"]
+    assert any("rank 1" in e for e in doc["hosts"][0]["evidence"]), doc["hosts"]
 
 
 @pytest.mark.slow
 def test_odd_world_idles_one_rank_per_round(tmp_path):
     """3 ranks: 3 rounds of one pair, the third rank waiting in each round's barrier. Rank 1
-    is slowed (without --fail-below, so the run still passes): the pair without it must
-    come out fastest, which shows each time landed in its own pair's cell."""
+    is slowed: the pair without it must come out fastest, which shows each time landed in
+    its own pair's cell; the localisation rounds settle rank 1 as slow with every partner."""
     out_json = tmp_path / "pairs.json"
     proc = run_cli(["pairs", "-g", "3", *TINY, "--json", str(out_json)],
                    env={"NCCLBENCH_PAIRS_SLOW": "1"}, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.REGRESSION, proc.stdout + proc.stderr
     assert "3 rounds of 1 pair side by side (round-robin; one rank idle per round)" in proc.stdout
     doc = json.loads(out_json.read_text())
     assert all(len(r) == 1 for r in doc["rounds"])
     assert sorted(tuple(p) for r in doc["rounds"] for p in r) == [(0, 1), (0, 2), (1, 2)]
     fastest = max(doc["pairs"], key=lambda p: p["busbw_gbps"])
     assert (fastest["rank_a"], fastest["rank_b"]) == (0, 2)
+    assert doc["drain"] == [doc["devices"][1]["host"]] and doc["links"] == [], doc["hosts"]

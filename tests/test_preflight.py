@@ -641,7 +641,7 @@ def test_noise_that_only_slows_is_judged_at_its_best():
 
 
 def test_a_pair_far_slower_than_its_cap_runs_fewer_iterations_then_fewer_bytes():
-    from ncclbench.engine.pairs import MIN_PAIR_BYTES, OPS_AROUND, pair_effort
+    from ncclbench.engine.pair_exchange import MIN_PAIR_BYTES, OPS_AROUND, pair_effort
 
     assert pair_effort(0.001, 1 << 20, 20, None) == (1 << 20, 20)  # no cap: unchanged
     assert pair_effort(0.001, 1 << 20, 20, 1.0) == (1 << 20, 20)  # fits

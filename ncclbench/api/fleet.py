@@ -12,7 +12,7 @@ one read of each result by rank 0 (docs/fleet.md has the cost model).
 
 Phases: (1) the inventory (ranks and GPU model per node) and each node's ranks alone
 (all_reduce, all_gather on a group of the node's ranks); (2) node pairs rail by rail, screening
-rounds then localisation rounds (ncclbench.engine.fleet_schedule, ncclbench.api.fleet_verdict);
+rounds then localisation rounds (ncclbench.locate);
 (3) the report (ncclbench.api.fleet_report), written by rank 0; every rank exits with its code.
 
 A rank never waits on its own task without a bound: each task runs on a task thread, and a
@@ -36,10 +36,6 @@ from datetime import timedelta
 from ncclbench.errors import TimeoutExpired, first_line
 
 KEY_PREFIX = "ncclbench-fleet"
-# --band auto: how far below the fleet's reference a node's or pair's best may fall. gloo's
-# healthy pairs on shared CPU cores spread widely, but only downwards: judged at their best
-# (best iteration, best partner, best repeat) they stay within this (docs/fleet.md).
-FLEET_BAND = {"nccl": 0.2, "gloo": 0.6}
 SLACK_S = 10.0        # a round's deadline: twice the exchange bound (group set-up, exchange) plus this
 NODE_ITERS = 10
 # A task still running this long after it began is stuck: the exchange bound (-T) twice plus
@@ -56,11 +52,12 @@ class FleetPlan:
     iters: int
     warmup: int
     timeout_s: float
-    band: float
+    band: float                              # a node's best (ncclbench.locate.bands)
+    link_band: float | None = None           # a pair's best (None: band)
     floor: float | None = None
-    # the band pairs are judged at when NCCL's path between the nodes is its Socket network
-    # (None: the band alone); `--band auto` sets preflight's socket band
+    # the bands when NCCL's path between the nodes is its Socket network (None: the bands above)
     socket_band: float | None = None
+    socket_link_band: float | None = None
     gpus_per_node: int | None = None
     all_pairs_rounds: int = 15
     screen_rounds: int = 4

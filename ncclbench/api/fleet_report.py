@@ -1,11 +1,11 @@
-"""`ncclbench fleet`'s report: one verdict per node (ok | drain | link | suspect), the
-evidence, and the files a scheduler and a spreadsheet read. Pure: built by rank 0 from what
+"""`ncclbench fleet`'s report: one verdict per node (ok | suspect | drain, the shape of
+ncclbench.locate.finding), the evidence, and the files a scheduler and a spreadsheet read. Pure: built by rank 0 from what
 it measured, unit-tested from made-up numbers.
 
 The drain list holds the nodes to take out of service: short of GPUs or another model, slow
 alone, slow with partners that tested clean, or dead/hung during the run. A slow link names
 its two nodes and is not a drain (neither node is at fault alone; the cable or switch port
-between them is) but it fails the run like a drain. Suspects (slow once, not settled within
+between them is; both are suspects) but it fails the run like a drain. Suspects (slow once, not settled within
 the localisation rounds, or not judged further after a rank got stuck waiting for a lost
 partner) are listed and fail nothing."""
 
@@ -17,60 +17,73 @@ import sys
 from dataclasses import dataclass, field
 
 from ncclbench.errors import ExitCode
+from ncclbench.locate.finding import Finding
+from ncclbench.locate.finding import build as build_finding
 
 
 @dataclass
 class FleetReport:
     plan: dict
-    nodes: list = field(default_factory=list)       # [{host, ranks, gpus, model, verdict, reasons, alone_busbw}]
-    links: list = field(default_factory=list)       # [{hosts: [a, b], reason}]
-    tests: list = field(default_factory=list)       # one row per node pair tested
+    finding: Finding = field(default_factory=Finding)   # hosts, links, drain (ncclbench.locate.finding)
+    tests: list = field(default_factory=list)           # one row per node pair tested
     schedule: dict = field(default_factory=dict)
     cost_s: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
+    margins: dict = field(default_factory=dict)
 
     @property
-    def drain(self) -> list[dict]:
-        return [{"host": n["host"], "reason": "; ".join(n["reasons"])} for n in self.nodes if n["verdict"] == "drain"]
+    def hosts(self) -> list:
+        return self.finding.hosts
+
+    @property
+    def links(self) -> list:
+        return self.finding.links
+
+    @property
+    def notes(self) -> list:
+        return self.finding.notes
+
+    @property
+    def drain(self) -> list[str]:
+        return self.finding.drain
 
     @property
     def exit_code(self) -> int:
-        return int(ExitCode.REGRESSION if self.drain or self.links else ExitCode.OK)
+        return int(ExitCode.REGRESSION if self.finding.localised else ExitCode.OK)
 
     # ---- building ----
     @classmethod
     def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs, lost=None,
               hung=None):
         name = lambda n: layout.names[n]  # noqa: E731 - the verdict's text names nodes by host
-        bad, links, suspects = loc.verdict(name)
+        bad, slow_links, suspects = loc.verdict(name)
+        links = {pair: {"evidence": line, "below_pct": _link_below(loc, pair)}
+                 for pair, line in slow_links.items()}
         for pair, line in (hung or {}).items():  # both ends stuck: a link that fails the run, neither node drained
-            links.setdefault(pair, line)
-        report = cls(plan={k: v for k, v in vars(plan).items()})
-        for n, host in enumerate(layout.names):
+            links.setdefault(tuple(sorted(pair)), {"evidence": f"hung: {line}", "below_pct": None})
+        drained = {}
+        for n in range(len(layout.names)):
             reasons = [r for r in (inventory.get(n), alone.get(n), errors.get(n), dead.get(n)) if r]
             if n in bad:
                 reasons.append(f"pairs: {bad[n]}")
-            verdict = "drain" if reasons else "ok"
-            link_lines = [f"{'hung' if pair in (hung or {}) else 'slow'} link: {line}"
-                          for pair, line in links.items() if n in pair]
-            if verdict == "ok" and link_lines:
-                verdict, reasons = "link", link_lines
-            elif verdict == "ok" and n in suspects:
-                verdict, reasons = "suspect", [suspects[n]]
-            elif verdict == "ok" and lost and n in lost:
-                verdict, reasons = "suspect", [lost[n]]
-            report.nodes.append({"host": host, "ranks": layout.ranks[n], "gpus": layout.gpus[n],
-                                 "model": layout.models[n], "verdict": verdict, "reasons": reasons,
-                                 "alone_busbw_gbps": busbw.get(n)})
-        report.links = [{"hosts": [name(a), name(b)], "reason": line} for (a, b), line in sorted(links.items())]
+            if reasons:
+                drained[n] = reasons
+        unsettled = {n: [line] for n, line in suspects.items() if n not in drained}
+        unsettled.update({n: [line] for n, line in (lost or {}).items() if n not in drained and n not in unsettled})
+        where = {n: (host, layout.ranks[n]) for n, host in enumerate(layout.names)}
+        finding = build_finding(where, drained, unsettled, links)
+        for h in finding.hosts:
+            n = layout.names.index(h["host"])
+            h.update(gpus=layout.gpus[n], model=layout.models[n], alone_busbw_gbps=busbw.get(n))
+        report = cls(plan={k: v for k, v in vars(plan).items()}, finding=finding)
         report.tests = [test_row(t, loc, name) for t in loc.tests]
         report.schedule = {"screening": schedule, "screening_rounds": sum(1 for r in rounds if r and r[0][2] == "screen"),
                            "localisation_rounds": sum(1 for r in rounds if r and r[0][2] != "screen"),
                            "nodes_in_pairs": len(loc.active)}
         report.cost_s = dict(costs)
+        report.margins = loc.margins()
         if loc.band > plan.band:
             report.notes.append(f"pairs between the nodes ran over TCP sockets (NCCL's NET/Socket), whose healthy pairs "
-                                f"spread wider: judged at a {100 * loc.band:.0f}% band, as preflight does (--band sets one)")
+                                f"spread wider: judged at a {100 * loc.band:.0f}% band (--band sets one)")
         report.plan["band_used"] = loc.band
         if len(loc.active) == 2 and not plan.floor:
             report.notes.append("two nodes in pairs: one pair has nothing to compare with; give --min-busbw to judge it")
@@ -98,18 +111,21 @@ class FleetReport:
     # ---- output ----
     def lines(self) -> list[str]:
         s = self.schedule
-        out = [f"# ncclbench fleet: {len(self.nodes)} nodes, backend {self.plan['backend']}, at most "
+        out = [f"# ncclbench fleet: {len(self.hosts)} nodes, backend {self.plan['backend']}, at most "
                f"{self.plan['nbytes']} B per exchange per rail (each pair's size set by a probe to fit "
                f"{self.plan['budget_s']:g} s of pairs; the JSON and CSV give each test's bytes)",
                f"# pairs: {s.get('screening')} screening in {s.get('screening_rounds')} rounds, then "
                f"{s.get('localisation_rounds')} localisation rounds ({s.get('nodes_in_pairs')} nodes in pairs)",
                "#", f"# {'host':<24s} {'gpus':>4s} {'verdict':<8s} reason"]
-        for n in self.nodes:
-            reason = n["reasons"][0] if n["reasons"] else ""
+        for n in self.hosts:
+            reason = n["evidence"][0] if n["evidence"] else ""
             out.append(f"  {n['host']:<24s} {n['gpus']:>4d} {n['verdict']:<8s} {reason}")
-            out.extend(f"  {'':<24s} {'':>4s} {'':<8s} {r}" for r in n["reasons"][1:])
-        out.extend(f"# LINK {' <-> '.join(link['hosts'])}: {link['reason']}"
+            out.extend(f"  {'':<24s} {'':>4s} {'':<8s} {r}" for r in n["evidence"][1:])
+        out.extend(f"# LINK {' <-> '.join(link['hosts'])}: {link['evidence']}"
                    + (f" (NCCL path {link['path']})" if link.get("path") else "") for link in self.links)
+        if self.margins:
+            out.append(f"# Worst fall below the reference: nodes {100 * self.margins['endpoints']:.0f}%, "
+                       f"pairs {100 * self.margins['pairs']:.0f}%")
         out.extend(f"# Note: {n}" for n in self.notes)
         out += [f"# {line}" for line in self.scontrol_lines()]
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in self.cost_s.items())
@@ -120,12 +136,12 @@ class FleetReport:
     def scontrol_lines(self) -> list[str]:
         from ncclbench.results import drain
 
-        return drain.render([(d["host"], d["reason"]) for d in self.drain], "scontrol", "fleet")[0]
+        return drain.render({"drain": self.drain, "hosts": self.hosts}, "scontrol", "fleet")[0]
 
     def to_dict(self) -> dict:
-        return {"drain": self.drain, "exit_code": self.exit_code, "nodes": self.nodes, "links": self.links,
-                "schedule": self.schedule, "cost_s": self.cost_s, "notes": self.notes, "plan": self.plan,
-                "tests": self.tests}
+        return {"command": "fleet", "passed": not self.exit_code, "exit_code": self.exit_code,
+                **self.finding.to_dict(), "margins": self.margins, "pairs": [pair_row(t) for t in self.tests],
+                "schedule": self.schedule, "cost_s": self.cost_s, "plan": self.plan, "tests": self.tests}
 
     def emit(self) -> None:
         """Print the report (stdout) and write the files asked for."""
@@ -154,10 +170,27 @@ CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "bytes", "busbw_gbps"
 def test_row(t, loc, name) -> dict:
     """A pair test as a flat row (its worst rail: busbw at its best timed exchange, and the
     bytes that rail's probe chose)."""
-    frac, rail = loc.ref.below(t)
+    ref = loc.ref_of(t)
+    frac, rail = ref.below(t)
     value = t.rails[rail] if rail is not None and t.rails else None
     return {"round": t.round + 1, "kind": t.kind, "host_a": name(t.a), "host_b": name(t.b), "rail": rail,
             "bytes": t.nbytes[rail] if rail is not None and rail < len(t.nbytes) else None,
             "busbw_gbps": None if value is None else round(value, 6),
-            "reference_gbps": None if rail is None or loc.ref.ref(rail) is None else round(loc.ref.ref(rail), 6),
-            "below_reference_pct": round(100 * frac, 1), "slow": loc.ref.slow(t), "error": t.error}
+            "reference_gbps": None if rail is None or ref.ref(rail) is None else round(ref.ref(rail), 6),
+            "below_reference_pct": round(100 * frac, 1), "slow": ref.slow(t), "error": t.error}
+
+
+def pair_row(row: dict) -> dict:
+    """A test row in the shape every fault-finding command's `pairs` key has."""
+    return {"ranks": None, "hosts": [row["host_a"], row["host_b"]], "rail": row["rail"],
+            "busbw_gbps": row["busbw_gbps"], "reference_gbps": row["reference_gbps"],
+            "below_pct": row["below_reference_pct"], "slow": row["slow"]}
+
+
+def _link_below(loc, pair) -> float | None:
+    """How far a slow link's best falls below its reference, in percent."""
+    tests = [t for t in loc.tests if {t.a, t.b} == set(pair)]
+    if not tests:
+        return None
+    best = max(tests, key=lambda t: sum(v or 0.0 for v in t.rails))
+    return round(100 * loc.ref_of(best).below(best)[0], 1)

@@ -1,6 +1,6 @@
 """A rank's whole run of `ncclbench fleet` (run_fleet_rank), and rank 0's side of it: the
 rounds, who measures what in each, and the judgement between them
-(ncclbench.api.fleet_verdict). Rank 0 is also a rank like the others: it does its own task
+(ncclbench.locate). Rank 0 is also a rank like the others: it does its own task
 of each round before it collects everyone's."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import time
 from datetime import timedelta
 
 from ncclbench.api.fleet import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say, task_limit_s
-from ncclbench.api.fleet_verdict import CONFIRM, Localiser, PairTest, judge_alone, judge_inventory, localisation_round
+from ncclbench.locate.alone import judge_alone, judge_inventory
+from ncclbench.locate.localiser import Localiser, PairTest, localisation_round
+from ncclbench.locate.stats import CONFIRM
 
 
 def run_fleet_rank(plan: FleetPlan, info) -> int:
@@ -224,7 +226,8 @@ class Coordinator:
 
     def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
         """({node: slow reason}, {node: {collective: busbw}}, {node: error}) of each node's ranks alone."""
-        from ncclbench.engine.fleet_exchange import NODE_COLLECTIVES, node_seconds
+        from ncclbench.engine.fleet_exchange import NODE_COLLECTIVES
+        from ncclbench.locate.stats import aligned_best_time
 
         lay = self.layout
         judged = [n for n, ranks in enumerate(lay.ranks) if n not in inventory and len(ranks) >= 2]
@@ -246,7 +249,7 @@ class Coordinator:
                     continue
                 best = busbw.setdefault(n, {})
                 for coll in NODE_COLLECTIVES:
-                    seconds = node_seconds([x["node"][coll.name] for x in mine])
+                    seconds = aligned_best_time([x["node"][coll.name] for x in mine])
                     algbw = self.plan.node_bytes / seconds / 1e9 if seconds > 0 else 0.0
                     best[coll.name] = max(best.get(coll.name, 0.0), algbw * coll.bus_factor(len(lay.ranks[n])))
             slow = judge_alone(busbw, self.plan.band)
@@ -258,10 +261,10 @@ class Coordinator:
         return slow, busbw, errors
 
     def pairs(self, active: list[int]) -> tuple[Localiser, str]:
-        from ncclbench.engine.fleet_schedule import screening_rounds
+        from ncclbench.locate.schedule import screening_rounds
 
         p = self.plan
-        loc = Localiser(active, p.band, p.floor)
+        loc = Localiser(active, p.band, p.floor, link_band=p.link_band)
         name, rounds = screening_rounds(len(active), p.all_pairs_rounds, p.screen_rounds, p.seed)
         clock = PairClock(p.budget_s, len(rounds) + p.max_localise)
         if rounds:
@@ -274,11 +277,11 @@ class Coordinator:
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
-        band = None
         if p.socket_band and over_sockets(self.paths):
-            band = max(loc.band, p.socket_band)
-            say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * band:.0f}% band")
-        loc.set_reference(band)
+            say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * p.socket_band:.0f}% band")
+            loc.set_reference(p.socket_band, max(p.socket_link_band or 0.0, p.socket_band))
+        else:
+            loc.set_reference()
         for k in range(p.max_localise):
             loc.dead |= self.out_of_pairs
             node_pairs = localisation_round(loc, p.seed + k)
@@ -351,5 +354,6 @@ class PairClock:
 def over_sockets(paths: dict) -> bool:
     """Whether NCCL ran every node pair whose path its log named over its Socket network
     ({(a, b): label such as "NET/Socket/Shared"}), and named one."""
-    named = [label for label in paths.values() if label]
-    return bool(named) and all(label.startswith("NET/Socket") for label in named)
+    from ncclbench.locate.bands import over_sockets as sockets
+
+    return sockets(label.split("/")[1] if label.startswith("NET/") else label for label in paths.values() if label)

@@ -22,8 +22,8 @@ DEFAULT_ITERS = {"nccl": 5, "gloo": 20}
 
 
 def build_plan(o: dict, backend: str):
-    from ncclbench.api.fleet import FLEET_BAND, FleetPlan
-    from ncclbench.api.preflight_inputs import SOCKET_BAND, parse_band
+    from ncclbench.api.fleet import FleetPlan
+    from ncclbench.locate.bands import backend_bands, bands_for, parse_band
     from ncclbench.results.output import check_writable
 
     text = o["size"] or DEFAULT_BYTES[backend]
@@ -39,11 +39,13 @@ def build_plan(o: dict, backend: str):
             if not path.strip():
                 raise PlanError(f"the {what} needs a name (got an empty one)")
             check_writable(path, what)
-    auto = o["band"] is None or str(o["band"]).strip().lower() == "auto"
-    band = FLEET_BAND[backend] if auto else parse_band(o["band"], (backend,))
-    socket_band = max(band, SOCKET_BAND) if auto and backend == "nccl" else None
+    asked = parse_band(o["band"])
+    bands = backend_bands(asked, [backend])
+    sockets = bands_for(asked, ["socket"]) if asked is None and backend == "nccl" else None
     return FleetPlan(backend=backend, nbytes=nbytes, node_bytes=NODE_BYTES[backend], iters=o["iters"] or DEFAULT_ITERS[backend],
-                     warmup=o["warmup_iters"], timeout_s=o["timeout"], band=band, socket_band=socket_band,
+                     warmup=o["warmup_iters"], timeout_s=o["timeout"], band=bands.rank, link_band=bands.link,
+                     socket_band=sockets and max(bands.rank, sockets.rank),
+                     socket_link_band=sockets and max(bands.link, sockets.link),
                      budget_s=o["budget"],
                      floor=floor, gpus_per_node=o["gpus_per_node"], all_pairs_rounds=max(1, o["all_pairs_up_to"] - 1),
                      screen_rounds=o["rounds"], max_localise=o["localise_rounds"], seed=o["seed"],

@@ -1,4 +1,4 @@
-"""`ncclbench pairs`: the command over engine.pairs (send/recv bandwidth between every pair
+"""`ncclbench pairs`: the command over ncclbench.pairs (send/recv bandwidth between every pair
 of ranks); runs as a launched rank, or self-spawns -g local ranks that re-enter here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import click
 
 from ncclbench.api.params import metrics_option
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.engine.pairs import PairsPlan, parse_percent, run_rank
+from ncclbench.pairs.run import PairsPlan, parse_percent, run_rank
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.sizes import parse_size
 
@@ -29,8 +29,10 @@ def build_plan(o: dict, backend: str) -> PairsPlan:
     for path, what in ((o["json_path"], "JSON file"), (o["csv_path"], "CSV file")):
         if path:
             check_writable(path, what)
+    from ncclbench.locate.bands import parse_band
+
     return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
-                     o["json_path"], o["csv_path"], metrics_path=o.get("metrics_path"))
+                     o["json_path"], o["csv_path"], band=parse_band(o.get("band")), metrics_path=o.get("metrics_path"))
 
 
 def run_pairs(o: dict) -> int:
@@ -73,7 +75,9 @@ def run_pairs(o: dict) -> int:
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
 @click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each. Omit under torchrun/srun/mpirun.")
 @click.option("--fail-below", "fail_below", default=None, metavar="X%",
-              help="Exit 1 when any pair is more than X% below the median pair.")
+              help="Also exit 1 when any pair is more than X% below the median pair (a floor beside the verdict).")
+@click.option("--band", default="auto", show_default=True,
+              help="How far below its peers a rank's or pair's best may fall (20%, 0.2); auto: by transport.")
 @click.option("--json", "json_path", default=None, help="Write the matrix and every pair to this JSON file.")
 @click.option("--csv", "csv_path", default=None, help="Write one row per pair to this CSV file (overwritten).")
 @metrics_option
@@ -86,5 +90,5 @@ def run_pairs(o: dict) -> int:
 @click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
 def pairs_command(**options):
     """Send/recv bandwidth between every pair of ranks, in round-robin rounds that keep
-    every rank busy; flags pairs far below the median."""
+    every rank busy; names the host to drain or the slow link (exit 1)."""
     sys.exit(int(run_pairs(options)))

@@ -17,7 +17,7 @@ import time
 from datetime import timedelta
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
-from ncclbench.engine.pairs import pattern_byte
+from ncclbench.engine.pair_exchange import pattern_byte
 from ncclbench.failpoints import failpoint
 
 NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these
@@ -45,12 +45,9 @@ class PairLink:
                dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
         for work in dist.batch_isend_irecv(ops):
             if self.on_gpu:
-                # the stream waits, the host goes on, as in every other timed loop: a wait
-                # with a timeout holds the host until the exchange ends, so each iteration
-                # then starts when the slower host has seen the last one end (with such
-                # waits, on 4 H200s as 4 one-GPU nodes, the pairs of rank 0, which also
-                # serves the store, ran 40% below the others); a dead peer is left to the
-                # group's timeout (-T)
+                # the stream waits, the host goes on, as in every other timed loop (a host
+                # wait per exchange slowed the store's rank: docs/design/localisation.md);
+                # a dead peer is left to the group's timeout (-T)
                 work.wait()
             else:
                 work.wait(timeout=timedelta(seconds=max(left, 0.001)))
@@ -177,7 +174,7 @@ def probe_size(backend, link: PairLink, paired, nbytes: int, exchanges: int, lef
 def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: int, timeout_s: float) -> dict:
     """{collective: [seconds of each timed iteration on this rank]} of all_reduce and
     all_gather on this node's ranks alone (a group of them, created by them only); the
-    node's time is node_seconds() of its ranks' lists."""
+    node's time is ncclbench.locate.stats.aligned_best_time of its ranks' lists."""
     from ncclbench.backends.torch_dist import TorchBackend
     from ncclbench.engine.timing import TimingSettings, measure
 
@@ -200,16 +197,3 @@ def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: 
         timing = measure(backend, op, TimingSettings(iters=iters, per_iter=True))
         out[name] = [float(f"{t:.6g}") for t in timing.per_iter_s or [timing.device_s]]  # short on the store
     return out
-
-
-def node_seconds(per_rank_iters) -> float:
-    """A node's time from its ranks' per-iteration times: each iteration's slowest rank (the
-    collective ends when its last rank does), then the best iteration. The best, as for
-    pairs: a busy host CPU or a neighbour's burst only ever slows an iteration, and a slow
-    node is slow in every one (on 2 shared cores, 3 nodes of 2 gloo ranks while other
-    processes spun, healthy nodes' median iterations fell up to 59% below the others', their
-    best aligned iteration 49%: benchmarks/fleet_alone_noise.py). Iterations are aligned
-    before the best is taken: one rank's best and another's from different iterations would
-    time no collective that ran (per_iter_summary in engine/timing.py aligns them alike for
-    -I). A node slow in only some of its iterations passes (docs/fleet.md, Limits)."""
-    return min(max(per_iter) for per_iter in zip(*per_rank_iters))

@@ -1,5 +1,5 @@
 """Rounds of pair exchanges on a job's own default group (preflight's known-good partners and
-its sweeps inside groups), with the engine of `ncclbench pairs`, guarded as the API guards a
+its sweeps inside groups), with the one pair exchange (engine.pair_exchange), guarded as the API guards a
 collective: the ops' own timeout, a progress board, and a watchdog that names the ranks that
 never reached the end."""
 
@@ -15,13 +15,13 @@ def guarded_rounds(call, rounds: list, nbytes: int, limit: float, own_stream,
     """One pass of `rounds` on the default group under `call`'s guard (an api GroupCall) for
     `limit` seconds, the ops on the stream `own_stream(backend, stream_null)` gives; this
     rank's ({peer: seconds per exchange}, [peers whose data arrived wrong]). `cap_s`: the
-    seconds one pair may take per round (engine.pairs.pair_effort)."""
+    seconds one pair may take per round (engine.pair_exchange.pair_effort)."""
     from ncclbench.backends.torch_dist import TorchBackend
-    from ncclbench.engine.pairs import PairsPlan, measure_rounds
+    from ncclbench.engine.pair_exchange import ExchangePlan, measure_rounds
     from ncclbench.engine.watchdog import SizeWatchdog
 
     backend = TorchBackend.adopt(None)
-    plan = PairsPlan(nbytes, PAIR_ITERS, 2, backend.name, limit, None, None, None, cap_s)
+    plan = ExchangePlan(nbytes, PAIR_ITERS, 2, cap_s)
     board = call.board("e")
     what = f"{len(rounds)} round(s) of pair exchanges"
     board.reach(1, what)

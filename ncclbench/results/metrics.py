@@ -128,8 +128,8 @@ def add_sweep(expo: Exposition, doc: dict) -> None:
 
 def add_report(expo: Exposition, report: dict, command: str) -> None:
     """A fault-finding report: hosts' verdicts, slow links, pair tests, groups, the outcome.
-    Reads the one report shape (hosts, links, pairs, drain) and fleet's and pairs' older keys
-    (nodes, tests, pairs with rank_a/rank_b)."""
+    Reads the one report shape (hosts, links, pairs, drain) and the older keys of fleet's and
+    pairs' JSON (nodes, tests, pairs with rank_a/rank_b)."""
     cmd = {"command": command}
     for h in report.get("hosts") or report.get("nodes") or []:
         value = VERDICT_VALUES.get(h.get("verdict"))
@@ -141,7 +141,7 @@ def add_report(expo: Exposition, report: dict, command: str) -> None:
         expo.add("slow_link", labels, 1)
         pct = _number(link.get("below_pct"))
         expo.add("slow_link_below_reference_ratio", labels, None if pct is None else pct / 100)
-    for pair in (report.get("pairs") or []) + (report.get("tests") or []):
+    for pair in report.get("pairs") or report.get("tests") or []:
         labels = dict(cmd, **_ends(pair))
         labels["rail"] = "" if pair.get("rail") is None else pair.get("rail")
         expo.add("pair_busbw_bytes_per_second", labels, _scaled(pair.get("busbw_gbps"), GBPS))

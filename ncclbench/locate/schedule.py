@@ -1,10 +1,10 @@
-"""Which nodes meet in which round of `ncclbench fleet`: pure functions, no torch.
+"""Who meets whom in which round of pair tests: pure functions, no torch.
 
-A round is a set of disjoint node pairs that run at the same time; each pair exchanges
-rail by rail (local rank i of one node with local rank i of the other). Screening uses one
-of two schedules, chosen by the fleet's size:
+A round is a set of disjoint pairs of endpoints (ranks, or nodes whose pairs exchange rail
+by rail) that run at the same time. Screening uses one of two schedules, chosen by the
+number of endpoints:
 
-- **all pairs** (round-robin, the circle method of ncclbench.engine.pairs) while that takes
+- **all pairs** (round-robin, the circle method: tournament_rounds) while that takes
   at most `all_pairs_rounds` rounds: n-1 rounds for n nodes (n with n odd);
 - **shuffled round-robin** beyond: `rounds` rounds picked evenly from the circle method's
   n-1 after the nodes were put in a seeded random order. Each round is still a perfect
@@ -13,17 +13,51 @@ of two schedules, chosen by the fleet's size:
   neighbours.
 
 Localisation rounds (`repair_round`) then put each suspect with a partner that tested
-clean, put each suspected pair together again, and pair the clean nodes left over among themselves, so that every node stays busy
-and the round carries its own reference pairs."""
+clean, put each suspected pair together again, and pair the clean endpoints left over
+among themselves, so that every endpoint stays busy and the round carries its own
+reference pairs."""
 
 from __future__ import annotations
 
 import random
 
-from ncclbench.engine.pairs import tournament_rounds
-
 DEFAULT_ALL_PAIRS_ROUNDS = 15   # all pairs up to 16 nodes
 DEFAULT_SCREEN_ROUNDS = 4
+
+
+def tournament_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Rounds of pairs (a, b), a < b, covering every pair of range(n) exactly once, each
+    endpoint in at most one pair per round: n-1 rounds (n with n odd). Circle method: 0
+    stays put while the others rotate one seat per round; with n odd a phantom seat makes
+    the one facing it sit that round out."""
+    if n < 2:
+        return []
+    seats = list(range(n)) + ([None] if n % 2 else [])
+    m = len(seats)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(seats[i], seats[m - 1 - i]) for i in range(m // 2)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None))
+        seats = [seats[0], seats[-1], *seats[1:-1]]  # rotate everyone but seat 0
+    return rounds
+
+
+def peer_in_round(pairs: list[tuple[int, int]], me: int) -> int | None:
+    """This endpoint's partner in a round, or None when it sits the round out."""
+    for a, b in pairs:
+        if me == a:
+            return b
+        if me == b:
+            return a
+    return None
+
+
+def group_pair_rounds(groups: list[tuple[int, ...]]) -> list[list[tuple[int, int]]]:
+    """Rounds that cover every pair inside each group (global ranks), the groups' own
+    round-robin rounds run side by side: round k of every group at once."""
+    per_group = [[[(g[a], g[b]) for a, b in pairs] for pairs in tournament_rounds(len(g))] for g in groups]
+    depth = max((len(r) for r in per_group), default=0)
+    return [sorted(p for rounds in per_group if k < len(rounds) for p in rounds[k]) for k in range(depth)]
 
 
 def screening_rounds(n: int, all_pairs_rounds: int = DEFAULT_ALL_PAIRS_ROUNDS,
@@ -67,13 +101,15 @@ def check_round(pairs: list[tuple[int, int]], n: int) -> None:
 
 
 def repair_round(wanted: list[tuple[int, str]], clean: list[int], met: set, busy_ok: list[int],
-                 seed: int = 0) -> tuple[list[tuple[int, int]], list[int]]:
+                 seed: int = 0, fits=None) -> tuple[list[tuple[int, int]], list[int]]:
     """One localisation round: (pairs, the suspects that got no partner this round).
 
     `wanted`: (node, kind) in order of need; kind "clean" asks for a partner from `clean`,
     one it has not met yet where there is one ({frozenset((a, b))} in `met`), kind
     "retest:<b>" asks for node b itself (a suspected link measured again). `busy_ok`: nodes that may be paired among
-    themselves with whatever is left (the clean ones; dead and drained nodes are left out)."""
+    themselves with whatever is left (the clean ones; dead and drained nodes are left out).
+    `fits(node, partner)`: whether a clean partner makes a pair of the kind the node was
+    found low in (None: any)."""
     rng = random.Random(seed)
     free = list(clean)
     rng.shuffle(free)
@@ -90,7 +126,7 @@ def repair_round(wanted: list[tuple[int, str]], clean: list[int], met: set, busy
                 continue
             partner = other
         else:
-            open_ = [c for c in free if c not in used and c != node]
+            open_ = [c for c in free if c not in used and c != node and (fits is None or fits(node, c))]
             # a partner not met yet is a new witness; in a small fleet where every clean node
             # was met, one met before is a repeat, still a fresh test against a node known fast
             partner = next((c for c in open_ if frozenset((node, c)) not in met), open_[0] if open_ else None)
