@@ -17,7 +17,7 @@ import sys
 import time
 
 PREFIX = "ncclbench_"
-VERDICT_VALUES = {"ok": 0, "suspect": 1, "drain": 2, "link": 0}  # fleet's "link": its slow link has its own series
+VERDICT_VALUES = {"ok": 0, "suspect": 1, "drain": 2}
 GBPS = 1e9  # the JSON's GB/s (1e9 bytes/s, as nccl-tests)
 RUN_INFO_LABELS = ("command", "collective", "backend", "ncclbench_version", "torch_version", "nccl_version",
                    "nccl_path", "gpu")
