@@ -186,3 +186,22 @@ def test_fleet_on_a_host_with_a_hostile_name_writes_a_safe_drain_file(tmp_path, 
     else:
         assert [c[:2] for c in calls] == [["kubectl", "cordon"], ["kubectl", "taint"], ["kubectl", "annotate"]]
         assert all(drained in c for c in calls)
+
+
+def test_preflight_writes_its_drain_list_from_the_report_before_a_timeout_ends_it(tmp_path):
+    """preflight on 2 gloo ranks with rank 1 stalled (a planted fault): the run ends on its
+    timeout (exit 4) and rank 0 writes the drain file first, the host's evidence as the reason."""
+    drain_file, report_file = tmp_path / "drain.sh", tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               NCCLBENCH_FAULT="stall:rank=1,size=4096,seconds=60")
+    proc = subprocess.run([sys.executable, "-m", "ncclbench", "preflight", "-g", "2", "--backend", "gloo",
+                           "--budget", "1", "-T", "3", "--json", str(report_file), "--drain-file", str(drain_file)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stderr
+    report = json.loads(report_file.read_text())
+    assert report["drain"], report
+    calls = _run_sh(tmp_path, ["sh", str(drain_file)])
+    evidence = {h["host"]: "; ".join(h["evidence"]) for h in report["hosts"]}
+    assert calls == [["scontrol", "update", f"NodeName={host}", "State=DRAIN",
+                      f"Reason={' '.join(f'ncclbench preflight: {evidence[host]}'.split())[:200]}"]
+                     for host in report["drain"]]

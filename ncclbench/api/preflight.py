@@ -87,8 +87,8 @@ class Preflight:
         from ncclbench.api.measure import GroupCall
 
         self.world = GroupCall(None, "the job's default group", exit_on_timeout=self.exit_on_timeout)
-        if self.json_path:
-            self.world.before_exit = lambda message: self._timed_out(message).to_json(self.json_path)
+        if self.json_path or self.outputs["metrics_path"] or self.outputs["drain_path"]:
+            self.world.before_exit = lambda message: self._write(self._timed_out(message))
         self._clock = time.monotonic()
         try:
             check = partial(check_inputs, self.args, self.world.dist)
@@ -101,14 +101,18 @@ class Preflight:
             report = self._timed_out(str(exc))
         report.cost_s = dict(self.cost)
         report.margins = dict(self.margins)
-        if self.json_path and self.world.dist.get_rank() == 0:
-            report.to_json(self.json_path)
         if self.world.dist.get_rank() == 0:
-            backend = ",".join(sorted(set(getattr(self, "backends", {}).values())))
-            from ncclbench.results.metrics import write_report_files
-
-            write_report_files("preflight", report.to_dict(), backend, **self.outputs)
+            self._write(report)
         return report
+
+    def _write(self, report) -> None:
+        """Rank 0's files: the JSON, --metrics, --drain-file (also before a timeout ends the process)."""
+        from ncclbench.results.metrics import write_report_files
+
+        if self.json_path:
+            report.to_json(self.json_path)
+        backend = ",".join(sorted(set(getattr(self, "backends", {}).values())))
+        write_report_files("preflight", report.to_dict(), backend, **self.outputs)
 
     def _phase(self, name: str) -> None:
         now = time.monotonic()
