@@ -348,3 +348,41 @@ def test_the_api_s_rows_write_the_same_metrics(tmp_path):
     got = {(dict(items)["size_bytes"], dict(items)["placement"]): value for items, value in busbw["samples"].values()}
     want = {(str(r["size"]), p): r[p]["bus_bw"] * 1e9 for r in doc["results"] for p in ("out_of_place", "in_place")}
     assert got == want and len(want) == 6
+
+
+@needs_promtool
+def test_a_suite_s_launches_share_one_file(tmp_path):
+    """Two env blocks are two launches: the second adds its run to the file of the first."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text("defaults: {minbytes: 8, maxbytes: 1K, stepfactor: 16, iters: 2, warmup_iters: 1}\n"
+                     "runs:\n  - allreduce\n  - collective: broadcast\n    env: {NCCL_DEBUG: WARN}\n")
+    prom = tmp_path / "suite.prom"
+    proc = run_cli(tmp_path, "suite", str(suite), "-g", "2", "--backend", "gloo", "--no-save", "--csv", "rows.csv",
+                   "--metrics", str(prom))
+    assert proc.returncode == 0, proc.stderr
+    promtool_check(prom)
+    import csv
+
+    with open(tmp_path / "rows.csv") as f:
+        rows = list(csv.DictReader(f))
+    busbw = metrics.parse(prom.read_text()).families["ncclbench_busbw_bytes_per_second"]["samples"]
+    got = {(dict(items)["collective"], dict(items)["size_bytes"], dict(items)["placement"]): value
+           for items, value in busbw.values()}
+    assert {c for c, _, _ in got} == {"all_reduce", "broadcast"}
+    assert len(got) == len(rows) == 8
+    for r in rows:  # the CSV rounds to 4 decimals of GB/s
+        assert got[(r["collective"], r["size_bytes"], r["placement"])] / 1e9 == pytest.approx(float(r["busbw_gbps"]),
+                                                                                            abs=1e-4)
+
+
+@needs_promtool
+def test_tune_s_metrics_equal_its_tune_json(tmp_path):
+    prom = tmp_path / "tune.prom"
+    proc = run_cli(tmp_path, "tune", "allreduce", "-g", "2", "--rehearse", "--backend", "gloo", "-b", "1K", "-e", "2K",
+                   "--repeat", "2", "-n", "2", "-w", "1", "--no-plot", "-o", "out", "--metrics", str(prom))
+    assert proc.returncode == 0, proc.stderr
+    promtool_check(prom)
+    doc = json.loads((tmp_path / "out" / "tune.json").read_text())
+    got = metrics.parse(prom.read_text()).families["ncclbench_tune_default_busbw_bytes_per_second"]["samples"]
+    want = {str(v["size"]): v["default_busbw"] * 1e9 for v in doc["collectives"]["all_reduce"]["verdicts"]}
+    assert {dict(items)["size_bytes"]: value for items, value in got.values()} == want and len(want) == 2
