@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import unicodedata
 
 FORMATS = ("scontrol", "kubectl", "hosts")
@@ -127,8 +128,6 @@ def warning_lines(left_out) -> list[str]:
 
 def write_or_warn(path: str, source, fmt: str = "scontrol", command: str = "") -> bool:
     """write(), saying on stderr which hosts were left out, or why the file could not be written."""
-    import sys
-
     try:
         left_out = write(path, source, fmt, command)
     except OSError as exc:
