@@ -6,7 +6,7 @@ each node's best reading, as fleet judges them). No GPU, no root.
 
     python benchmarks/fleet_alone_noise.py --runs 20 --busy 1
 
-Prints one line per run and a summary (docs/fleet.md quotes it)."""
+Prints one line per run and a summary (docs/design/fleet-alone-reading.md quotes it)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ncclbench.api.verdict import worst_below  # noqa: E402
+from ncclbench.locate.stats import worst_below  # noqa: E402
 
 
 def spin() -> None:

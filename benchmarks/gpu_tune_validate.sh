@@ -51,7 +51,7 @@ tail -3 "$OUT/pytest.txt"
 
 want tune && {
 stamp "tune on $NP GPU(s)"
-ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 -o "$BUILD/tuned" \
+ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 -O "$BUILD/tuned" \
   >"$OUT/tune.txt" 2>"$OUT/tune.err"; echo "exit $?" >>"$OUT/tune.txt"
 cp "$BUILD/tuned/tune.json" "$BUILD/tuned/performance.csv" "$BUILD/tuned/nccl_tuner.conf" "$BUILD/tuned"/*.png "$OUT/" 2>/dev/null
 grep -h "NCCL INFO" "$BUILD"/tuned/probe/nccl.*.log 2>/dev/null | grep -E "Bytes -> Algo|Init COMPLETE|set by environment|coll channels" \
@@ -63,10 +63,10 @@ printf 'allreduce,0,70000,ring,simple,2,1,%s,1,0\n' "$NP" >"$BUILD/one_row.conf"
 if [ -n "$PLUGIN" ]; then
   stamp "verify with the plugin"
   ncclbench tune allreduce -g "$NP" -b 1K -e 1M -f 8 --repeat 3 --verify "$BUILD/one_row.conf" --plugin "$PLUGIN" \
-    -o "$BUILD/verified" >"$OUT/verify.txt" 2>"$OUT/verify.err"; echo "exit $?" >>"$OUT/verify.txt"
+    -O "$BUILD/verified" >"$OUT/verify.txt" 2>"$OUT/verify.err"; echo "exit $?" >>"$OUT/verify.txt"
   if grep -qv '^#' "$BUILD/tuned/nccl_tuner.conf" 2>/dev/null; then
     ncclbench tune allreduce allgather -g "$NP" -b 1K -e 256M -f 4 --verify "$BUILD/tuned/nccl_tuner.conf" \
-      --plugin "$PLUGIN" -o "$BUILD/verified2" >"$OUT/verify_tuned.txt" 2>"$OUT/verify_tuned.err"
+      --plugin "$PLUGIN" -O "$BUILD/verified2" >"$OUT/verify_tuned.txt" 2>"$OUT/verify_tuned.err"
     echo "exit $?" >>"$OUT/verify_tuned.txt"
   fi
 fi
@@ -82,7 +82,7 @@ PREC_E=${PREC_E:-1G}; PREC_REPEAT=${PREC_REPEAT:-5}
 SWEEP="allreduce -g $NP -b 8 -e $PREC_E -f 4 --repeat $PREC_REPEAT --no-plot"
 stamp "precision: tune $SWEEP"
 t1=$(date +%s)
-ncclbench tune $SWEEP -o "$BUILD/precise" >"$OUT/precision_tune.txt" 2>"$OUT/precision_tune.err"
+ncclbench tune $SWEEP -O "$BUILD/precise" >"$OUT/precision_tune.txt" 2>"$OUT/precision_tune.err"
 echo "exit $? after $(( $(date +%s) - t1 )) s" >>"$OUT/precision_tune.txt"
 cp "$BUILD/precise/tune.json" "$OUT/precision_tune.json" 2>/dev/null
 cp "$BUILD/precise/nccl_tuner.conf" "$OUT/precision_tuner.conf" 2>/dev/null
@@ -90,7 +90,7 @@ NOISE=("$BUILD/precise/tune.json")
 if [ -n "$PLUGIN" ] && [ -f "$BUILD/precise/nccl_tuner.conf" ]; then
   stamp "precision: tune $SWEEP --verify its own file"
   t1=$(date +%s)
-  ncclbench tune $SWEEP --verify "$BUILD/precise/nccl_tuner.conf" --plugin "$PLUGIN" -o "$BUILD/precise_verify" \
+  ncclbench tune $SWEEP --verify "$BUILD/precise/nccl_tuner.conf" --plugin "$PLUGIN" -O "$BUILD/precise_verify" \
     >"$OUT/precision_verify.txt" 2>"$OUT/precision_verify.err"
   echo "exit $? after $(( $(date +%s) - t1 )) s" >>"$OUT/precision_verify.txt"
   cp "$BUILD/precise_verify/verify.json" "$OUT/precision_verify.json" 2>/dev/null

@@ -100,7 +100,7 @@ for stage in $STAGES; do
       done
       ncclbench compare "$LOG/quick1.csv" "$LOG/quick2.csv" --threshold 5% --min-size 64K --json "$LOG/compare.json" \
         >"$LOG/compare.txt" 2>&1; echo "compare exit $?" >>"$LOG/compare.txt"
-      ncclbench plot "$LOG/quick1.csv" -o "$LOG/quick1.png" >"$LOG/plot.txt" 2>&1 ;;
+      ncclbench plot "$LOG/quick1.csv" -O "$LOG/quick1.png" >"$LOG/plot.txt" 2>&1 ;;
     reliab)
       for f in "kill:rank=1,size=1048576" "stall:rank=1,size=1048576,seconds=300"; do
         k=${f%%:*}; s0=$(date +%s.%N)
@@ -132,12 +132,12 @@ for stage in $STAGES; do
       for step in tune verify control; do
         s0=$(date +%s.%N)
         case $step in
-          tune) ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 -o "$tdir" >"$LOG/tune.txt" 2>"$LOG/tune.err" ;;
+          tune) ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 -O "$tdir" >"$LOG/tune.txt" 2>"$LOG/tune.err" ;;
           verify) ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 --verify "$tdir/nccl_tuner.conf" --plugin "$plugin" \
-                    -o "$vdir" >"$LOG/tune_verify.txt" 2>"$LOG/tune_verify.err" ;;
+                    -O "$vdir" >"$LOG/tune_verify.txt" 2>"$LOG/tune_verify.err" ;;
           control) printf 'allreduce,4097,16384,tree,ll,-1,1,%s,1,0\n' "$NP" >"$OUT/one_row.conf"
                    ncclbench tune allreduce -g "$NP" -b 1K -e 256M -f 4 --verify "$OUT/one_row.conf" --plugin "$plugin" \
-                    -o "$OUT/verified_one_row" >"$LOG/tune_control.txt" 2>"$LOG/tune_control.err" ;;
+                    -O "$OUT/verified_one_row" >"$LOG/tune_control.txt" 2>"$LOG/tune_control.err" ;;
         esac
         rc=$?; s1=$(date +%s.%N)
         $PY -c "print('tune $step: exit $rc, %.1f s' % ($s1 - $s0))" >>"$LOG/tune_cli.txt"

@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "measure": "ncclbench.api.measure",
     "Rows": "ncclbench.api.rows",
-    "preflight": "ncclbench.api.preflight",
-    "PreflightReport": "ncclbench.api.verdict",
+    "preflight": "ncclbench.faults.preflight.run",
+    "PreflightReport": "ncclbench.faults.preflight.verdict",
     "BenchError": "ncclbench.errors",
     "PlanError": "ncclbench.errors",
     "LaunchError": "ncclbench.errors",

@@ -109,10 +109,9 @@ class Terminated(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
-def error_line(command: str | None, message: str) -> str:
-    """The one line a failing run ends with: `ncclbench <command>: error: <message>`
-    (`ncclbench: error: <message>` where no subcommand is known)."""
-    return f"ncclbench {command}: error: {message}" if command else f"ncclbench: error: {message}"
+def error_line(message: str) -> str:
+    """The one line a failing run ends with, whatever the subcommand: `ncclbench: error: <message>`."""
+    return f"ncclbench: error: {message}"
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:

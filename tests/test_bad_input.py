@@ -77,7 +77,8 @@ CASES = [
     ("endpoint on one node", ["allreduce", "--backend", "gloo", "--rdzv-endpoint", "h:29500"], "--nnodes > 1"),
     ("master address on one node", ["allreduce", "--backend", "gloo", "--master-addr", "h"], "--nnodes > 1"),
     ("hypercube on 3 ranks", ["hypercube", "--backend", "gloo", "-g", "3"], "power-of-two"),
-    ("cta policy", ["allreduce", "--backend", "gloo", "-x", "1"], "not supported"),
+    ("cta policy on gloo", ["allreduce", "--backend", "gloo", "-x", "1"], "gloo backend runs no NCCL"),
+    ("cta policy nccl has not", ["allreduce", "-x", "3"], "cta_policy"),
     ("null stream on cpu", ["allreduce", "--backend", "gloo", "-y", "1"], "GPU backend"),
     ("negative unalign", ["allreduce", "-u", "-1"], "unalign"),
     ("bad split", ["allreduce", "--backend", "gloo", "--split", "XOR 3"], "split"),
@@ -243,7 +244,8 @@ def test_bare_command_shows_help(capsys):
     with pytest.raises(SystemExit) as exc:
         main([])
     assert exc.value.code == 0
-    assert "Commands:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Collectives:" in out and "Tools:" in out
 
 
 def test_buffers_larger_than_free_gpu_memory_are_refused_with_what_fits():

@@ -56,7 +56,7 @@ def assert_one_line_error(result, *fragments):
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ncclbench compare: error: ")
+    assert lines[0].startswith("ncclbench: error: ")
     for fragment in fragments:
         assert fragment in lines[0]
     assert "Traceback" not in result.output

@@ -133,7 +133,7 @@ def test_pair_clock_shares_the_budget_and_learns_the_overhead(monkeypatch):
     """30 s over 10 rounds: 3 s a round, a quarter kept for set-up until a round was timed;
     then the measured overhead is kept, and the shares shrink with the time spent, never
     below 5% of the nominal share (a starved exchange times latency, not the link)."""
-    from ncclbench.api import fleet_run
+    from ncclbench.faults.fleet import run as fleet_run
 
     now = [100.0]
     monkeypatch.setattr(fleet_run.time, "monotonic", lambda: now[0])
@@ -366,8 +366,8 @@ class _TwoRails:
 
 def _judging(layout=None, dead=None, shaken=None, hung=None, backend="gloo", timeout_s=20.0):
     """A Coordinator with only what its round judgement (Coordinator._judge) reads."""
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_run import Coordinator
+    from ncclbench.faults.fleet import worker as fl
+    from ncclbench.faults.fleet.run import Coordinator
 
     c = Coordinator.__new__(Coordinator)
     c.layout, c.lost = layout or _Layout(), {}
@@ -474,8 +474,8 @@ def test_a_stuck_rank_is_blamed_only_when_its_partner_answered():
 
 
 def test_a_hung_pair_fails_the_run_and_drains_neither_node():
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.faults.fleet import worker as fl
+    from ncclbench.faults.fleet.report import FleetReport
 
     plan = fl.FleetPlan(backend="gloo", nbytes=1 << 20, node_bytes=1 << 20, iters=5, warmup=1, timeout_s=8.0, band=0.6)
     layout = fl.Layout(names=["n0", "n1", "n2", "n3"], ranks=[[0], [1], [2], [3]], gpus={n: 1 for n in range(4)},
@@ -498,7 +498,7 @@ def test_a_hung_pair_fails_the_run_and_drains_neither_node():
 def test_a_task_past_its_limit_leaves_the_rank_stuck_and_answering():
     import threading
 
-    from ncclbench.api import fleet as fl
+    from ncclbench.faults.fleet import worker as fl
 
     plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=0.05, band=0.6)
     worker = fl.Worker.__new__(fl.Worker)
@@ -570,8 +570,8 @@ def test_a_node_is_timed_at_its_best_iteration_across_all_its_ranks():
 
 
 def test_a_node_slow_in_one_reading_alone_is_named_in_a_note_not_drained():
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.faults.fleet import worker as fl
+    from ncclbench.faults.fleet.report import FleetReport
 
     plan = fl.FleetPlan(backend="gloo", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=8.0, band=0.6)
     layout = fl.Layout(names=["n0", "n1"], ranks=[[0, 1], [2, 3]], gpus={0: 2, 1: 2}, models={0: None, 1: None},
@@ -624,8 +624,8 @@ def test_gpu_fleet_across_simulated_hosts(fault, tmp_path):
 
 def _pairs_over(path: str | None, fabric, socket_band=0.5, n=4):
     """Coordinator.pairs on made-up numbers, NCCL's log naming `path` for every pair."""
-    from ncclbench.api import fleet as fl
-    from ncclbench.api.fleet_run import Coordinator
+    from ncclbench.faults.fleet import worker as fl
+    from ncclbench.faults.fleet.run import Coordinator
 
     c = Coordinator.__new__(Coordinator)
     c.plan = fl.FleetPlan(backend="nccl", nbytes=1, node_bytes=1, iters=1, warmup=0, timeout_s=30.0, band=0.2,

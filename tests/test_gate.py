@@ -160,7 +160,7 @@ def test_recorded_healthy_pairs_pass_and_every_plant_is_caught(recorded, tmp_pat
     healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
     assert [_regressed(a, b) for a, b in zip(healthy, healthy[1:])] == [[]] * 10
     base = tmp_path / "base.json"
-    made = CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)])
+    made = CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-O", str(base)])
     assert made.exit_code == 0, made.output
     assert [_regressed(base, h) for h in healthy[3:]] == [[]] * 8
     for against in (healthy[-1], base):
@@ -193,7 +193,7 @@ def test_recorded_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(rec
     caught against run 0 and against the baseline of runs 0-2, each time."""
     healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
     base = tmp_path / "base.json"
-    assert CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-o", str(base)]).exit_code == 0
+    assert CliRunner().invoke(baseline_command, [*map(str, healthy[:3]), "-O", str(base)]).exit_code == 0
     assert json.loads(base.read_text())["results"][0]["in_place_noise"]["run_fastest_us"]
     for run in healthy[3:]:
         slow = _slowed(run, tmp_path, 2.0, 2 << 20)
@@ -283,7 +283,7 @@ def test_tiny_busbw_is_never_judged_by_rounded_numbers(tmp_path):
 def test_a_baseline_of_several_runs(tmp_path):
     runs = [_write(tmp_path / f"r{i}.json", _doc(BASE_TIMES, seed=i, spread=0.2)) for i in range(3)]
     out = tmp_path / "base.json"
-    made = CliRunner().invoke(baseline_command, [*map(str, runs), "-o", str(out)])
+    made = CliRunner().invoke(baseline_command, [*map(str, runs), "-O", str(out)])
     assert made.exit_code == 0, made.output
     doc = json.loads(out.read_text())
     row = doc["results"][0]
@@ -296,10 +296,10 @@ def test_a_baseline_of_several_runs(tmp_path):
     slow = _write(tmp_path / "slow.json", _doc({s: t * 1.6 for s, t in BASE_TIMES.items()}, seed=9, spread=0.2))
     assert _compare(out, slow).exit_code == 1
     wrong = _write(tmp_path / "wrong.json", _doc(BASE_TIMES, seed=5, wrong=1.0))
-    refused = CliRunner().invoke(baseline_command, [str(runs[0]), str(wrong), "-o", str(out)])
+    refused = CliRunner().invoke(baseline_command, [str(runs[0]), str(wrong), "-O", str(out)])
     assert refused.exit_code == 2 and "wrong results" in refused.output
     other = _write(tmp_path / "other.json", _doc(BASE_TIMES, seed=5, ranks=8))
-    refused = CliRunner().invoke(baseline_command, [str(runs[0]), str(other), "-o", str(out)])
+    refused = CliRunner().invoke(baseline_command, [str(runs[0]), str(other), "-O", str(out)])
     assert refused.exit_code == 2 and "differ in ranks" in refused.output
 
 

@@ -73,6 +73,10 @@ def test_the_users_own_log_stays_theirs_and_explains_again_without_a_gpu(tmp_pat
     assert nb["nccl_path"]["label"] == "SHM" and "NCCL_DEBUG=INFO" in r.stdout
     e = run_cli(["explain", str(logs)], env={"CUDA_VISIBLE_DEVICES": ""})
     assert e.returncode == 0 and "SHM" in e.stdout and "NCCL_P2P_DISABLE=1" in e.stdout, e.stdout
+    assert "# Missing" not in e.stdout and "separate jobs" not in e.stdout and "No INIT line" not in e.stdout, e.stdout
+    if len(files) > 1:  # one rank's file: the others are named missing
+        one = run_cli(["explain", str(files[0])], env={"CUDA_VISIBLE_DEVICES": ""})
+        assert one.returncode == 0 and "# Missing: the logs of rank(s)" in one.stdout, one.stdout
 
 
 def test_info_without_a_file_says_plainly_the_path_cannot_be_read(tmp_path):

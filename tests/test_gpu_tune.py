@@ -46,7 +46,7 @@ def test_route_fresh_communicators_read_the_setting_again(tmp_path):
 
 def test_one_gpu_measures_the_default_and_says_there_is_nothing_to_tune(tmp_path):
     out = tmp_path / "tuned"
-    r = run_cli(["tune", "allreduce", "-g", "1", "-b", "1K", "-e", "1M", "-f", "8", "--repeat", "2", "-o", str(out)],
+    r = run_cli(["tune", "allreduce", "-g", "1", "-b", "1K", "-e", "1M", "-f", "8", "--repeat", "2", "-O", str(out)],
                 timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "chooses no algorithm or protocol" in r.stdout
@@ -63,7 +63,7 @@ def test_two_gpus_sweep_every_combination(tmp_path):
         pytest.skip("needs 2 GPUs")
     out = tmp_path / "tuned"
     r = run_cli(["tune", "allreduce", "-g", "2", "-b", "1K", "-e", "16M", "-f", "4", "--repeat", "2",
-                 "--channels", "4", "-o", str(out)], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+                 "--channels", "4", "-O", str(out)], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "tune.json").read_text())["collectives"]["all_reduce"]
     assert doc["nccl_choice"], "no TUNING line attributed to the default"
@@ -83,7 +83,7 @@ def test_verify_with_nccls_example_plugin(tmp_path):
     conf = tmp_path / "tuned.conf"
     conf.write_text(f"allreduce,0,70000,ring,simple,2,1,{n},1,0\n")
     r = run_cli(["tune", "allreduce", "-g", str(n), "-b", "1K", "-e", "1M", "-f", "8", "--repeat", "3",
-                 "--verify", str(conf), "--plugin", plugin, "-o", str(tmp_path / "v")],
+                 "--verify", str(conf), "--plugin", plugin, "-O", str(tmp_path / "v")],
                 env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: a size above the row (one channel) is slower
     assert "TUNER/ExamplePlugin: Loaded 1 tuning configurations" in r.stdout, r.stdout
@@ -106,10 +106,10 @@ def test_tunes_own_config_is_not_slower_where_it_matters(tmp_path):
     if not plugin or _gpus() < 2:
         pytest.skip("needs 2 GPUs and NCCLBENCH_TUNER_PLUGIN (docs/tuning.md)")
     sweep = ["-g", "2", "-b", "64K", "-e", "64M", "-f", "32", "--repeat", "3", "--no-plot"]
-    r = run_cli(["tune", "allreduce", *sweep, "-o", str(tmp_path / "t")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+    r = run_cli(["tune", "allreduce", *sweep, "-O", str(tmp_path / "t")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     v = run_cli(["tune", "allreduce", *sweep, "--verify", str(tmp_path / "t" / "nccl_tuner.conf"), "--plugin", plugin,
-                 "-o", str(tmp_path / "v")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+                 "-O", str(tmp_path / "v")], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert v.returncode in (0, 1), v.stderr[-3000:]
     sizes = json.loads((tmp_path / "v" / "verify.json").read_text())["collectives"]["all_reduce"]["sizes"]
     assert len(sizes) == 3 and all(s["applied"] for s in sizes), sizes
@@ -125,7 +125,7 @@ def test_every_combination_is_replayed_and_a_refused_capture_falls_back_visibly(
     env = {"NCCL_NVLS_ENABLE": "0", "NCCLBENCH_FAULT": "capture_fail:rank=0;capture_fail:rank=1",
            "NCCLBENCH_FAULT_ITEM": "all_reduce.ring-ll.r1"}
     r = run_cli(["tune", "allreduce", "-g", "2", "-b", "8", "-e", "64K", "-f", "8", "--algos", "ring", "--protos",
-                 "ll,simple", "--repeat", "3", "--no-plot", "-o", str(out)], env=env, timeout=600)
+                 "ll,simple", "--repeat", "3", "--no-plot", "-O", str(out)], env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "# timing: CUDA-graph replay at every size (20 replays of 20 ops" in r.stdout
     assert ("timed EAGER (graph capture failed: RuntimeError: operation not permitted when stream is capturing "
@@ -147,7 +147,7 @@ def test_paired_runs_every_configuration_side_by_side_on_kept_communicators(tmp_
     out = tmp_path / "tuned"
     r = run_cli(["tune", "allreduce", "-g", "2", "-b", "8", "-e", "64K", "-f", "8", "-n", "5", "-w", "1", "-G", "2",
                  "--algos", "tree,ring", "--protos", "ll,simple", "--paired", "4", "--repeat", "16", "--no-plot",
-                 "-o", str(out)], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
+                 "-O", str(out)], env={"NCCL_NVLS_ENABLE": "0"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "side by side (--paired 4)" in r.stdout and "# rule: paired:" in r.stdout
     doc = json.loads((out / "tune.json").read_text())

@@ -379,7 +379,7 @@ def test_a_suite_s_launches_share_one_file(tmp_path):
 def test_tune_s_metrics_equal_its_tune_json(tmp_path):
     prom = tmp_path / "tune.prom"
     proc = run_cli(tmp_path, "tune", "allreduce", "-g", "2", "--rehearse", "--backend", "gloo", "-b", "1K", "-e", "2K",
-                   "--repeat", "2", "-n", "2", "-w", "1", "--no-plot", "-o", "out", "--metrics", str(prom))
+                   "--repeat", "2", "-n", "2", "-w", "1", "--no-plot", "-O", "out", "--metrics", str(prom))
     assert proc.returncode == 0, proc.stderr
     promtool_check(prom)
     doc = json.loads((tmp_path / "out" / "tune.json").read_text())

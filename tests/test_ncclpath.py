@@ -91,7 +91,9 @@ def test_a_net_connection_printed_by_both_ends_counts_once():
     path = path_of("two-hosts-socket")
     links = [tuple(l[:3]) for p in path.processes for c in p["comms"] for l in c["links"] if l[2] == "NET/Socket"]
     assert len(links) == 8 and len(set(links)) == 4  # seen twice, one pair each
-    table = pathexplain.table(path)
+    from ncclbench.explain.report import table as path_table
+
+    table = path_table(path)
     assert table[1].split()[0] == "NET/Socket" and table[1].split()[-2:] == ["2", "eth0"]
 
 
@@ -264,7 +266,9 @@ def test_sysfs_facts(tmp_path):
     assert pathhost.nic_rate_gbps("mlx5_0", "1/IB", root) == 50.0
     assert pathhost.nic_rate_gbps("eth0", "198.18.0.10<0>", root) == 3.125
     assert pathhost.nic_rate_gbps("veth1", "", root) is None
-    assert pathhost.host_facts(root) == {"ib_devices": ["mlx5_0"], "peermem": False}
+    from ncclbench.explain.here import host_facts
+
+    assert host_facts(root) == {"ib_devices": ["mlx5_0"], "peermem": False}
     (tmp_path / "module/nvidia_peermem").mkdir()
     assert pathhost.peermem_loaded(root) is True
 
@@ -377,7 +381,7 @@ def test_a_log_without_connection_lines_says_the_path_cannot_be_read(subsys, rea
 
 
 def test_a_verdict_without_the_log_says_so_and_guesses_nothing():
-    from ncclbench.api.verdict import NOT_READ, transport_notes
+    from ncclbench.faults.preflight.verdict import NOT_READ, transport_notes
 
     lines, _ = transport_notes("nccl", ["a", "b"], {}, [0, 0], {"NCCL_IB_DISABLE": "1"}, 1.0)
     assert lines[-1] == NOT_READ and not any("inferred" in line for line in lines)
@@ -480,10 +484,10 @@ def test_log_folders_of_ended_processes_are_removed(fresh_switch, tmp_path, monk
 def test_fleet_links_and_pair_tests_carry_the_path(tmp_path):
     import csv
 
-    from ncclbench.api.fleet_report import FleetReport
+    from ncclbench.faults.fleet.report import FleetReport
 
     report = FleetReport(plan={"backend": "nccl", "nbytes": 1 << 26, "budget_s": 30.0, "csv_path": str(tmp_path / "t.csv")})
-    report.links = [{"hosts": ["n1", "n2"], "reason": "slow twice"}]
+    report.finding.links = [{"hosts": ["n1", "n2"], "evidence": "slow twice"}]
     report.tests = [{"round": 1, "kind": "screen", "host_a": "n2", "host_b": "n1", "rail": 0},
                     {"round": 1, "kind": "screen", "host_a": "n3", "host_b": "n4", "rail": 0}]
     report.add_paths({("n1", "n2"): "NET/Socket"})
@@ -597,8 +601,8 @@ def test_p2p_over_pcie_is_put_against_the_pcie_link(tmp_path):
 def test_pairs_name_the_transport_of_each_slow_pair(tmp_path):
     from ncclbench.engine.pair_exchange import pair_busbw
     from ncclbench.locate.schedule import tournament_rounds
-    from ncclbench.pairs.report import PairsResult
-    from ncclbench.pairs.run import PairsPlan
+    from ncclbench.faults.pairs.report import PairsResult
+    from ncclbench.faults.pairs.run import PairsPlan
 
     plan = PairsPlan(nbytes=1_000_000, iters=2, warmup_iters=1, backend="nccl", timeout_s=60, fail_below=20.0,
                      json_path=str(tmp_path / "p.json"), csv_path=None)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from ncclbench.topology import model, p2p, visible
 from ncclbench.topology import probe as topo_mod
-from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, parse_size, run_p2p
+from ncclbench.topology.p2p import P2PConfig, P2PError, bandwidth_gbps, run_p2p
 from ncclbench.cli.topo import p2p_command
 
 MiB = 2**20
@@ -126,21 +126,6 @@ SMALL = P2PConfig(size_bytes=1 * MiB, reps=3, iters=4, warmup=1, latency_iters=2
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("256M", 256 * MiB), ("256MiB", 256 * MiB), ("1G", 2**30), ("4", 4), ("64k", 65536), ("1MB", 10**6),
-     ("1.5K", 1536), (4096, 4096)],
-)  # fmt: skip
-def test_parse_size(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "abc", "0", "-4", "12Q", "1.3", "0.3K"])
-def test_parse_size_rejects(text):
-    with pytest.raises(ValueError):
-        parse_size(text)
 
 
 def test_bandwidth_gbps():
@@ -262,8 +247,8 @@ def one_line(text: str) -> str:
 
 @pytest.mark.parametrize(
     ("count", "message"),
-    [(0, "ncclbench p2p: error: no CUDA GPU visible: p2p needs at least 2 GPUs"),
-     (1, "ncclbench p2p: error: only 1 CUDA GPU visible: p2p needs at least 2 GPUs")],
+    [(0, "ncclbench: error: no CUDA GPU visible: p2p needs at least 2 GPUs"),
+     (1, "ncclbench: error: only 1 CUDA GPU visible: p2p needs at least 2 GPUs")],
 )
 def test_p2p_command_without_enough_gpus_exits_2(monkeypatch, count, message):
     monkeypatch.setattr(visible, "visible_gpu_count", lambda: count)
@@ -278,7 +263,7 @@ def test_p2p_command_on_this_machine_without_gpu():
     assert visible.visible_gpu_count() == 0
     result = CliRunner().invoke(p2p_command, ["--json", "-"])
     assert result.exit_code == 2
-    assert one_line(result.stderr) == "ncclbench p2p: error: no CUDA GPU visible: p2p needs at least 2 GPUs"
+    assert one_line(result.stderr) == "ncclbench: error: no CUDA GPU visible: p2p needs at least 2 GPUs"
 
 
 @pytest.mark.parametrize(
@@ -289,7 +274,7 @@ def test_p2p_command_on_this_machine_without_gpu():
 def test_p2p_command_bad_input_is_one_line_exit_2(args):
     result = CliRunner().invoke(p2p_command, args)
     assert result.exit_code == 2
-    assert one_line(result.stderr).startswith("ncclbench p2p: error: ")
+    assert one_line(result.stderr).startswith("ncclbench: error: ")
     assert "Traceback" not in result.output and result.stdout == ""
 
 
@@ -336,7 +321,7 @@ def test_p2p_command_json_to_stdout_replaces_tables(four_fake_gpus):
 def test_p2p_command_device_out_of_range(four_fake_gpus):
     result = CliRunner().invoke(p2p_command, ["--devices", "0,7"])
     assert result.exit_code == 2
-    assert one_line(result.stderr) == "ncclbench p2p: error: --devices: no CUDA GPU 7 (4 visible)"
+    assert one_line(result.stderr) == "ncclbench: error: --devices: no CUDA GPU 7 (4 visible)"
 
 
 def test_p2p_command_verification_failure_exits_1(monkeypatch, four_fake_gpus):
@@ -344,7 +329,7 @@ def test_p2p_command_verification_failure_exits_1(monkeypatch, four_fake_gpus):
     result = CliRunner().invoke(p2p_command, ["--size", "64K", "--reps", "1"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "ncclbench p2p: error: copy verification failed (destination did not hold the source data) for pairs 1->3"
+        "ncclbench: error: copy verification failed (destination did not hold the source data) for pairs 1->3"
     )
 
 
@@ -355,7 +340,7 @@ def test_p2p_command_cuda_error_is_one_line(monkeypatch, four_fake_gpus):
     monkeypatch.setattr(p2p, "TorchCudaApi", out_of_memory)
     result = CliRunner().invoke(p2p_command, [])
     assert result.exit_code == 1
-    assert one_line(result.stderr) == "ncclbench p2p: error: RuntimeError: CUDA out of memory. Tried to allocate 256.00 MiB"
+    assert one_line(result.stderr) == "ncclbench: error: RuntimeError: CUDA out of memory. Tried to allocate 256.00 MiB"
 
 
 def test_p2p_exit_code_survives_a_non_standalone_group(monkeypatch):

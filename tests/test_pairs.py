@@ -14,8 +14,8 @@ from conftest import run_cli
 from ncclbench.engine.pair_exchange import pair_busbw
 from ncclbench.errors import ExitCode, PlanError
 from ncclbench.locate.schedule import peer_in_round, tournament_rounds
-from ncclbench.pairs.report import PairsResult, below_median, slow_pairs
-from ncclbench.pairs.run import PairsPlan, localise, parse_percent
+from ncclbench.faults.pairs.report import PairsResult, below_median, slow_pairs
+from ncclbench.faults.pairs.run import PairsPlan, localise, parse_percent
 
 # Small enough that gloo's exchanges cost next to nothing; the launch (torch imports on
 # 2 cores) dominates each end-to-end test at ~10-20 s.

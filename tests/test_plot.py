@@ -29,7 +29,7 @@ def legend_texts(fig) -> list[str]:
 
 def test_png_is_written_with_expected_pixel_size(tmp_path):
     out = tmp_path / "busbw.png"
-    result = run(H200_4 / "all_reduce_np4.txt", H200_4 / "all_reduce_np2.txt", H200_2 / "all_reduce_np2.txt", "-o", out)
+    result = run(H200_4 / "all_reduce_np4.txt", H200_4 / "all_reduce_np2.txt", H200_2 / "all_reduce_np2.txt", "-O", out)
     assert result.exit_code == 0, result.output
     assert "3 series" in result.stdout
     assert out.stat().st_size > 10_000
@@ -44,7 +44,7 @@ def test_png_is_written_with_expected_pixel_size(tmp_path):
 
 def test_svg_by_extension(tmp_path):
     out = tmp_path / "busbw.svg"
-    assert run(H200_4 / "broadcast_np4.txt", "-o", out).exit_code == 0
+    assert run(H200_4 / "broadcast_np4.txt", "-O", out).exit_code == 0
     assert "<svg" in out.read_text()[:2000]
 
 
@@ -79,7 +79,7 @@ def test_size_zero_rows_are_left_out():
 
 def test_many_series_widen_the_figure_instead_of_cutting_the_legend(tmp_path):
     out = tmp_path / "all.png"
-    assert run(H200_2 / "all_reduce_np2_dall_oall.txt", "-o", out).exit_code == 0  # 72 series
+    assert run(H200_2 / "all_reduce_np2_dall_oall.txt", "-O", out).exit_code == 0  # 72 series
     height, width = matplotlib.image.imread(out).shape[:2]
     one_column = figure_size_inches(["all_reduce_np2_dall_oall bfloat16 mulsum"])[0] * DPI
     assert height == 500
@@ -87,9 +87,9 @@ def test_many_series_widen_the_figure_instead_of_cutting_the_legend(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["-o", "plot.bmp"], "plot.bmp"),
-    (["-o", "plot.png", "--min-size", "8G"], "no rows left"),
-    (["-o", "plot.png", "--label", "a", "--label", "b"], "--label"),
+    (["-O", "plot.bmp"], "plot.bmp"),
+    (["-O", "plot.png", "--min-size", "8G"], "no rows left"),
+    (["-O", "plot.png", "--label", "a", "--label", "b"], "--label"),
     ([], "Missing option"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
@@ -97,14 +97,14 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run(H200_4 / "all_reduce_np4.txt", *args)
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ncclbench plot: error: ")
+    assert len(lines) == 1 and lines[0].startswith("ncclbench: error: ")
     assert fragment in lines[0]
 
 
 def test_unreadable_input_is_one_line(tmp_path):
     bogus = tmp_path / "notes.txt"
     bogus.write_text("hello\n")
-    result = run(bogus, "-o", tmp_path / "x.png")
+    result = run(bogus, "-O", tmp_path / "x.png")
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "not a recognised results file" in result.stderr
     assert not (tmp_path / "x.png").exists()
@@ -120,7 +120,7 @@ def test_a_file_whose_cells_are_all_na_is_one_clear_error(tmp_path):
                           for s in (1024, 4096) for p in ("out_of_place", "in_place")])
     path = tmp_path / "one.csv"
     frame.to_csv(path, index=False)
-    bad = CliRunner().invoke(plot_command, [str(path), "-o", str(tmp_path / "p.png")])
+    bad = CliRunner().invoke(plot_command, [str(path), "-O", str(tmp_path / "p.png")])
     assert bad.exit_code == 2 and "every cell left to plot is N/A" in bad.output, bad.output
-    good = CliRunner().invoke(plot_command, [str(path), "-o", str(tmp_path / "p.png"), "--placement", "in_place"])
+    good = CliRunner().invoke(plot_command, [str(path), "-O", str(tmp_path / "p.png"), "--placement", "in_place"])
     assert good.exit_code == 0 and (tmp_path / "p.png").stat().st_size > 0, good.output

@@ -18,6 +18,7 @@ EXERCISED = {
     "mpirun-ncclbench.sh": "test_cluster.py::test_mpirun_wrapper_script_runs_two_ranks",
     "ci/install_cluster_tools.sh": ".ci/run",
     "ci/gpu-regression.yml": "test_github_workflow_example_is_a_valid_workflow",
+    "heatmap_examples.py": "test_heatmap.py::test_the_example_script_draws_every_kind_small",
 }
 SHELL_FILES = sorted(p for p in SCRIPTS.rglob("*") if p.suffix in (".sh", ".sbatch")) + [
     ROOT / "benchmarks" / "gpu_validate.sh"]

@@ -655,7 +655,7 @@ def no_gpu_probe(monkeypatch):
 def test_topo_command_without_gpu(no_gpu_probe):
     result = CliRunner().invoke(topo_command, [])
     assert result.exit_code == 0, result.output
-    assert one_line(result.stderr) == "no GPU visible: reporting host and versions only"
+    assert one_line(result.stderr) == "ncclbench: no GPU visible: reporting host and versions only"
     assert "| torch " in result.stdout and f"{os.cpu_count()} CPUs" in result.stdout
     assert "NVML unavailable: FakeNvmlError: NVML Shared Library Not Found" in result.stdout
 
@@ -687,14 +687,14 @@ def test_topo_command_compare_smi_disagreement_is_one_error_line_exit_1(monkeypa
     assert result.exit_code == 1
     assert "Link matrix" in result.stdout
     assert one_line(result.stderr) == (
-        "ncclbench topo: error: nvidia-smi check failed: link nvml1-nvml0: ncclbench NV18, nvidia-smi NV12")
+        "ncclbench: error: nvidia-smi check failed: link nvml1-nvml0: ncclbench NV18, nvidia-smi NV12")
 
 
 @pytest.mark.skipif(gpu_visible(), reason="this machine has a GPU")
 def test_topo_command_on_this_machine_without_gpu():
     result = CliRunner().invoke(topo_command, ["--json"])
     assert result.exit_code == 0
-    assert one_line(result.stderr) == "no GPU visible: reporting host and versions only"
+    assert one_line(result.stderr) == "ncclbench: no GPU visible: reporting host and versions only"
     assert json.loads(result.stdout)["gpus"] == []
 
 
@@ -705,7 +705,7 @@ def test_topo_command_bad_input_is_one_line_exit_2(args):
     for command, argv in ((topo_command, args), (group, ["topo", *args])):
         result = CliRunner().invoke(command, argv)
         assert result.exit_code == 2
-        assert one_line(result.stderr).startswith("ncclbench topo: error: ")
+        assert one_line(result.stderr).startswith("ncclbench: error: ")
         assert "Traceback" not in result.output and result.stdout == ""
 
 

@@ -53,7 +53,7 @@ def test_the_console_script_says_it_in_one_line():
     (["alltoall"], ["point-to-point"]),
     (["allreduce", "--backend", "gloo"], ["no NCCL", "--rehearse"]),
     (["allreduce", "--backend", "cupy"], ["cupy"]),
-    (["allreduce", "-o", "sum"], ["--op sum"]),
+    (["allreduce", "-o", "xor"], ["unknown op 'xor'", "the output folder is -O/--out"]),
     (["allreduce", "-c", "0"], ["always checks"]),
     (["allreduce", "-d", "all"], ["one datatype"]),
     (["allreduce", "--verify", "x.conf"], ["go together"]),
@@ -142,7 +142,7 @@ def test_a_usable_plugin_gets_as_far_as_the_gpu_check(tmp_path, capsys):
 
     if cuda_available():
         pytest.skip("a GPU is visible: this checks the CPU-only path")
-    _refused(["allreduce", "-g", "2", "--verify", str(conf), "--plugin", str(new), "-o", str(tmp_path / "o")],
+    _refused(["allreduce", "-g", "2", "--verify", str(conf), "--plugin", str(new), "-O", str(tmp_path / "o")],
              "needs NCCL on CUDA GPUs", code=5, capsys=capsys)
     assert not (tmp_path / "o").exists()  # nothing created before the last check
 

@@ -17,7 +17,7 @@ SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--repeat", "
 
 def _tune(args, tmp_path, env=None):
     out = tmp_path / "tuned"
-    r = run_cli(["tune", *args, "-o", str(out)], env=env, timeout=300)
+    r = run_cli(["tune", *args, "-O", str(out)], env=env, timeout=300)
     return r, out
 
 
@@ -176,7 +176,7 @@ def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
     takes part in each and stops after node 0's last; rows and CSV say 2 nodes, 2 ranks."""
     out = tmp_path / "tuned"
     procs, results = _two_nodes(["allreduce", "-g", "1", "--rehearse", "--algos", "ring", "--protos", "simple", *SMALL],
-                                ["-o", str(out)], 400)
+                                ["-O", str(out)], 400)
     (out0, err0), (_out1, err1) = results
     assert procs[0].returncode == 0, err0[-3000:]
     assert procs[1].returncode == 0, err1[-3000:]
@@ -191,7 +191,7 @@ def test_ranks_on_two_hosts_run_every_launch_and_rows_name_both(tmp_path):
 
 
 def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
-    """Node 0 refuses the run for a reason node 1 does not check (here its -o folder holds a
+    """Node 0 refuses the run for a reason node 1 does not check (here its -O folder holds a
     run already; on GPUs: a --verify file missing): node 1 used to wait in its first
     rendezvous for torchrun's 600 s. Now node 0 makes the run's last launch before it says
     its one line, and node 1 stops with it, saying why, exit 2 (not 0: no run took place)."""
@@ -200,14 +200,14 @@ def test_node_0_refusing_the_run_releases_the_other_nodes(tmp_path):
     taken = tmp_path / "taken"
     (taken / "raw").mkdir(parents=True)
     start = time.monotonic()
-    procs, results = _two_nodes(["allreduce", "-g", "1", "--rehearse", *SMALL], ["-o", str(taken)], 150)
+    procs, results = _two_nodes(["allreduce", "-g", "1", "--rehearse", *SMALL], ["-O", str(taken)], 150)
     took = time.monotonic() - start
     (_out0, err0), (_out1, err1) = results
     errors = [line for line in err0.splitlines() if line.startswith("ncclbench")]
     assert procs[0].returncode == 2 and len(errors) == 1 and "already holds a tune run" in errors[0], err0[-3000:]
     said = [line for line in err1.splitlines() if line.startswith("ncclbench")]
     assert procs[1].returncode == 2 and len(said) == 1, err1[-3000:]
-    assert said[0].startswith("ncclbench tune: error: node 1 of 2: node 0 refused the run (") and \
+    assert said[0].startswith("ncclbench: error: node 1 of 2: node 0 refused the run (") and \
         "already holds a tune run" in said[0], said
     assert took < 120, took
 

@@ -156,7 +156,7 @@ def test_no_config_when_nccls_own_choice_is_unknown_at_a_measured_size(tmp_path,
     assert report.finish(setup, probe_items, probe_results, worlds, items, results) == 6
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if "error" in line]
-    assert errors == ["ncclbench tune: error: no nccl_tuner.conf written: allreduce: NCCL's choice is not in its TUNING "
+    assert errors == ["ncclbench: error: no nccl_tuner.conf written: allreduce: NCCL's choice is not in its TUNING "
                       "log at 256K; a row there would impose a setting NCCL did not choose and a missing row runs one "
                       "channel (docs/tuning.md)"]
     assert not (tmp_path / "nccl_tuner.conf").exists()

@@ -204,7 +204,7 @@ class GroupCall:
                         with contextlib.suppress(Exception):
                             call.before_exit(message)
                     call = call.parent
-                print(error_line(None, message), file=sys.stderr, flush=True)
+                print(error_line(message), file=sys.stderr, flush=True)
             else:
                 time.sleep(0.5)  # rank 0 may still be reading the store it hosts
             hard_exit(ExitCode.TIMEOUT)

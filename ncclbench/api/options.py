@@ -27,13 +27,52 @@ MAX_TIMEOUT_S = 1e6  # -T: about 11.6 days; longer deadlines overflow the watchd
 MAX_UNALIGN = 1 << 20  # -u: elements; past a page or two misalignment means nothing more, and huge values overflow
 
 
-def collective_options(f):
-    """nccl-tests 2.19.6's options with the same letters, names and defaults."""
+def ngpus_option():
+    """-g as every command that spawns ranks reads it: a count or `all`."""
+    return click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
+                        help="Local ranks to spawn, one GPU each (default 1); all: one per visible GPU, 2 CPU ranks "
+                             "where none is visible. Omit under torchrun/srun/mpirun.")
+
+
+# torchrun's multi-node rendezvous for a self-spawned run; read by multinode_args
+RENDEZVOUS_OPTIONS = [
+    click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run (-g ranks each)."),
+    click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes."),
+    click.option("--master-addr", type=str, default=None, help="Rendezvous host for --nnodes > 1 (node 0's address)."),
+    click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1."),
+    click.option("--rdzv-endpoint", type=str, default=None, help="HOST:PORT, instead of --master-addr/--master-port."),
+]
+
+
+def rendezvous_options(f):
+    for dec in reversed(RENDEZVOUS_OPTIONS):
+        f = dec(f)
+    return f
+
+
+# alltoallv's own options (nccl-tests reads them from NCCL_TESTS_ALLTOALLV_*): only its command has them
+ALLTOALLV_OPTIONS = [
+    click.option("--alltoallv-spread", "a2av_spread", type=str, default=None,
+                 help="0: even split over peers .. 1 distance-weighted (default $NCCL_TESTS_ALLTOALLV_SPREAD or 1)."),
+    click.option("--alltoallv-matrix", "a2av_matrix", type=str, default=None,
+                 help="Square file of bytes rank i sends rank j (default $NCCL_TESTS_ALLTOALLV_MATRIX_FILE); needs -b = -e."),
+    click.option("--alltoallv-scale", "a2av_scale", type=str, default=None,
+                 help="Factor on every matrix entry (default $NCCL_TESTS_ALLTOALLV_MATRIX_SCALE or 1)."),
+    click.option("--alltoallv-summary", "a2av_summary", is_flag=True, default=None,
+                 help="Per-rank bytes and bandwidth under each row (default $NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY)."),
+]
+ALLTOALLV_NAMES = ("--alltoallv-spread", "--alltoallv-matrix", "--alltoallv-scale", "--alltoallv-summary")
+
+# -x's values (NCCL_CTA_POLICY_*) and the first NCCL that reads each from NCCL_CTA_POLICY
+CTA_POLICY_SINCE = {0: (2, 27), 1: (2, 27), 2: (2, 28)}
+
+
+def collective_options(f, alltoallv: bool = True):
+    """nccl-tests 2.19.6's options with the same letters, names and defaults; alltoallv's
+    own options where `alltoallv` (the Python API and suite files read them all)."""
     decorators = [
         click.option("-t", "--nthreads", type=click.IntRange(1, 1), default=1, help="Threads per process (only 1: one process per GPU)."),
-        click.option("-g", "--ngpus", type=GPU_COUNT, default=None,
-                     help="Local ranks to spawn, one GPU each (default 1); all: one per visible GPU, "
-                          "2 CPU ranks where none is visible. Omit under torchrun/srun/mpirun."),
+        ngpus_option(),
         click.option("-b", "--minbytes", type=SIZE, default="32M", show_default=True, help="Minimum size (8, 64K, 8M, 1G)."),
         click.option("-e", "--maxbytes", type=SIZE, default="32M", show_default=True, help="Maximum size."),
         click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment when no factor is given."),
@@ -61,7 +100,9 @@ def collective_options(f):
         click.option("-u", "--unalign", type=click.IntRange(0, MAX_UNALIGN), default=0, show_default=True, help="Misalign every buffer by this many elements."),
         click.option("-R", "--local_register", type=click.IntRange(0, 2), default=0, show_default=True, help="Register buffers with NCCL: 1 user buffers, 2 symmetric windows."),
         click.option("-y", "--stream_null", type=click.IntRange(0, 1), default=0, help="1: run on the legacy default (NULL) stream."),
-        click.option("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy (not expressible through torch.distributed or CuPy: refused)."),
+        click.option("-x", "--cta_policy", type=click.IntRange(0, max(CTA_POLICY_SINCE)), default=None,
+                     help="NCCL's CTA policy, given to NCCL as NCCL_CTA_POLICY: 0 default, 1 efficiency (NCCL 2.27+), "
+                          "2 zero (NCCL 2.28+); refused where the NCCL in use does not read it, and on gloo (no NCCL)."),
         click.option("-M", "--memory_report", "--memory", "memory_report", type=click.IntRange(0, 1), default=0, help="1: memory usage trailer (context, communicator, buffers, peak)."),
         click.option("--min-bw", type=FiniteFloat(min=0), default=None, help="Fail (exit 7) when the average busbw is below 0.9 x this GB/s (default $NCCL_TESTS_MIN_BW)."),
         click.option("--min-peak-bw", type=FiniteFloat(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
@@ -70,23 +111,13 @@ def collective_options(f):
         metrics_option,
         click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
         click.option("--results-dir", type=str, default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR)."),
-        click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run (-g ranks each)."),
-        click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes."),
-        click.option("--master-addr", type=str, default=None, help="Rendezvous host for --nnodes > 1 (node 0's address)."),
-        click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1."),
-        click.option("--rdzv-endpoint", type=str, default=None, help="HOST:PORT, instead of --master-addr/--master-port."),
+        *RENDEZVOUS_OPTIONS,
         click.option("--no-save", is_flag=True, help="Do not keep this run in the result store."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar (it only shows on a terminal anyway)."),
         click.option("--split", type=str, default=None, help='Run the test in parallel groups: "<AND|OR|MOD|DIV> <value>" of the rank (default $NCCL_TESTS_SPLIT / $NCCL_TESTS_SPLIT_MASK).'),
-        click.option("--alltoallv-spread", "a2av_spread", type=str, default=None,
-                     help="alltoallv: 0 even split over peers .. 1 distance-weighted (default $NCCL_TESTS_ALLTOALLV_SPREAD or 1)."),
-        click.option("--alltoallv-matrix", "a2av_matrix", type=str, default=None,
-                     help="alltoallv: square file of bytes rank i sends rank j (default $NCCL_TESTS_ALLTOALLV_MATRIX_FILE); needs -b = -e."),
-        click.option("--alltoallv-scale", "a2av_scale", type=str, default=None,
-                     help="alltoallv: factor on every matrix entry (default $NCCL_TESTS_ALLTOALLV_MATRIX_SCALE or 1)."),
-        click.option("--alltoallv-summary", "a2av_summary", is_flag=True, default=None,
-                     help="alltoallv: per-rank bytes and bandwidth under each row (default $NCCL_TESTS_ALLTOALLV_PRINT_SUMMARY)."),
     ]
+    if alltoallv:
+        decorators += ALLTOALLV_OPTIONS
     for dec in reversed(decorators):
         f = dec(f)
     return f
@@ -123,9 +154,9 @@ def build_plan(coll_name: str, o: dict, backend: str, argv: list[str], nranks: i
     samples, which = (o["cudagraph"], "-G replays") if o["cudagraph"] else (o["iters"], "-n iterations")
     if o["per_iter_timing"] and o["per_iter_skip"] >= samples:
         raise _fail(f"-K {o['per_iter_skip']} would skip every one of the {samples} {which} the -I summary is made of")
-    if o.get("cta_policy") is not None:
-        raise _fail(f"-x/--cta_policy is not supported on the {backend} backend: neither torch.distributed "
-                    "nor CuPy exposes NCCL's CTA policy")
+    if o.get("cta_policy") is not None and backend == "gloo":
+        raise _fail("-x sets NCCL's CTA policy (NCCL_CTA_POLICY) and the gloo backend runs no NCCL; "
+                    "use --backend nccl or cupy")
     if o.get("stream_null") and backend == "gloo":
         raise _fail("-y/--stream_null needs a GPU backend (nccl or cupy)")
     min_bw = o.get("min_bw")
@@ -222,6 +253,9 @@ def options_for(values: dict) -> dict:
         if key not in opts:
             raise PlanError(f"unknown option {key!r}")
         opts[key] = value
+    if values.get("cta_policy") is not None:  # only the command line's ranks set it (apply_cta_policy)
+        raise PlanError("cta_policy: set NCCL_CTA_POLICY in the environment instead (a suite entry's env block); "
+                        "NCCL reads it when a communicator is made")
     # every value through its command-line option's own type: the same ranges and messages
     ctx = click.Context(cmd)
     for param in cmd.params:
@@ -272,6 +306,42 @@ def checked_plan(coll_name: str, values: dict, backend: str, argv: list[str], nr
     plan = build_plan(coll_name, options_for(values), backend, argv, nranks)
     validate_for_backend(plan, nranks)
     return plan
+
+
+def apply_cta_policy(policy: int | None, backend: str) -> None:
+    """-x on a rank, before its backend makes a communicator (NCCL reads NCCL_CTA_POLICY
+    then): the variable set for this process, or PlanError where the NCCL in use does not
+    read that value (its version from the library this rank loads, as the header reports it).
+    See docs/design/one-grammar.md."""
+    if policy is None:
+        return
+    since = CTA_POLICY_SINCE[policy]
+    version = nccl_version(backend)
+    if version is None or version[:2] < since:
+        have = ".".join(map(str, version)) if version else "unknown"
+        raise PlanError(f"-x {policy} needs NCCL {since[0]}.{since[1]} or later, which reads NCCL_CTA_POLICY; "
+                        f"this run's NCCL is {have}")
+    os.environ["NCCL_CTA_POLICY"] = str(policy)
+
+
+def nccl_version(backend: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) of the NCCL the `backend` would use in this process, or None."""
+    try:
+        if backend == "cupy":
+            from cupy.cuda import nccl
+
+            code = nccl.get_version()
+            return code // 10000, code // 100 % 100, code % 100
+        import torch  # noqa: F401 - loaded, so that torch_versions asks the library itself
+
+        from ncclbench.topology.model import Versions
+        from ncclbench.topology.versions import torch_versions
+
+        versions = Versions()
+        torch_versions(versions)
+        return tuple(int(part) for part in versions.nccl.split(".")[:3]) if versions.nccl else None
+    except Exception:  # noqa: BLE001 - no NCCL in this torch or CuPy: none to set a policy for
+        return None
 
 
 def choose_backend(requested: str | None) -> str:

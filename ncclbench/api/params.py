@@ -30,6 +30,17 @@ class ParsedType(click.ParamType):
 SIZE = ParsedType("size", parse_size)  # a byte size such as 8, 64K, 1G (powers of 1024, like nccl-tests)
 
 
+def parse_bytes(text) -> int:
+    """A size of at least one byte (a copy's or an exchange's), read as SIZE reads it."""
+    nbytes = parse_size(text)
+    if nbytes < 1:
+        raise ValueError(f"a size of at least 1 byte is needed (got {text!r})")
+    return nbytes
+
+
+BYTES = ParsedType("size", parse_bytes)
+
+
 class FiniteFloat(click.FloatRange):
     """A float range that also refuses nan and inf (click.FloatRange lets both through)."""
 

@@ -1,4 +1,4 @@
-"""`ncclbench baseline RUN RUN... -o base.json`: several healthy runs made into one
+"""`ncclbench baseline RUN RUN... -O base.json`: several healthy runs made into one
 baseline for `compare` (results.baseline says what it keeps). Exit codes: 0 written,
 2 bad input (unreadable file, wrong results in a run, runs of different setups)."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from ncclbench.cli.types import OneLineErrorCommand
+from ncclbench.cli.types import OLD_OUTPUT_SPELLINGS, OneLineErrorCommand
 from ncclbench.errors import BadInput
 
 
-@click.command("baseline", cls=OneLineErrorCommand)
+@click.command("baseline", cls=OneLineErrorCommand, old_spellings=OLD_OUTPUT_SPELLINGS)
 @click.argument("runs", nargs=-1, required=True)
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+@click.option("-O", "--out", "output", required=True, type=click.Path(dir_okay=False),
               help="The baseline file to write (JSON; compare reads it as BASE).")
 @click.option("--label", "labels", multiple=True, help="Label per run, in order. Default: file names.")
 def baseline_command(runs, output, labels):

@@ -1,16 +1,17 @@
 """`ncclbench explain [LOG...]`: the path NCCL took and the known causes of a lower number;
-the logic is in ncclbench.api.explain."""
+the logic is in ncclbench.explain."""
 
 from __future__ import annotations
 
 import click
 
+from ncclbench.api.params import GPU_COUNT
 from ncclbench.cli.types import OneLineErrorCommand
 
 
 @click.command("explain", cls=OneLineErrorCommand)
 @click.argument("logs", nargs=-1, type=str)
-@click.option("-g", "--ngpus", default="all", show_default=True,
+@click.option("-g", "--ngpus", type=GPU_COUNT, default="all", show_default=True,
               help="Without LOG: ranks of the short measurement run here (a number or `all`).")
 @click.option("--backend", type=click.Choice(["nccl", "cupy", "gloo"]), default=None,
               help="Without LOG: the backend of the measurement (default: nccl with a GPU, else gloo).")
@@ -22,13 +23,15 @@ def explain_command(logs, ngpus, backend):
     wrote, one per process; a folder of them; a combined job log with other output mixed
     in). No GPU needed. Without: run a short all_reduce sweep here with NCCL's log on, and
     explain that."""
-    from ncclbench.api import explain
-
     if logs:
-        for line in explain.explain_logs(logs):
+        from ncclbench.explain.report import explain_logs
+
+        for line in explain_logs(logs):
             click.echo(line)
         return
-    lines, code = explain.explain_here(ngpus, backend)
+    from ncclbench.explain.here import explain_here
+
+    lines, code = explain_here(ngpus, backend)
     for line in lines:
         click.echo(line)
     if code:

@@ -1,4 +1,4 @@
-"""`ncclbench fleet`: find the bad nodes of a fleet in one job (ncclbench.api.fleet); runs as
+"""`ncclbench fleet`: find the bad nodes of a fleet in one job (ncclbench.faults.fleet.worker); runs as
 a launched rank (srun, mpirun, torchrun: ranks per node = GPUs per node) or self-spawns -g
 local ranks that re-enter here."""
 
@@ -9,9 +9,10 @@ import sys
 
 import click
 
-from ncclbench.api.params import drain_options, metrics_option
+from ncclbench.api.options import ngpus_option, rendezvous_options
+from ncclbench.api.params import ALL_GPUS, drain_options, metrics_option
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.errors import ExitCode, PlanError
+from ncclbench.errors import PlanError
 from ncclbench.sizes import parse_size
 
 DEFAULT_BYTES = {"nccl": "256M", "gloo": "1M"}
@@ -22,7 +23,7 @@ DEFAULT_ITERS = {"nccl": 5, "gloo": 20}
 
 
 def build_plan(o: dict, backend: str):
-    from ncclbench.api.fleet import FleetPlan
+    from ncclbench.faults.fleet.worker import FleetPlan
     from ncclbench.locate.bands import backend_bands, bands_for, parse_band
     from ncclbench.results.output import check_writable
 
@@ -56,25 +57,20 @@ def build_plan(o: dict, backend: str):
 
 def run_fleet(o: dict) -> int:
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import visible
+    from ncclbench.api.command import local_rank_count
     from ncclbench.api.options import choose_backend, multinode_args
 
     info = launch.detect()
     backend = choose_backend(o["backend"])
     plan = build_plan(o, backend)
     if info.launched:
-        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+        if o["ngpus"] not in (None, 1, ALL_GPUS, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                             f"{info.local_world_size} ranks on this node); drop -g")
-        from ncclbench.api.fleet_run import run_fleet_rank
+        from ncclbench.faults.fleet.run import run_fleet_rank
 
         return run_fleet_rank(plan, info)
-    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
-    if ngpus < 1:
-        raise PlanError(f"-g must be at least 1 (got {ngpus})")
-    if backend == "nccl" and ngpus > visible.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
-                        ExitCode.BAD_GPU_COUNT)
+    ngpus = local_rank_count(o["ngpus"], backend)
     spawn = multinode_args(o, ngpus)
     child_argv = list(sys.argv[1:]) + ([] if o["backend"] else ["--backend", backend])
     return launch.spawn_local(ngpus, child_argv, **spawn)
@@ -89,7 +85,8 @@ def run_fleet(o: dict) -> int:
                    "so a slow NIC or link gets fewer bytes, not more time.")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=None,
               help="Timed exchanges per pair measurement, judged at the best one (default 5 on NCCL, 20 on gloo).")
-@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Untimed exchanges per pair measurement before timing.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
               help="GPUs every node must have (default: the most common count).")
 @click.option("--band", default="auto", show_default=True,
@@ -107,16 +104,13 @@ def run_fleet(o: dict) -> int:
 @drain_options
 @metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds one exchange (or a node's local test) may take; a node past it is named, the run goes on.")
+              help="Seconds one exchange (or a node's local test) may take; a node past it is named, the run goes on "
+                   "(60, not the collectives' 600: a stuck node should cost the fleet's run little).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn. Omit under torchrun/srun/mpirun.")
+@ngpus_option()
 @click.option("--sim-node-size", type=click.IntRange(min=1), default=None,
               help="Test aid: every K local ranks of a host stand for a node of their own (HOST-n0, HOST-n1, ...).")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
-@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
-@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
+@rendezvous_options
 def fleet_command(**options):
     """Find the bad nodes and links of a fleet in one job: each node alone, then node pairs
     rail by rail, then localisation; exit 1 when a node is to drain or a link is slow."""

@@ -13,10 +13,11 @@ import click
 from ncclbench import __version__
 from ncclbench.api.params import ALL_GPUS
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.engine.collectives import REGISTRY, lookup
+from ncclbench.engine.collectives import ALLTOALLV, REGISTRY, lookup
 from ncclbench.errors import BenchError, ExitCode, Interrupted, LaunchError, PlanError, RankFailures, error_line
 # the option table and its conversion into a Plan, shared with the Python API
-from ncclbench.api.options import build_plan, choose_backend, collective_options, multinode_args, validate_for_backend
+from ncclbench.api.options import (ALLTOALLV_NAMES, apply_cta_policy, build_plan, choose_backend, collective_options,
+                                   multinode_args, validate_for_backend)
 
 
 def run_collective(coll_name: str, o: dict) -> int:
@@ -33,6 +34,7 @@ def run_collective(coll_name: str, o: dict) -> int:
             raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                             f"{info.local_world_size} ranks on this node); drop -g")
         validate_for_backend(plan, info.world_size)
+        apply_cta_policy(o["cta_policy"], backend)
         spec = output_spec(plan, o) if info.rank == 0 else None
         announce_backend(o["backend"], backend, info.rank)
         return run_as_rank([plan], info, spec)
@@ -75,6 +77,19 @@ class CollectiveGroup(click.Group):
         cmd_name, cmd, rest = super().resolve_command(ctx, args)
         return (cmd.name if cmd else cmd_name), cmd, rest
 
+    def format_commands(self, ctx, formatter):
+        """Two lists, collectives and tools, each description whole (Click cuts them to
+        one line), and the nccl-tests names that reach each collective."""
+        collectives = {coll.command for coll in REGISTRY.values()}
+        for title, names in (("Collectives", sorted(collectives)),
+                             ("Tools", sorted(set(self.list_commands(ctx)) - collectives))):
+            rows = [(name, self.get_command(ctx, name).get_short_help_str(limit=10_000)) for name in names]
+            with formatter.section(title):
+                formatter.write_dl(rows)
+        with formatter.section("nccl-tests names"):
+            names = [n for coll in REGISTRY.values() for n in (coll.name, f"{coll.name}_perf") if n != coll.command]
+            formatter.write_text("Each collective also answers to its nccl-tests names: " + ", ".join(names) + ".")
+
 
 @click.group(cls=CollectiveGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ncclbench")
@@ -83,14 +98,17 @@ def cli():
 
 
 def _make_command(coll):
-    @collective_options
     def command(**options):
         code = run_collective(coll.name, options)
         sys.exit(int(code))
 
+    alltoallv = coll is ALLTOALLV
+    command = collective_options(command, alltoallv=alltoallv)
     command.__doc__ = (f"Benchmark {coll.name} (like nccl-tests' {coll.name}_perf). "
                        f"busbw = algbw x {_factor_text(coll)}.")
-    return click.command(name=coll.command, cls=GetoptCommand)(command)
+    elsewhere = {} if alltoallv else {name: "applies to alltoallv only" for name in ALLTOALLV_NAMES}
+    return click.command(name=coll.command, cls=GetoptCommand, elsewhere=elsewhere,
+                         short_help=f"{coll.name}_perf: busbw = algbw x {_factor_text(coll)}")(command)
 
 
 def _factor_text(coll) -> str:
@@ -127,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `ncclbench`: the help, not an error
             print(exc.format_message())
             sys.exit(ExitCode.OK)
-        print(error_line(None, exc.format_message()), file=sys.stderr)
+        print(error_line(exc.format_message()), file=sys.stderr)
         sys.exit(ExitCode.USAGE)
     except click.exceptions.Abort:
         print("ncclbench: interrupted", file=sys.stderr)
@@ -148,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("RANK", "0") == "0" or not (said_once or per_node) \
                 or (per_node and os.environ.get("LOCAL_RANK") == "0"):
             prefix = "" if os.environ.get("RANK", "0") == "0" else f"[rank {os.environ.get('RANK')}] "
-            print(error_line(None, f"{prefix}{exc}"), file=sys.stderr)
+            print(error_line(f"{prefix}{exc}"), file=sys.stderr)
         if getattr(exc, "launched_rank", False):
             # at once: the launcher's SIGTERM to the ranks left would otherwise kill the
             # rank while its interpreter shuts down (Python's handlers reset), its code lost

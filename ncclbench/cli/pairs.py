@@ -8,10 +8,11 @@ import sys
 
 import click
 
-from ncclbench.api.params import metrics_option
+from ncclbench.api.options import ngpus_option, rendezvous_options
+from ncclbench.api.params import ALL_GPUS, metrics_option
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.pairs.run import PairsPlan, parse_percent, run_rank
-from ncclbench.errors import ExitCode, PlanError
+from ncclbench.faults.pairs.run import PairsPlan, parse_percent, run_rank
+from ncclbench.errors import PlanError
 from ncclbench.sizes import parse_size
 
 
@@ -39,7 +40,7 @@ def run_pairs(o: dict) -> int:
     """Run as a launched rank, or self-spawn -g local ranks that re-enter here (as the
     collectives do, see cli.run_collective)."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import visible
+    from ncclbench.api.command import local_rank_count
     from ncclbench.api.options import choose_backend, multinode_args
 
     argv = sys.argv[1:]
@@ -48,20 +49,15 @@ def run_pairs(o: dict) -> int:
     backend = choose_backend(o["backend"])
     plan = build_plan(o, backend)
     if launched:
-        if o["ngpus"] not in (None, 1, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
+        if o["ngpus"] not in (None, 1, ALL_GPUS, info.local_world_size) and not os.environ.get(launch.SPAWNED_ENV):
             raise PlanError(f"-g {o['ngpus']} conflicts with the launcher ({info.launcher} started "
                             f"{info.local_world_size} ranks on this node); drop -g")
         if info.world_size < 2:
             raise PlanError("pairs needs at least 2 ranks")
         return run_rank(plan, info)
-    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
-    if ngpus < 1:
-        raise PlanError(f"-g must be at least 1 (got {ngpus})")
+    ngpus = local_rank_count(o["ngpus"], backend)
     if ngpus * o["nnodes"] < 2:
         raise PlanError("pairs needs at least 2 ranks: use -g 2 or more, or start it under torchrun/srun/mpirun")
-    if backend == "nccl" and ngpus > visible.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
-                        ExitCode.BAD_GPU_COUNT)
     spawn = multinode_args(o, ngpus)
     child_argv = list(argv) + ([] if o["backend"] else ["--backend", backend])
     return launch.spawn_local(ngpus, child_argv, **spawn)
@@ -73,7 +69,7 @@ def run_pairs(o: dict) -> int:
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=1, show_default=True,
               help="Untimed exchanges per pair before timing.")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn, one GPU each. Omit under torchrun/srun/mpirun.")
+@ngpus_option()
 @click.option("--fail-below", "fail_below", default=None, metavar="X%",
               help="Also exit 1 when any pair is more than X% below the median pair (a floor beside the verdict).")
 @click.option("--band", default="auto", show_default=True,
@@ -83,11 +79,7 @@ def run_pairs(o: dict) -> int:
 @metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds an exchange may take before the run is aborted.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
-@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True, help="Rendezvous port for --nnodes > 1.")
-@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
+@rendezvous_options
 def pairs_command(**options):
     """Send/recv bandwidth between every pair of ranks, in round-robin rounds that keep
     every rank busy; names the host to drain or the slow link (exit 1)."""

@@ -8,10 +8,10 @@ import sys
 
 import click
 
-from ncclbench.api.preflight_inputs import PREFLIGHT_COLLECTIVES, make_groups
+from ncclbench.api.options import ngpus_option, rendezvous_options
 from ncclbench.api.params import drain_options, metrics_option
+from ncclbench.faults.preflight.inputs import PREFLIGHT_COLLECTIVES, make_groups
 from ncclbench.cli.types import GetoptCommand
-from ncclbench.errors import ExitCode, PlanError
 
 
 def run_preflight_rank(o: dict, info) -> int:
@@ -19,7 +19,7 @@ def run_preflight_rank(o: dict, info) -> int:
     rank 0 prints and writes the report; the exit code a CI job can gate on."""
     from ncclbench.launch import launcher as launch
     from ncclbench.backends import create_backend
-    from ncclbench.api.preflight import Preflight
+    from ncclbench.faults.preflight.run import Preflight
 
     launch.prepare_environ(info)
     backend = create_backend(o["backend"], info, o["timeout"])
@@ -37,7 +37,7 @@ def run_preflight_rank(o: dict, info) -> int:
         if not report.passed:
             from ncclbench.errors import error_line
 
-            print(error_line("preflight", f"{report.failures[0]}"), file=sys.stderr, flush=True)
+            print(error_line(f"{report.failures[0]}"), file=sys.stderr, flush=True)
     return int(report.exit_code)
 
 
@@ -56,19 +56,16 @@ def run_preflight_rank(o: dict, info) -> int:
 @drain_options
 @metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="Seconds one step may take; past it the run ends with exit 4 naming the late ranks.")
+              help="Seconds one step may take; past it the run ends with exit 4 naming the late ranks (60, not the "
+                   "collectives' 600: a check before a job should fail fast).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with CUDA GPUs, else gloo.")
-@click.option("-g", "--ngpus", type=int, default=None, help="Local ranks to spawn. Omit under torchrun/srun/mpirun.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes taking part in a self-spawned run.")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This node's index with --nnodes.")
-@click.option("--master-addr", default=None, help="Rendezvous host for --nnodes > 1 (node 0's address).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
-@click.option("--rdzv-endpoint", default=None, help="HOST:PORT, instead of --master-addr/--master-port.")
+@ngpus_option()
+@rendezvous_options
 def preflight_command(**o):
     """Check the job's groups before training: exit 0 when they run as they should, 1 when a
     group, rank or host is slow (the report names it), 7 wrong data, 4 timeout."""
     from ncclbench.launch import launcher as launch
-    from ncclbench.topology import visible
+    from ncclbench.api.command import local_rank_count
     from ncclbench.api.options import choose_backend, multinode_args
     from ncclbench.results.output import check_writable
 
@@ -78,12 +75,7 @@ def preflight_command(**o):
         check_writable(o["json_path"], "JSON file")
     if info.launched:
         sys.exit(run_preflight_rank(o, info))
-    ngpus = 1 if o["ngpus"] is None else o["ngpus"]
-    if ngpus < 1:
-        raise PlanError(f"-g must be at least 1 (got {ngpus})")
-    if o["backend"] == "nccl" and ngpus > visible.visible_gpu_count():
-        raise PlanError(f"-g {ngpus} asks for more GPUs than the {visible.visible_gpu_count()} visible",
-                        ExitCode.BAD_GPU_COUNT)
+    ngpus = local_rank_count(o["ngpus"], o["backend"])
     spawn = multinode_args(o, ngpus)
     argv = list(sys.argv[1:]) + ([] if "--backend" in sys.argv else ["--backend", o["backend"]])
     sys.exit(int(launch.spawn_local(ngpus, argv, **spawn)))

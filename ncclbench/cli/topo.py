@@ -17,6 +17,7 @@ import click
 
 from ncclbench.topology import model as topo_model
 from ncclbench.errors import BadInput
+from ncclbench.api.params import BYTES
 from ncclbench.cli.types import OneLineErrorCommand
 from ncclbench.errors import error_line
 
@@ -24,15 +25,14 @@ from ncclbench.errors import error_line
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    """One line on stderr (`ncclbench <command>: error: ...`, as OneLineErrorCommand
-    writes bad input), then exit with `code`.
+    """One line on stderr (`ncclbench: error: ...`, as OneLineErrorCommand writes bad
+    input), then exit with `code`.
 
     SystemExit rather than click's Exit: click returns (not raises) Exit codes when
     run with standalone_mode=False, so a wrapper could lose them; SystemExit passes
     through click untouched and never prints a traceback.
     """
-    ctx = click.get_current_context(silent=True)
-    click.echo(error_line(ctx.info_name if ctx is not None else None, message), err=True)
+    click.echo(error_line(message), err=True)
     raise SystemExit(code)
 
 
@@ -181,6 +181,20 @@ def topo_report(topo: topo_model.Topology) -> list[TextTable | str]:
     return out
 
 
+def health_report(readings: list[dict], causes: list[str]) -> list[TextTable | str]:
+    """Each GPU's health readings and the causes they name (ncclbench.topology.health)."""
+    from ncclbench.topology.health import reading_cells
+
+    if not readings:
+        return ["", "GPU health: not read (NVML could not be used)"]
+    cells = [reading_cells(r) for r in readings]
+    table = TextTable("GPU health (NVML and sysfs; NVML's GPU numbers)", list(cells[0]),
+                      [list(c.values()) for c in cells])
+    if causes:
+        return ["", table, "Causes:\n" + "\n".join(f"  - {line}" for line in causes)]
+    return ["", table, "Causes: none (PCIe, NVLink, ECC, row remapping and clocks as expected)"]
+
+
 def _port_text(port: topo_model.NicPort) -> str:
     return " ".join(part for part in (f"{port.port}:", port.state or "?", port.rate, port.link_layer) if part)
 
@@ -228,11 +242,15 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
     CUDA peer access and NVML P2P status. Also whether NVLinks go through an
     NVSwitch, RDMA NICs, and driver/CUDA/NCCL/torch versions.
     """
-    from ncclbench.topology import probe as topo_probe, smi
+    from ncclbench.topology import health, probe as topo_probe, smi
 
     topo = topo_probe.probe(include_nics=not no_nics)
+    readings: list[dict] = []
     if not topo.gpus:
-        click.echo("no GPU visible: reporting host and versions only", err=True)
+        click.echo("ncclbench: no GPU visible: reporting host and versions only", err=True)
+    else:
+        readings = health.read_host()
+    causes = [line for lines in health.causes_by_host(dict(enumerate(readings))).values() for line in lines]
     problems: list[str] | None = None
     if compare_smi:
         topo_text = smi.run_nvidia_smi(smi.SMI_TOPO)
@@ -243,11 +261,13 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
             problems = smi.compare_with_smi(topo, topo_text, nvlink_text)
     if as_json:
         data = topo.to_dict()
+        if topo.gpus:
+            data["health"] = {"readings": readings, "causes": causes}
         if problems is not None:
             data["smi_check"] = {"agrees": not problems, "problems": problems}
         click.echo(json.dumps(data, indent=2))
     else:
-        emit(topo_report(topo))
+        emit(topo_report(topo) + (health_report(readings, causes) if topo.gpus else []))
     if problems:
         _fail("nvidia-smi check failed: " + "; ".join(problems), 1)
     if problems is not None:
@@ -255,15 +275,6 @@ def topo_command(as_json: bool, no_nics: bool, compare_smi: bool) -> None:
 
 
 # ------------------------------------------------------------------------- p2p
-
-
-def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from ncclbench.topology.p2p import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as error:
-        raise click.BadParameter(str(error), ctx=ctx, param=param) from None
 
 
 def _devices_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -326,15 +337,16 @@ def _write(path: str, text: str) -> None:
 
 
 @click.command("p2p", cls=OneLineErrorCommand)
-@click.option("--size", default="256M", show_default=True, callback=_size_option,
-              help="Bytes per bandwidth copy (K/M/G are binary, e.g. 64M, 1G).")
+@click.option("-b", "--size", type=BYTES, default="256M", show_default=True,
+              help="Bytes per bandwidth copy (8, 64K, 256M, 1G; K/M/G are powers of 1024).")
 @click.option("--reps", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timed repetitions per pair; the median is reported.")
-@click.option("--iters", type=click.IntRange(1, 10000), default=5, show_default=True,
-              help="Copies per timed repetition (bandwidth).")
-@click.option("--warmup", type=click.IntRange(0, 1000), default=2, show_default=True,
-              help="Untimed copies per pair before timing.")
-@click.option("--latency-size", default="4", show_default=True, callback=_size_option,
+@click.option("-n", "--iters", type=click.IntRange(1, 10000), default=5, show_default=True,
+              help="Copies per timed repetition (bandwidth): with --reps, 25 copies per pair by default.")
+@click.option("-w", "--warmup_iters", "warmup", type=click.IntRange(0, 1000), default=2, show_default=True,
+              help="Untimed copies per pair before timing (2, not 1: the first copy of a pair also enables peer "
+                   "access).")
+@click.option("--latency-size", type=BYTES, default="4", show_default=True,
               help="Bytes per latency copy.")
 @click.option("--latency-iters", type=click.IntRange(1, 100000), default=100, show_default=True,
               help="Back-to-back copies per latency repetition.")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from ncclbench.api.params import FiniteFloat, SIZE, metrics_option
+from ncclbench.api.params import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, FiniteFloat, SIZE, metrics_option
 
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
@@ -16,27 +17,44 @@ from ncclbench.tune.ranges import DEFAULT_REPEATS, MIN_REPEATS
 _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 
 
-@click.command("tune", cls=GetoptCommand)
+class TuneCommand(GetoptCommand):
+    """tune's -o was its output folder until -o became the reduction op's letter in every
+    command: `-o PATH` (a path with a slash, or a folder that exists) still names the
+    folder, with a notice; any other word is the op (docs/design/one-grammar.md)."""
+
+    old_spellings = {"--output-dir": "--out"}
+
+    def renamed(self, name, value):
+        if name == "-o" and value is not None and value.strip().lower() not in _OPS \
+                and ("/" in value or os.path.isdir(value)):
+            return "--out"
+        return super().renamed(name, value)
+
+
+@click.command("tune", cls=TuneCommand)
 @click.argument("collectives", nargs=-1)
-@click.option("-g", "--ngpus", type=int, default=1, show_default=True, help="Local ranks to spawn, one GPU each.")
+@click.option("-g", "--ngpus", type=GPU_COUNT, default=1, show_default=True,
+              help="Local ranks to spawn, one GPU each; all: one per visible GPU.")
 @click.option("-b", "--minbytes", type=SIZE, default="8", show_default=True, help="Minimum size.")
 @click.option("-e", "--maxbytes", type=SIZE, default="1G", show_default=True, help="Maximum size.")
 @click.option("-i", "--stepbytes", type=SIZE, default="1M", show_default=True, help="Size increment without -f.")
 @click.option("-f", "--stepfactor", type=FiniteFloat(), default=2.0, show_default=True, help="Size multiplication factor.")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations per size.")
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Warm-up iterations.")
+              help="Warm-up iterations (5, not the collectives' 1: each combination starts on a new communicator, "
+              "whose first ops also set up its connections).")
 @click.option("-N", "--run_cycles", "run_cycles", type=click.IntRange(min=1), default=1, show_default=True,
               help="Sweeps per repeat: each size measured this many times, spread over the repeat, and the median "
               "kept (where a path's speed wanders within a run, e.g. TCP sockets between hosts).")
 @click.option("-d", "--datatype", default="float", show_default=True, help="One datatype.")
-@click.option("--op", default="sum", show_default=True, help="One reduction op (-o is the output folder here).")
+@click.option("-o", "--op", default="sum", show_default=True, help="One reduction op.")
 @click.option("-c", "--check", type=click.IntRange(min=0), default=1, show_default=True,
               help="Result checks per size (at least 1: a forced protocol skips NCCL's own safety check).")
 @click.option("-a", "--average", type=click.IntRange(0, 3), default=1, show_default=True,
               help="Time across ranks: 0 rank 0, 1 mean, 2 min, 3 max.")
 @click.option("-T", "--timeout", type=FiniteFloat(min=0), default=300.0, show_default=True,
-              help="Seconds one size may take; a combination that hangs is reported and the rest go on.")
+              help="Seconds one size may take; a combination that hangs is reported and the rest go on (300, not the "
+              "collectives' 600: each hanging combination costs this much).")
 @click.option("--repeat", type=int, default=DEFAULT_REPEATS, show_default=True,
               help=f"Measure every combination this many times (interleaved): the noise a win must clear; no win "
               f"and no --verify under {MIN_REPEATS}.")
@@ -50,7 +68,7 @@ _OPS = ("sum", "prod", "min", "max", "avg", "mulsum", "all")
 @click.option("--algos", default=None, help="Only these algorithms (tree,ring,nvls,nvls_tree,pat,collnet_direct,collnet_chain).")
 @click.option("--protos", default=None, help="Only these protocols (ll,ll128,simple).")
 @click.option("--channels", default=None, help="Also run each combination limited to these channel counts (e.g. 8,16,32).")
-@click.option("-o", "--output-dir", default=None, help="Folder for the results (default results/tune-<time>).")
+@click.option("-O", "--out", "output_dir", default=None, help="Folder for the results (default results/tune-<time>).")
 @click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="nccl (the only one with "
               "something to tune); gloo only with --rehearse.")
 @click.option("--rehearse", is_flag=True, help="Run the launches, table and files on gloo (CPU) to check a set-up; "
@@ -88,14 +106,17 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
     from ncclbench.tune.run import TuneRequest, run_tune
 
     request = TuneRequest(
-        collectives=collective_names(collectives), ngpus=ngpus, backend=backend, rehearse=rehearse, repeat=repeat,
+        collectives=collective_names(collectives), ngpus=local_ranks(ngpus), backend=backend, rehearse=rehearse, repeat=repeat,
         options={"minbytes": minbytes, "maxbytes": maxbytes, "stepbytes": stepbytes, "stepfactor": stepfactor,
                  "op": op, "datatype": datatype, "iters": iters, "warmup_iters": warmup_iters, "check": check,
                  "timeout": timeout, "average": average, "run_cycles": run_cycles},
         channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
-        min_gain=min_gain, output_dir=output_folder(output_dir), verify=verify_conf, plugin=plugin,
+        min_gain=min_gain, output_dir=output_dir, verify=verify_conf, plugin=plugin,
         plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, paired=paired, metrics_path=metrics_path)
+    if op.strip().lower() not in _OPS:
+        raise PlanError(f"unknown op {op!r}: -o is the reduction op ({', '.join(_OPS)}); the output folder "
+                        "is -O/--out")
     if bool(verify_conf) != bool(plugin):
         raise PlanError("--verify CONF and --plugin SO go together (the plugin reads the config)")
     sys.exit(int(run_tune(request)))
@@ -127,7 +148,11 @@ def parsed(text, kind):
             from None
 
 
-def output_folder(text):
-    if text is not None and text.strip().lower() in _OPS:
-        raise PlanError(f"-o is tune's output folder, not the reduction op (use --op {text.strip()})")
-    return text
+def local_ranks(ngpus) -> int:
+    """-g as a count: `all` is one rank per visible GPU (CPU_RANKS_FOR_ALL for --rehearse
+    without one; tune refuses a GPU run without GPUs later, saying why)."""
+    if ngpus != ALL_GPUS:
+        return ngpus
+    from ncclbench.topology.visible import visible_gpu_count
+
+    return visible_gpu_count() or CPU_RANKS_FOR_ALL

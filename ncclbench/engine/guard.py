@@ -134,7 +134,7 @@ def say(failure: RankFailures, prefix: str = "") -> None:
     import sys
 
     for line in failure.lines:
-        print(error_line(None, prefix + line), file=sys.stderr, flush=True)
+        print(error_line(prefix + line), file=sys.stderr, flush=True)
 
 
 class SetupBoard:

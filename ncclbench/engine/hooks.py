@@ -43,7 +43,7 @@ class RankHooks:
         return _held_signals
 
     def say(self, message: str) -> None:
-        print(error_line(None, message), file=sys.stderr, flush=True)
+        print(error_line(message), file=sys.stderr, flush=True)
 
     cause_on_every_rank = False  # True: every rank ends with the cause (the API raises it everywhere)
 

@@ -85,7 +85,7 @@ def _run_plans(plans, launch, make_report, epilogue) -> int:
                 summary = run_plan(plan, backend, make_report)
             except KeyboardInterrupt as exc:  # before this plan's report began: none of it measured
                 if backend.rank == 0:
-                    print(error_line(None, interruption_message(exc)), file=sys.stderr, flush=True)
+                    print(error_line(interruption_message(exc)), file=sys.stderr, flush=True)
                 codes.append(ExitCode.INTERRUPTED)
                 break
             codes.append(exit_code_for(summary))

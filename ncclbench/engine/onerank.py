@@ -3,8 +3,8 @@
 NCCL runs a one-rank collective without a kernel (enqueue.cc, ncclLaunchOneRank): an
 out-of-place call is a copy and an in-place call is skipped, except premul-sum reductions
 (mulsum, and avg on floating types), which scale in a kernel. gloo's one-rank
-all_reduce, broadcast and reduce return without moving data as well (0.02 ms for 128 MiB
-on a 2-core VM, where a copy of it took 177 ms).
+all_reduce, broadcast and reduce return without moving data as well (see
+docs/design/one-rank-limits.md).
 
 torch.distributed has no out-of-place all_reduce, broadcast or reduce: with several
 ranks the engine times the in-place call in the out-of-place column (and says so). On one

@@ -147,6 +147,9 @@ class Judgement:
         return set(self.best) - set(self.low_nodes)
 
 
+MIN_CLASS_PAIRS = 2   # pairs of one class needed to compare any of them: one pair has no reference
+
+
 class Localiser:
     """Pair tests in, bad endpoints / bad links / suspects out, and the next localisation
     round.
@@ -158,7 +161,7 @@ class Localiser:
     class (None: one class); `min_pairs`: the fewest pairs of a class that are judged."""
 
     def __init__(self, active: list[int], band: float, floor: float | None = None, link_band: float | None = None,
-                 classify=None, bands_of=None, min_pairs: int = 1):
+                 classify=None, bands_of=None, min_pairs: int = MIN_CLASS_PAIRS):
         self.active = sorted(active)
         self.band, self.floor = band, floor
         self.link_band = band if link_band is None else link_band
@@ -350,16 +353,42 @@ class Localiser:
 
     def margins(self) -> dict:
         """{"endpoints": worst fraction below the endpoints' reference, "pairs": worst fraction
-        below the pairs' reference} over everything judged, bad ones included: how close the
-        run came to a verdict (0 when nothing fell below)."""
+        below the pairs' reference} over what was judged and not named bad (a bad endpoint's
+        pairs left out): how close the healthy rest came to a verdict (0: nothing fell below)."""
         out = {"endpoints": 0.0, "pairs": 0.0}
-        for j in self.judge().values():
-            for values in j.best.values():
-                out["endpoints"] = max(out["endpoints"], _below(values, j.node_ref))
-            for tests in j.pair_tests.values():
-                values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
-                out["pairs"] = max(out["pairs"], _below(values, j.pair_ref))
+        judged = self.judge()
+        bad = {n for j in judged.values() for n in j.bad}
+        for j in judged.values():
+            for n, values in j.best.items():
+                if n not in bad:
+                    out["endpoints"] = max(out["endpoints"], _below(values, j.node_ref))
+            for pair, tests in j.pair_tests.items():
+                if not pair & bad:
+                    values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
+                    out["pairs"] = max(out["pairs"], _below(values, j.pair_ref))
         return {k: round(v, 4) for k, v in out.items()}
+
+    def pair_records(self, host_of, ranks_of=None) -> list[dict]:
+        """Every pair at its best over its tests, in the shape every fault-finding command's
+        `pairs` key has: {ranks, hosts, rail (the worst, where there are several), busbw_gbps,
+        reference_gbps, below_pct, slow, tests}. `host_of(endpoint)`; `ranks_of(endpoint)`
+        (default: the endpoint is a rank)."""
+        by_pair: dict = {}
+        for t in self.tests:
+            by_pair.setdefault(tuple(sorted((t.a, t.b))), []).append(t)
+        out = []
+        for (a, b), tests in sorted(by_pair.items()):
+            ref = self.ref_of(tests[0])
+            values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
+            best = PairTest(0, a, b, tuple(values))
+            frac, rail = ref.below(best)
+            ranks = (ranks_of(a) + ranks_of(b)) if ranks_of else [a, b]
+            out.append({"ranks": ranks, "hosts": [host_of(a), host_of(b)],
+                        "rail": rail if len(values) > 1 else None,
+                        "busbw_gbps": None if rail is None else round(values[rail], 6),
+                        "reference_gbps": None if rail is None or ref.ref(rail) is None else round(ref.ref(rail), 6),
+                        "below_pct": round(100 * frac, 1), "slow": ref.slow(best), "tests": len(tests)})
+        return out
 
     def _best_text(self, node: int, j: Judgement) -> str:
         return "/".join(f"{v:.3g}" for v in j.best[node]) + " GB/s"
@@ -392,9 +421,7 @@ class Localiser:
                  if ref else "")
         rail = _rail_text(r, j.best[node])
         return (f"{rail}reaches at best {j.best[node][r]:.3g} GB/s{below}, in {len(tests)} tests with "
-                f"{len(partners)} partners ({', '.join(name(p) for p in partners[:4])}"
-                f"{', ...' if len(partners) > 4 else ''}), each of which reaches the cut "
-                f"{j.node_ref.cut(r):.3g} GB/s with others")
+                f"{len(partners)} partners, each of which reaches the cut {j.node_ref.cut(r):.3g} GB/s with others")
 
 
 def _rail_text(rail: int, values) -> str:

@@ -158,3 +158,31 @@ def pair_up(nodes: list[int], met: set, look_ahead: int = 8) -> list[tuple[int, 
         out.append((min(a, b), max(a, b)))
         i += 2
     return out
+
+
+def known_good_rounds(suspects: list[int], good: list[int], host: dict, same_host: dict) -> tuple[list, list]:
+    """Rounds of pairs that put each suspect with a known-good partner (on its own host when
+    `same_host[s]`, else on another host), each rank at most once per round; the good ranks
+    left over in a round are paired among themselves, as references. Returns (rounds,
+    suspects that have no good partner of their kind)."""
+    def fits(s, g):
+        return (host[g] == host[s]) == same_host.get(s, True)
+
+    alone = [s for s in suspects if not any(fits(s, g) for g in good)]
+    left = [s for s in suspects if s not in alone]
+    rounds = []
+    while left:
+        free, pairs = list(good), []
+        for s in list(left):
+            partner = next((g for g in free if fits(s, g)), None)
+            if partner is not None:
+                pairs.append((min(s, partner), max(s, partner)))
+                free.remove(partner)
+                left.remove(s)
+        while len(free) >= 2:
+            a = free.pop(0)
+            b = next((g for g in free if host[g] == host[a]), free[0])
+            free.remove(b)
+            pairs.append((min(a, b), max(a, b)))
+        rounds.append(sorted(pairs))
+    return rounds, alone

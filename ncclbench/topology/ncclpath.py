@@ -45,6 +45,7 @@ _COMM = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<
 _COMPLETE = re.compile(r"comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<n>\d+) .*?"
                        r"(?:commId (?P<id>0x[0-9a-fA-F]+) )?- Init COMPLETE")
 _BUS = re.compile(r" busId (?P<bus>[0-9a-fA-F]+) ")
+_PARENT = re.compile(r" parent (?P<parent>0x[0-9a-fA-F]+) (?:splitCount|childCount) (?P<n>\d+) color (?P<color>-?\d+)")
 _CHANNELS = re.compile(r"(?P<coll>\d+) coll channels, (?P<collnet>\d+) collnet channels, (?P<nvls>\d+) nvls channels, "
                        r"(?P<p2p>\d+) p2p channels")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
@@ -110,6 +111,7 @@ class Comm:
     collnet: str | None = None           # the CollNet plugin it connected through
     complete: bool = False
     bus_id: str | None = None            # this rank's GPU, as NCCL numbers it (`busId 18000`: 0000:18:00.0)
+    key: str | None = None               # the same in each of its processes: commId, or a split's `parent/count.color`
     links: dict = field(default_factory=dict)   # (src, dst, kind) -> {'cc/i'}: channel/connection index
     net_devices: set = field(default_factory=set)  # NET device indexes its connections used
     seen: int = 0                        # the number of the process's last NCCL line that was its
@@ -170,6 +172,7 @@ class ProcessLog:
     comms: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     lines: int = 0                            # NCCL lines read
+    logged: set = field(default_factory=set)  # the subsystems (INIT, ENV, P2P, SHM, NET) some line of shows were on
     _pending: list = field(default_factory=list, repr=False)  # connection lines whose communicator is open
     _seq: Comm | None = field(default=None, repr=False)       # the communicator now connecting
     _conn: str = field(default="0", repr=False)               # the connection index of the run
@@ -263,12 +266,19 @@ class ProcessLog:
         if level == "WARN":
             self.warnings.append(message.strip())
             return
-        for pattern, handle in _HANDLERS:
+        for pattern, handle, subsys in _HANDLERS:
             m = pattern.search(message)
             if m:
                 handle(self, m)
+                shown = subsys(m) if callable(subsys) else subsys
+                if shown:
+                    self.logged.add(shown)
                 return
         self.lines -= 1
+        for pattern, subsys in _EVIDENCE:
+            if pattern.search(message):
+                self.logged.add(subsys)
+                return
 
 
 def _version(p: ProcessLog, m) -> None:
@@ -322,6 +332,12 @@ def _complete(p: ProcessLog, m) -> None:
     c.comm_id = m["id"] or c.comm_id
     bus = _BUS.search(m.string)
     c.bus_id = pci_address(bus["bus"]) if bus else c.bus_id
+    split = _PARENT.search(m.string)
+    if split:  # a split names no commId: its parent's key, the parent's split count and its colour tell it apart
+        parent = next((x for x in p.comms if x.ptr == split["parent"] and x.key), None)
+        c.key = f"{parent.key}/{split['n']}.{split['color']}" if parent else c.key
+    else:
+        c.key = c.comm_id or c.key
 
 
 def _channels(p: ProcessLog, m) -> None:
@@ -342,11 +358,30 @@ def _plugin(p: ProcessLog, m) -> None:
     p.plugin = m["name"]
 
 
+def _conn_subsys(m) -> str | None:
+    """A connection line shows when INIT or its transport's subsystem is logged."""
+    head = m["via"].split("/", 1)[0]
+    return head if head in ("P2P", "SHM", "NET") else None
+
+
+def _env_subsys(m) -> str | None:
+    """ENV, except for the lines graph/paths.cc prints under every subsystem (no final dot)."""
+    always = m["name"] in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_NET_GDR_LEVEL")
+    return None if always and not m.string.rstrip().endswith(".") else "ENV"
+
+
+# pattern, what a match feeds, the subsystem a match shows was logged (src/ of NCCL 2.28: INFO(NCCL_INIT, ...)
+# lines show only under INIT; a connection's INFO(NCCL_INIT | NCCL_NET, ...) under either)
 _HANDLERS = [  # most frequent first
-    (_CONN, _conn), (_COLLNET, _collnet), (_COMPLETE, _complete), (_COMM, _comm_line), (_RINGS, _rings),
-    (re.compile(r"Connected all trees"), _trees), (_CHANNELS, _channels), (_NVLS, _nvls),
-    (_GDR_HCA, _gdr), (_NET_DEVICES, _net_devices), (_NETWORK, _network), (_VERSION, _version),
-    (_ENV, _env), (_PLUGIN, _plugin),
+    (_CONN, _conn, _conn_subsys), (_COLLNET, _collnet, "NET"), (_COMPLETE, _complete, "INIT"),
+    (_COMM, _comm_line, "INIT"), (_RINGS, _rings, "INIT"), (re.compile(r"Connected all trees"), _trees, "INIT"),
+    (_CHANNELS, _channels, "INIT"), (_NVLS, _nvls, "INIT"), (_GDR_HCA, _gdr, "NET"), (_NET_DEVICES, _net_devices, "NET"),
+    (_NETWORK, _network, "INIT"), (_VERSION, _version, None), (_ENV, _env, _env_subsys), (_PLUGIN, _plugin, None),
+]
+# lines read only as a sign of their subsystem
+_EVIDENCE = [
+    (re.compile(r"NCCL_SOCKET_IFNAME set to "), "NET"),
+    (re.compile(r"(?:MMAP|CUMEM) (?:allocated|imported) shareable (?:host )?buffer"), "SHM"),
 ]
 
 

@@ -227,3 +227,103 @@ def probe_nvml(module: Any, cpu_count: int | None, notes: list[str]) -> NvmlSnap
         )
     finally:
         nvml.call("nvmlShutdown")
+
+
+# ---------------------------------------------------------------- health of one GPU
+
+# nvmlClocksEventReasons bits that slow a GPU down. Left out: GpuIdle (0x1), application or
+# user clock settings (0x2), sync boost (0x10) and display clocks (0x100), which are not faults.
+CLOCK_EVENT_REASONS = {
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x20: "thermal",
+    0x40: "hardware thermal slowdown",
+    0x80: "power brake",
+    0x200: "board limit",
+    0x400: "reliability",
+}
+CLOCK_EVENT_IDLE = 0x1
+_MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t
+_VOLATILE_ECC, _AGGREGATE_ECC = 0, 1  # nvmlEccCounterType_t
+
+
+def clock_event_names(mask: int | None) -> list[str]:
+    """The slowing reasons in an nvmlClocksEventReasons mask, in bit order."""
+    if not mask:
+        return []
+    return [name for bit, name in sorted(CLOCK_EVENT_REASONS.items()) if mask & bit]
+
+
+def nvlink_states(nvml: _Nvml, handle: Any) -> list[int] | None:
+    """Each NVLink's state (1 up, 0 down) for the links the GPU has; None where NVML answers
+    for no link (no NVLink, or NVML too old to say)."""
+    count = nvml.field_numbers(handle, [nvml.const("NVML_FI_DEV_NVLINK_LINK_COUNT", _FI_NVLINK_LINK_COUNT)])[0]
+    links = int(count) if count else int(nvml.const("NVML_NVLINK_MAX_LINKS", 18))
+    states = []
+    for link in range(links):
+        state = nvml.call("nvmlDeviceGetNvLinkState", handle, link)
+        if state is not None:  # links past the GPU's own count fail: not links
+            states.append(1 if state == 1 else 0)
+    return states or None
+
+
+def gpu_health(module: Any, handle: Any) -> dict:
+    """What NVML says of one GPU's health, as plain values (None where NVML cannot say):
+    PCIe link now and at most, NVLink states, uncorrectable ECC errors, row remapping, and
+    the reasons its clocks are held down. NVML must be initialised by the caller."""
+    nvml = _Nvml(module)
+    ecc_mode = nvml.call("nvmlDeviceGetEccMode", handle)
+    remap = nvml.call("nvmlDeviceGetRemappedRows", handle)
+    reasons = nvml.call("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if reasons is None:  # drivers before 535 name it ClocksThrottleReasons
+        reasons = nvml.call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+
+    def ecc_count(counter: int) -> int | None:
+        value = nvml.call("nvmlDeviceGetTotalEccErrors", handle, _MEMORY_ERROR_UNCORRECTED, counter)
+        return int(value) if value is not None else None
+
+    return {
+        "pcie": {
+            "gen": nvml.call("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "width": nvml.call("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "max_gen": nvml.call("nvmlDeviceGetMaxPcieLinkGeneration", handle),  # of this GPU in this slot
+            "max_width": nvml.call("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "gpu_max_gen": nvml.call("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),  # of the GPU alone
+        },
+        "nvlink_states": nvlink_states(nvml, handle),
+        "ecc": {
+            "enabled": bool(ecc_mode[0]) if ecc_mode is not None else None,
+            "volatile_uncorrected": ecc_count(_VOLATILE_ECC) if ecc_mode is None or ecc_mode[0] else None,
+            "aggregate_uncorrected": ecc_count(_AGGREGATE_ECC) if ecc_mode is None or ecc_mode[0] else None,
+        },
+        "row_remap": None if remap is None else {
+            "corrected_rows": int(remap[0]), "uncorrected_rows": int(remap[1]),
+            "pending": bool(remap[2]), "failed": bool(remap[3]),
+        },
+        "clocks": None if reasons is None else {
+            "reasons_mask": int(reasons), "idle": bool(reasons & CLOCK_EVENT_IDLE),
+            "slowdown": clock_event_names(int(reasons)),
+        },
+    }
+
+
+def gpu_identities(module: Any) -> list[tuple[int, Any, str | None, str | None, str]]:
+    """(NVML index, handle, PCI bus id, UUID, name) of every GPU NVML lists; NVML must be
+    initialised by the caller."""
+    nvml = _Nvml(module)
+    out = []
+    for index in range(int(nvml.call("nvmlDeviceGetCount", default=0) or 0)):
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            continue
+        out.append((index, handle, _nvml_pci_bus_id(nvml.call("nvmlDeviceGetPciInfo", handle)),
+                    as_text(nvml.call("nvmlDeviceGetUUID", handle)),
+                    as_text(nvml.call("nvmlDeviceGetName", handle)) or "unknown GPU"))
+    return out
+
+
+def driver_versions(module: Any) -> tuple[str | None, str | None]:
+    """(driver version, highest CUDA version the driver supports) from initialised NVML."""
+    nvml = _Nvml(module)
+    cuda = nvml.call("nvmlSystemGetCudaDriverVersion")
+    return as_text(nvml.call("nvmlSystemGetDriverVersion")), cuda_version_name(cuda) if isinstance(cuda, int) else None

@@ -23,7 +23,6 @@ import csv
 import dataclasses
 import io
 import math
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,36 +38,8 @@ SPIN_RETRIES = 3
 # keeps torch's per-copy cross-GPU barrier from waiting on the previous copy.
 DST_SIDE_STREAMS = 4
 
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1000, "kib": 1024,
-    "m": MiB, "mb": 1000**2, "mib": MiB,
-    "g": 2**30, "gb": 1000**3, "gib": 2**30,
-}  # fmt: skip
-
-
 class P2PError(RuntimeError):
     """A measurement that cannot run (too few GPUs, bad device list)."""
-
-
-def parse_size(text: str | int) -> int:
-    """'256M' / '256MiB' -> 268435456, '1G' -> 2**30, '4' -> 4, '1MB' -> 10**6.
-
-    Bare K/M/G are binary, like nccl-tests' -b/-e; KB/MB/GB are decimal.
-    """
-    if isinstance(text, int):
-        size = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-        if not match or match.group(2).lower() not in _SIZE_UNITS:
-            raise ValueError(f"not a size: {text!r} (use e.g. 4, 64K, 256M, 1G)")
-        size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-        if size != int(size):
-            raise ValueError(f"not a whole number of bytes: {text!r}")
-        size = int(size)
-    if size <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return size
 
 
 def format_size(nbytes: int) -> str:

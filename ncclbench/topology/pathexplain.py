@@ -81,7 +81,7 @@ def peak_line(best: float, path: Path | None, nvlink_peak: float | None) -> str:
 
 def causes(path: Path, facts: dict | None = None, environ: dict | None = None) -> list[str]:
     """The known causes of a lower number that `path` (and this host's `facts`:
-    pathhost.host_facts; `environ`: the process's own variables) show, most likely first."""
+    ncclbench.explain.here.host_facts; `environ`: the process's own variables) show, most likely first."""
     facts, env = facts or {}, dict(environ or {})
     env.update(path.env)  # what NCCL itself reports having read wins
     out: list[str] = []
@@ -108,8 +108,7 @@ def _network_causes(path: Path, facts: dict, env: dict) -> list[str]:
     if path.network == "Socket":
         why = [f"{n}={env[n]}" for n in ("NCCL_IB_DISABLE", "NCCL_NET") if n in env]
         where = f" while this host has RDMA devices ({', '.join(devices)})" if devices else ""
-        between = "between hosts" if len(path.hosts) != 1 else "between the GPUs of one host (no P2P or SHM)"
-        out.append(f"network Socket: TCP sockets {between}{where}; GDR 0 (sockets never use GPUDirect RDMA)"
+        out.append(f"network Socket: TCP sockets {_socket_span(path)}{where}; GDR 0 (sockets never use GPUDirect RDMA)"
                    + (f"; set: {' '.join(why)}" if why else
                       "; no InfiniBand/RoCE device or network plugin was usable (NCCL_IB_HCA, rdma-core, NCCL_NET_PLUGIN)"
                       if devices else ""))
@@ -126,6 +125,18 @@ def _network_causes(path: Path, facts: dict, env: dict) -> list[str]:
     return out
 
 
+def _socket_span(path: Path) -> str:
+    """Between which ranks the sockets ran, as far as the logs read show both ends."""
+    span, unseen = path.network_span()
+    parts = [text for key, text in (("hosts", "between hosts"),
+                                     ("one host", "between the GPUs of one host (no P2P or SHM)")) if key in span]
+    if unseen:
+        parts.append(f"to rank(s) {', '.join(map(str, unseen))}, whose logs were not read (their host is unknown)")
+    if "unknown" in span or not parts:
+        parts.append("between ranks the log does not tie to hosts (no INIT line names their communicator)")
+    return ", and ".join(parts)
+
+
 def _shm_cause(env: dict) -> str:
     if _set(env, "NCCL_P2P_DISABLE"):
         return "SHM where P2P was expected: NCCL_P2P_DISABLE=1 set, so GPUs on one host exchange through host memory"
@@ -133,16 +144,3 @@ def _shm_cause(env: dict) -> str:
         return f"SHM where P2P was expected: NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']} keeps P2P off for these GPU pairs"
     return ("SHM where P2P was expected: NCCL found no P2P between these GPUs (PCIe ACS or IOMMU, a container "
             "without a shared IPC namespace (--ipc=host), or GPUs in different processes without peer access)")
-
-
-def table(path: Path) -> list[str]:
-    """The path as a table: one row per transport."""
-    rows = [("transport", "rank pairs (src->dst)", "channels", "NICs")]
-    nics = ", ".join(path.nic_names()) or "-"
-    for kind, pairs in path.transports().items():
-        channels = {ch for c in path.comms() for s, d, k, chs in c.get("links", []) if k == kind for ch in chs}
-        shown = ", ".join(f"{a}->{b}" for a, b in sorted(pairs)[:8]) + (f" +{len(pairs) - 8}" if len(pairs) > 8 else "")
-        rows.append((kind, shown, str(len({c.split('/')[0] for c in channels})),
-                     nics if kind.startswith("NET") else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

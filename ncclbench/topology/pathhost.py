@@ -72,8 +72,3 @@ def peermem_loaded(sysfs: str = "/sys") -> bool | None:
     except OSError:
         return None
     return bool(names & {"nvidia_peermem", "nv_peer_mem"})
-
-
-def host_facts(sysfs: str = "/sys") -> dict:
-    """The facts the explanation of a path reads from this host."""
-    return {"ib_devices": ib_devices(sysfs), "peermem": peermem_loaded(sysfs)}

@@ -131,6 +131,34 @@ class Path:
         names its network (Socket on a host without RDMA devices) within one host too."""
         return any(_crossed(c) for c in self.comms())
 
+    def network_span(self) -> tuple[set, list]:
+        """Where the NET/COLLNET connections ran, by the host names of both ends' processes:
+        ({"hosts"} between hosts, {"one host"} between processes of one host, {"unknown"} where
+        no communicator id ties a rank to its process), and the peer ranks whose process is not
+        among these logs (its host unknown: NCCL's nNodes counts groups of ranks that reach
+        each other without the network, not hosts)."""
+        where = {(c.get("key"), c.get("rank")): p.get("host") for p in self.processes for c in p.get("comms", [])
+                 if c.get("key") and c.get("rank") is not None}
+        # a run's merge: one summary per rank of the group, numbered as the group's communicator numbers them
+        by_rank = {p.get("rank"): p.get("host") for p in self.processes if p.get("rank") is not None}
+        span, unseen = set(), set()
+        for p in self.processes:
+            for c in p.get("comms", []):
+                for src, dst, kind, _channels in c.get("links", []):
+                    if not str(kind).startswith(("NET", "COLLNET")):
+                        continue
+                    peer = dst if src == c.get("rank") else src
+                    host = where.get((c.get("key"), peer))
+                    if host is None and len(by_rank) == c.get("nranks"):
+                        host = by_rank.get(peer)
+                    if host is None and c.get("key") and p.get("host"):
+                        unseen.add(peer)
+                    elif host is None or p.get("host") is None:
+                        span.add("unknown")
+                    else:
+                        span.add("one host" if host == p.get("host") else "hosts")
+        return span, sorted(unseen)
+
     @property
     def gdr(self) -> int | None:
         """1 when GPUDirect RDMA carried network traffic, 0 when it did not, None when

@@ -5,8 +5,8 @@ reproduces what NCCL itself runs there.
 Why every size needs a row (plugins/tuner/example/plugin.c, NCCL 2.30, and
 src/enqueue.cc ncclGetAlgoInfo, 2.26 to 2.30): the plugin sets `*nChannels = 1` before it
 looks for a row, and NCCL takes any non-zero count the plugin returns as the channel
-count of the call. A call no row matches therefore runs on ONE channel (a 256 MiB
-all_reduce on 4 H200s: 25 GB/s instead of 340). A row's `-1` keeps that 1. A row's `0`
+count of the call. A call no row matches therefore runs on ONE channel, 80-93 % slower
+at large sizes (docs/design/tune-channels-ceiling.md). A row's `-1` keeps that 1. A row's `0`
 is passed on as 0, which NCCL reads as "no override": it computes its own count for the
 row's algorithm and protocol at that size (topoGetAlgoInfo), exactly as without a
 plugin. A row sets the cost of its algorithm/protocol pair to 0, so NCCL runs that pair.

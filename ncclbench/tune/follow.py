@@ -102,7 +102,7 @@ def run_follower(setup, spawn) -> int:
             if os.path.exists(refused):
                 with open(refused, encoding="utf-8") as f:
                     why = f.read().strip()
-                print(f"ncclbench tune: error: node {setup.request.node_rank} of {setup.nnodes}: node 0 refused the "
+                print(f"ncclbench: error: node {setup.request.node_rank} of {setup.nnodes}: node 0 refused the "
                       f"run ({why})", file=sys.stderr)
                 return ExitCode.USAGE
             print(f"ncclbench tune: node {setup.request.node_rank} of {setup.nnodes}: took part in {count - 1} "
@@ -111,7 +111,7 @@ def run_follower(setup, spawn) -> int:
         if code == ExitCode.INTERRUPTED:
             return code
         if not os.path.exists(os.path.join(folder, "received")):
-            print(f"ncclbench tune: error: node {setup.request.node_rank}: launch {count} ended (exit code {code}) "
+            print(f"ncclbench: error: node {setup.request.node_rank}: launch {count} ended (exit code {code}) "
                   f"without node 0's work (rendezvous {setup.rendezvous_of(count - 1)}): is tune running there "
                   "with the same --nnodes, --master-addr and --master-port?", file=sys.stderr)
             return code or ExitCode.NCCL_ERROR

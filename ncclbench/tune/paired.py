@@ -3,11 +3,9 @@ communicators that live for the whole launch, and judged by its speed relative t
 default in the same repeat. Pure: no torch, no files.
 
 Why. Across hosts the spread of single repeats on fresh communicators cannot get near 3 %:
-on 2 simulated hosts (NCCL over sockets, 4 H200) one configuration's communicators differed
-from each other by up to 0.46-0.67 of the default's speed, and drift between launches moved
-a comparison by 3-17 %. Side by side on live communicators, several per configuration, with
-hundreds of repeats, the 95 % interval of the median ratio came within 3 % at 19 of 24
-points (benchmarks/interleave_noise.py; docs/BENCHMARKS.md).
+communicators of one configuration differ from each other, and drift moves whole launches.
+Side by side on live communicators, several per configuration, with hundreds of repeats,
+the median ratio's interval can (see docs/design/tune-across-sockets.md).
 
 How. Each configuration (the default and every forced combination) gets C communicators,
 made when first used and kept until the launch ends; repeat r (from 1) runs every

@@ -1,9 +1,8 @@
 """How tune times every combination, and when a win stands. Pure: no torch, no files.
 
 Timing. Eager timing of small and medium sizes measures the host's cost per call (about
-20 us in PyTorch) and its jitter, not NCCL: on 4 H100s eager repeats of one configuration
-spread 30-141 % below 16 MB, so no forced combination could be told from NCCL's default
-there. Replaying the timed ops as a CUDA graph (-G) takes the host out of the timed region
+20 us in PyTorch) and its jitter, not NCCL, so below ~16 MB no forced combination could be
+told from NCCL's default that way (see docs/design/tune-graph-timing.md). Replaying the timed ops as a CUDA graph (-G) takes the host out of the timed region
 at every size, so on GPUs every combination, NCCL's default included, is timed that way, in
 the same launch, repeats interleaved. Large sizes lose nothing by it: one replay of
 `-n` ops costs the same device time as the ops issued one by one. `NCCL_GRAPH_REGISTER=0`
@@ -33,7 +32,7 @@ from ncclbench.tune.paired import judge_by_rule
 from ncclbench.tune.ranges import Series, Verdict
 
 TIMINGS = ("auto", "graph", "eager")
-DEFAULT_GRAPH_REPLAYS = 20  # 5 left 8 B at 5.1 % noise on 4 H200; 20 kept 8 B-512M within 2 % on 4 H100 (docs/tuning.md)
+DEFAULT_GRAPH_REPLAYS = 20  # enough for every size within the 3 % target; see docs/design/tune-graph-timing.md
 GRAPH_ENV = {"NCCL_GRAPH_REGISTER": "0"}
 CAPTURE_FAILED = "CUDA graph capture failed: "   # engine.timing's GraphCaptureError text
 CONFIRM_LAUNCH = 2

@@ -17,12 +17,9 @@ The rule (printed with every table): at one size a combination wins when
   * there were MIN_REPEATS repeats or more;
   * it is not what NCCL itself runs at that size (same algorithm, protocol and channel
     count): forcing NCCL's own choice changes nothing, so its gain is noise.
-Why MIN_REPEATS = 3 and DEFAULT_REPEATS = 5: with five forced combinations no faster
-than the default (small sizes, where eager timing measures the host's cost per call),
-the best of them passed the old rule (median >= 2 % up, no overlap) at 31-39 % of sizes
-with 2 repeats (three such "wins" of 11-24 % were not reproduced on 4 H200s), 9-12 % with
-3; with the noise term 7-11 % with 2, 1-2 % with 3, under 0.1 % with 5 (simulated,
-relative noise 2-10 % per repeat with occasional stalls; docs/tuning.md).
+Why MIN_REPEATS = 3 and DEFAULT_REPEATS = 5: with fewer repeats the best of several
+combinations no faster than the default is called a win too often; simulated in
+tests/test_tune_ranges.py (see docs/design/tune-graph-timing.md).
 Winning sizes next to each other with the same row setting merge into one range. A
 measured size stands for the sizes halfway to its neighbours (the first from 0, the last
 up to itself), as NCCL's optimize_config.py draws its ranges."""

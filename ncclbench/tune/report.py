@@ -184,7 +184,7 @@ def finish(setup, probe_items, probe_results, worlds, items, results, interrupte
     for line in out:
         print(line, flush=True)
     if config.refused:
-        print(f"ncclbench tune: error: no {tuner_config.FILE_NAME} written: {config.refused}", file=sys.stderr,
+        print(f"ncclbench: error: no {tuner_config.FILE_NAME} written: {config.refused}", file=sys.stderr,
               flush=True)
     print(f"ncclbench tune: results in {setup.output_dir}", file=sys.stderr, flush=True)
     if interrupted:
@@ -296,7 +296,7 @@ def write_files(setup, doc, perf, config, outcomes) -> int:
             with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as exc:
-            print(f"ncclbench tune: error: cannot write {os.path.join(folder, name)}: {exc.strerror}",
+            print(f"ncclbench: error: cannot write {os.path.join(folder, name)}: {exc.strerror}",
                   file=sys.stderr)
             code = ExitCode.OUTPUT_ERROR
     if setup.request.plot:

@@ -5,7 +5,7 @@ Why this route (one launch holding a fresh communicator per combination): NCCL r
 NCCL_ALGO and NCCL_PROTO at every communicator's init (src/graph/tuning.cc,
 ncclTopoTuneModel, through getenv), and ncclConfig_t's minCTAs/maxCTAs limit one
 communicator's channels, so every combination fits in one process. A launch per
-combination would pay process start-up, `import torch` (4-5 s on the GPU hosts) and the
+combination would pay process start-up, `import torch` (seconds) and the
 world communicator's set-up again for each one. What NCCL reads once per process gets a
 launch of its own: the debug log that shows its choices (the probe: NCCL_DEBUG=INFO writes
 a line per call, which costs host time, so the measured launch runs without it) and, in

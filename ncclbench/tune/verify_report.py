@@ -64,8 +64,8 @@ def collective_report(setup, coll, runs, choices, rows, judged: Judged):
     for size in sizes:
         row = coverage.first_match(my_rows, name, size, setup.nnodes, setup.nranks)
         ran = choices.get(size)
-        # a row's channel count is a ceiling: NCCL runs fewer for small calls (2 H100s, a
-        # ring/simple row of 2 channels: 1 channel at 1K and 8K, 2 at 64K)
+        # a row's channel count is a ceiling: NCCL runs fewer for small calls
+        # (see docs/design/tune-channels-ceiling.md)
         applied = None if row is None or ran is None else \
             (ran[0], ran[1]) == (row.algorithm, row.protocol) and (row.channels <= 0 or ran[2] <= row.channels)
         v = judge_deploy(size, series(before, size), series(after, size), series(tuned, size), setup.request.min_gain)

@@ -1,0 +1,187 @@
+"""Preflight inside one group: what a single group tells about its own ranks, with no peer
+group to compare it with and no floor.
+
+Ranks in lock-step all take as long as the slowest one, so a group's own numbers cannot say
+which rank holds it back. Two measurements can:
+
+- **Each rank alone**: every rank runs the same op in a one-rank group of its own (no
+  partner to wait for: all_gather out of place, a copy through the library's own path) at
+  the same time; a rank whose op is slower than the other ranks' is slow itself (its host,
+  its GPU, its library), whatever its partners do.
+- **The pairs inside a group** (groups of PAIR_SWEEP_RANKS[0] to [1] ranks): every pair of
+  its members exchanges both ways, the groups' round-robin rounds side by side; a rank slow
+  with most of its partners is slow, a pair slow on its own is a slow link.
+
+Ranks alone are measured once, and again where that flags something; the pairs go through
+the localisation core (faults.preflight.pairs). Each rank and pair is judged at its best
+(noise on a shared host only slows)."""
+
+from __future__ import annotations
+
+import math
+
+from ncclbench.faults.preflight.groups import group_name
+from ncclbench.engine.collectives import ALL_GATHER
+
+PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
+SOLO_COLLECTIVE = ALL_GATHER
+# A one-rank op on a GPU is a copy in its own memory: at the groups' sizes (chosen by the
+# network's time: 4-16 MiB across hosts) it takes 8-20 us, less than torch's host cost per
+# call, so its per-iteration time measured the host (a healthy rank 39% "slow" alone on 4
+# one-GPU hosts over sockets). At 256 MiB the copy takes ~150 us and the device times it.
+SOLO_MIN_BYTES_GPU = 256 << 20
+# A rank flagged alone is measured again, the others idle, while it stays flagged: up to
+# SOLO_RUNS runs in all. On 2 cores under 6 busy loops (load 6-8), 2 of 20 healthy 4-rank
+# gloo runs still had a rank 69-70% slow after 2 runs (its worker thread's wake-ups waited
+# for a core at every iteration); a slow rank stays slow in every run. Each run after the
+# first lasts about SOLO_AGAIN_S, split over its waves (at least 3 timed and 2 warm-up ops a
+# wave): its iterations are cut to fit, so that a rank 20 ms late per call adds a few tenths
+# of a second per run, not a second.
+SOLO_RUNS = 4
+SOLO_AGAIN_S = 0.25
+
+
+def solo_times(pf, nbytes: int, iters: int, only=None) -> dict:
+    """{global rank: seconds per op} of every rank's op alone (its fastest iteration); with
+    `only`, of those ranks alone, the others waiting (idle) meanwhile."""
+    import torch.distributed as dist
+
+    from ncclbench.api.measure import _measure
+
+    me = dist.get_rank()
+    if only is not None and me not in only:
+        everyone = pf.world.exchange(None, "preflight: gathering the ranks' own times", pf.timeout_s)
+        return {r: t / 1e6 for r, t in enumerate(everyone) if t}
+    group = pf.solo_group
+    if group is None:  # only this rank creates its group (no whole-world step per group)
+        group = pf.solo_group = dist.new_group([me], use_local_synchronization=True)
+    options = dict(iters=iters, warmup_iters=2, check=0, per_iter_timing=1, datatype=pf.setup["datatype"],
+                   timeout=pf.timeout_s)
+    rows = _measure(SOLO_COLLECTIVE.name, str(nbytes), group, options, label=f"rank {me} alone", parent=pf.world,
+                    exit_on_timeout=pf.exit_on_timeout)
+    cell = rows[0].out_of_place if rows.has_rows and len(rows) else None
+    mine = None
+    if cell is not None and math.isfinite(cell.time_us):
+        mine = (cell.per_iter or {}).get("min_us") or cell.time_us  # its best iteration (locate.stats.best_time)
+    everyone = pf.world.exchange(mine, "preflight: gathering the ranks' own times", pf.timeout_s)
+    return {r: t / 1e6 for r, t in enumerate(everyone) if t}
+
+
+def yardstick(best: dict, flagged, host: dict):
+    """The fastest rank not flagged, on a host with no flagged rank where there is one (it
+    then runs beside every wave); None when every rank is flagged."""
+    busy = {host[r] for r in flagged}
+    pool = [r for r in best if r not in flagged and host[r] not in busy] or [r for r in best if r not in flagged]
+    return min(pool, key=lambda r: best[r], default=None)
+
+
+def host_waves(ranks: list, host: dict) -> list[list]:
+    """`ranks` in waves that hold at most one rank of each host, in order: ranks of one host
+    measured in turn, never beside each other on the cores they share."""
+    waves: list[list] = []
+    for r in ranks:
+        wave = next((w for w in waves if all(host[q] != host[r] for q in w)), None)
+        if wave is None:
+            waves.append([r])
+        else:
+            wave.append(r)
+    return waves
+
+
+def judge_alone(pf, nbytes: int, iters: int) -> dict:
+    """{rank: evidence} for the ranks slow alone at their best: measured once, all at once,
+    and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
+    all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
+    share its cores: run side by side, the others' ops slowed a healthy rank 3.3x, 245 against
+    73.7 us, 4 gloo ranks on 2 cores, and under a whole test suite's load two healthy ranks
+    stayed 72% slow through 4 runs side by side). A yardstick, the fastest rank not flagged
+    (on a host without flagged ranks where there is one), runs beside each wave, or where its
+    host has a rank in the wave, alone just before and just after it, its faster time kept.
+    A re-measure counts scaled by the level of the ranks not flagged (the fastest one's best
+    time) over the yardstick's time then, both ways: a moment slow for
+    everyone clears nothing, and a rank measured on idle cores is not compared with the
+    others' times on busy ones; a re-measure without a yardstick time counts for nothing.
+    Each rank's best time against the others' best times; a rank is named only when every
+    run flagged it (one that a changed reference flags late is not named unmeasured)."""
+    from ncclbench.locate.alone import slow_alone
+    from ncclbench.locate.stats import worst_below
+
+    if len(pf.host) < 2:
+        return {}
+    alone_band = pf.setup.get("alone_band", pf.setup["band"])
+    best = solo_times(pf, nbytes, iters)
+    flagged = slow_alone(best, alone_band)
+    runs = 1
+    while flagged and runs < SOLO_RUNS:
+        waves = host_waves(sorted(flagged), pf.host)
+        ref = yardstick(best, flagged, pf.host)
+        level = min((best[q] for q in best if q not in flagged), default=None)
+        for wave in waves:
+            # each wave about SOLO_AGAIN_S / waves (at least 3 timed ops, 2 warm-up), from its own slowest rank
+            again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in wave))))
+            beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
+            alone = ref is not None and not beside
+            before = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
+            again = solo_times(pf, nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
+            after = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
+            yard = again.get(ref) if beside else min((t for t in (before.get(ref), after.get(ref)) if t), default=None)
+            if ref is not None and not yard:
+                continue  # no yardstick time: the moment is unknown, the re-measure says nothing
+            scale = level / yard if yard else 1.0
+            for r in wave:
+                if again.get(r):
+                    best[r] = min(best[r], again[r] * scale)
+        flagged = {r: v for r, v in slow_alone(best, alone_band).items() if r in flagged}
+        runs += 1
+    pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
+    out = {}
+    for r in sorted(flagged):
+        others = sorted(t for q, t in best.items() if q != r)
+        median = others[len(others) // 2]
+        out[r] = (f"alone (its own {SOLO_COLLECTIVE.name}, {nbytes} B, no partner) takes {1e6 * best[r]:.4g} us per op "
+                  f"at best against {1e6 * median:.4g} us on the other ranks ({100 * flagged[r]:.0f}% slower in rate, "
+                  f"best of {runs})")
+    return out
+
+
+def swept_groups(pf) -> dict:
+    """{dim: its groups} whose groups are small enough and large enough for a pair sweep."""
+    low, high = PAIR_SWEEP_RANKS
+    return {d: groups for d, groups in pf.instances.items() if all(low <= len(g) <= high for g in groups)}
+
+
+def judge_inside_pairs(pf, share_s: float) -> tuple[dict, dict, dict]:
+    """({rank: evidence} slow with every partner, {(a, b): evidence} slow links, {rank:
+    evidence} not settled) from the pair sweeps inside each swept group, judged by the
+    localisation core within about `share_s` seconds: the groups' round-robin rounds, one
+    dimension after another, as the screening; then the rounds the Localiser asks for."""
+    from ncclbench.faults.preflight.pairs import localise, unjudged_notes
+    from ncclbench.locate.schedule import group_pair_rounds
+
+    swept = swept_groups(pf)
+    rounds = [r for groups in swept.values() for r in group_pair_rounds(groups)]
+    if not rounds:
+        return {}, {}, {}
+    loc = localise(pf, rounds, share_s)
+    bad, links, unsettled = loc.verdict(pf.who)
+    margins = loc.margins()
+    pf.margins["ranks in pairs"], pf.margins["pairs"] = margins["endpoints"], margins["pairs"]
+    pf.notes += unjudged_notes(", ".join(swept), loc)
+
+    def where(rank):
+        dim = next(d for d, groups in swept.items() if any(rank in g for g in groups))
+        return group_name(pf.instances, dim, next(g for g in swept[dim] if rank in g))
+
+    return ({r: f"in {where(r)}: slow with every partner: {line}" for r, line in bad.items()},
+            {pair: f"in {where(pair[0])}: {line}" for pair, line in links.items()},
+            {r: f"in {where(r)}: {line}" for r, line in unsettled.items()})
+
+
+def one_group_note(dim: str, size: int) -> str:
+    """The note on a dimension of one group: how its ranks are judged (pairs are swept only
+    inside groups of PAIR_SWEEP_RANKS)."""
+    low, high = PAIR_SWEEP_RANKS
+    how = ("alone and in pairs inside it" if low <= size <= high else
+           f"alone only (pairs are swept inside groups of {low} to {high} ranks; a slow link here is not found)")
+    return (f"{dim}: one group, no peer group to compare it with: its ranks are judged {how}; the group as a whole "
+            "only against a floor (--min-peak-busbw)")
