@@ -386,3 +386,33 @@ def test_tune_s_metrics_equal_its_tune_json(tmp_path):
     got = metrics.parse(prom.read_text()).families["ncclbench_tune_default_busbw_bytes_per_second"]["samples"]
     want = {str(v["size"]): v["default_busbw"] * 1e9 for v in doc["collectives"]["all_reduce"]["verdicts"]}
     assert {dict(items)["size_bytes"]: value for items, value in got.values()} == want and len(want) == 2
+
+
+def test_a_sweep_whose_metrics_file_cannot_be_written_keeps_its_rows_and_ends_as_an_output_error(tmp_path, capsys):
+    """The folder is gone by the end of the sweep: one warning, the JSON still written with
+    every row, the status output_error (exit 6), as for the sweep's other files."""
+    import io
+
+    from ncclbench.engine.outcome import exit_code_for
+    from ncclbench.results.output import OutputSpec, Reporter
+    from ncclbench.results.records import DeviceRecord, PlacementResult, ResultRow, RunInfo, RunSummary
+
+    info = RunInfo(collective="all_reduce", args=["allreduce"], backend="gloo", mode="eager", timing="host clock",
+                   nranks=1, devices=[DeviceRecord(0, 0, 1, "h", -1, "0", "cpu")], ncclbench_version="0",
+                   torch_version="0", nccl_code=0, nccl_text="gloo", env=[], start_time="now",
+                   config={"nthreads": 1, "ngpus": 1, "minimum_bytes": 8, "maximum_bytes": 16, "step_factor": 2,
+                           "warmup_iters": 1, "iterations": 5, "aggregated_iterations": 1, "validation": 1,
+                           "graph": 0})
+    spec = OutputSpec(json_path=str(tmp_path / "r.json"), metrics_path=str(tmp_path / "gone" / "m.prom"))
+    rep = Reporter(info, spec, stream=io.StringIO())
+    cell = PlacementResult(10.0, 1.0, 1.0, 0)
+    rows = [ResultRow("all_reduce", size, size // 4, "float", "sum", -1, cell, cell) for size in (8, 16)]
+    for row in rows:
+        rep.add_row(row)
+    summary = RunSummary(rows, complete=True)
+    rep.finish(summary)
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "metrics file" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("ncclbench: warning: cannot write metrics file"), warnings
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [r["size"] for r in doc["results"]] == [8, 16] and doc["ncclbench"]["status"] == "output_error"
+    assert int(exit_code_for(summary)) == 6
