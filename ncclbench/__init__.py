@@ -1,7 +1,8 @@
 """ncclbench: NCCL collective benchmarks in the style of nccl-tests, on torch.distributed.
 
-The Python API (`ncclbench.measure`, `ncclbench.preflight`, their result types and errors)
-is imported on first use, so that `import ncclbench` stays light: no torch, no pandas."""
+The Python API (`ncclbench.measure`, `ncclbench.preflight`, `ncclbench.fleet`, their result
+types and errors) is imported on first use, so that `import ncclbench` stays light: no torch,
+no pandas."""
 
 __version__ = "0.1.0"
 
@@ -10,6 +11,8 @@ _LAZY = {
     "measure": "ncclbench.api.measure",
     "Rows": "ncclbench.api.rows",
     "preflight": "ncclbench.faults.preflight.run",
+    "fleet": "ncclbench.faults.fleet.api",
+    "FleetReport": "ncclbench.faults.fleet.report",
     "PreflightReport": "ncclbench.faults.preflight.verdict",
     "BenchError": "ncclbench.errors",
     "PlanError": "ncclbench.errors",
@@ -17,6 +20,7 @@ _LAZY = {
     "CollectiveError": "ncclbench.errors",
     "TimeoutExpired": "ncclbench.errors",
     "PreflightError": "ncclbench.errors",
+    "FleetError": "ncclbench.errors",
     "RankFailures": "ncclbench.errors",
     "Interrupted": "ncclbench.errors",
     "ExitCode": "ncclbench.errors",

@@ -89,6 +89,12 @@ class PreflightError(BenchError):
     exit_code = ExitCode.REGRESSION
 
 
+class FleetError(BenchError):
+    """A fleet run found nodes to drain or slow links (ncclbench.fleet): one line naming them."""
+
+    exit_code = ExitCode.REGRESSION
+
+
 class Interrupted(BenchError):
     """Ctrl-C or SIGTERM before a report began (nothing of it measured): one line, exit 130."""
 

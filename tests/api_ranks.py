@@ -187,9 +187,21 @@ def scenario_preflight_loaded(out, dist, torch, ncclbench, outdir):
                    "margins": report.margins, "cost": report.cost_s}
 
 
+def scenario_fleet(out, dist, torch, ncclbench, outdir):
+    """Every rank calls ncclbench.fleet() on the job's own default group (each rank a node of
+    its own): the same report on every rank, rank 0 writes the JSON; the group still works."""
+    report = ncclbench.fleet(backend="gloo", sim_node_size=1, timeout=20, budget=4,
+                             json_path=os.path.join(outdir, "fleet.json") if dist.get_rank() == 0 else None)
+    out["fleet"] = {"drain": report.drain, "links": report.links, "exit_code": report.exit_code,
+                    "hosts": [h["host"] for h in report.hosts]}
+    out["unknown"] = caught(lambda: ncclbench.fleet(bogus=1))
+    out["sum_after"] = sum_check(dist, torch)
+
+
 def scenario_gpu(out, dist, torch, ncclbench, outdir):
-    """One GPU, NCCL: measure like the command line, leave device and stream alone, preflight,
-    and a timeout on a one-rank group (stall fault set by the test for the last call)."""
+    """One GPU, NCCL: measure like the command line, leave device and stream alone, preflight
+    refused (one rank: nothing to judge), and a timeout on a one-rank group (stall fault set
+    by the test for the last call)."""
     stream = torch.cuda.current_stream()
     device = torch.cuda.current_device()
     rows = ncclbench.measure("all_gather", "1M:64M:x8", iters=20)  # one rank: out-of-place is a copy
@@ -198,8 +210,7 @@ def scenario_gpu(out, dist, torch, ncclbench, outdir):
     out["stream_kept"] = torch.cuda.current_stream() == stream
     out["device_kept"] = torch.cuda.current_device() == device
     out["sum_after"] = sum_check(dist, torch)
-    report = ncclbench.preflight(budget_s=3)
-    out["preflight"] = {"passed": report.passed, "failures": report.failures, "groups": report.groups}
+    out["preflight"] = caught(lambda: ncclbench.preflight(budget_s=3))  # one rank: nothing to judge
     out["sum_after_preflight"] = sum_check(dist, torch)
     os.environ[failpoints.ENV] = "stall:rank=0,size=4096,seconds=8"
     failpoints.reset()

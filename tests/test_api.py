@@ -168,11 +168,11 @@ def test_stalled_rank_times_out_on_every_rank(tmp_path):
 def test_measure_on_one_gpu_matches_the_command_line(tmp_path):
     """One rank on NCCL: measure() and the command line on the same plan (same columns and
     rows; their busbw is compared in docs/BENCHMARKS.md), device and stream untouched,
-    preflight on one GPU, and a timeout on a one-rank group."""
+    preflight refused on one GPU (nothing to judge), and a timeout on a one-rank group."""
     recs = run_ranks("gpu", 1, tmp_path)
     rec = recs[0]
     assert rec["status"] == "ok" and rec["stream_kept"] and rec["device_kept"] and rec["sum_after"] == 1
-    assert rec["preflight"]["passed"], rec["preflight"]
+    assert rec["preflight"][0] == "PlanError" and "at least 2 ranks" in rec["preflight"][1], rec["preflight"]
     assert rec["timeout"][0] == "TimeoutExpired" and re.search(r": rank 0 \(pid \d+\) on \S+ never reached it", rec["timeout"][1])
     csv = tmp_path / "cli.csv"
     r = run_cli(["allgather", "-b", "1M", "-e", "64M", "-f", "8", "-n", "20", "--no-save", "--csv", str(csv)])
@@ -227,3 +227,19 @@ def test_a_collective_failing_on_one_rank_raises_its_cause_on_every_rank(tmp_pat
     messages = {rec["error"][1] for rec in recs}
     assert kinds == {"CollectiveError"} and len(messages) == 1, recs
     assert messages.pop().startswith("rank 1 on ") and "during all_reduce at 4096 B" in recs[0]["error"][1], recs
+
+
+@pytest.mark.slow
+def test_fleet_from_python_returns_one_report_on_every_rank(tmp_path):
+    """ncclbench.fleet() in a job's own ranks (torchrun, gloo, each rank a node): every rank
+    gets the same report, rank 0 writes its JSON, the job's group works after it; an unknown
+    option is refused in one line."""
+    recs = run_ranks("fleet", 3, tmp_path, timeout=240)
+    reports = [r["fleet"] for r in recs]
+    assert all(r == reports[0] for r in reports), reports
+    assert reports[0]["exit_code"] == 0 and reports[0]["drain"] == [] and len(reports[0]["hosts"]) == 3
+    doc = json.loads((tmp_path / "fleet.json").read_text())
+    assert doc["command"] == "fleet" and doc["drain"] == [] and [h["host"] for h in doc["hosts"]] == reports[0]["hosts"]
+    assert all(r["sum_after"] == 6 for r in recs)
+    assert recs[0]["unknown"][0] == "PlanError" and "bogus" in recs[0]["unknown"][1]
+

@@ -290,3 +290,43 @@ def test_modules_stay_readable(path):
     its seams."""
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{lines} lines"
+
+
+# ---- one localisation core ------------------------------------------------------------------------
+# the names of localisation rules: defined in ncclbench/locate only (a second copy would disagree)
+CORE_FUNCTIONS = {"reference", "healthy_spread", "slow_outliers", "worst_below", "best_of", "best_time",
+                  "aligned_best_time", "repeats_needed", "reference_of", "rail_reference", "judge_pairs",
+                  "judge_group_pairs", "judge_solo", "slow_alone", "judge_alone", "judge_inventory", "pair_kind",
+                  "tournament_rounds", "repair_round", "known_good_rounds", "group_pair_rounds", "over_sockets"}
+
+
+def core_twins(package: Path) -> list[str]:
+    """Functions with a core rule's name, and band tables (module-level names ending in BAND or
+    BANDS), outside the locate package."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] == "locate":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in CORE_FUNCTIONS:
+                out.append(f"{path.relative_to(package)}: def {node.name}")
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.upper().endswith(("BAND", "BANDS")):
+                    out.append(f"{path.relative_to(package)}: {t.id}")
+    return out
+
+
+def test_localisation_rules_live_in_one_package():
+    assert core_twins(PACKAGE) == []
+
+
+def test_the_core_check_sees_a_planted_twin(tmp_path):
+    fake = tmp_path / "ncclbench"
+    (fake / "faults").mkdir(parents=True)
+    (fake / "locate").mkdir()
+    (fake / "locate" / "stats.py").write_text("def reference(v):\n    return v\n")
+    (fake / "faults" / "x.py").write_text("SOCKET_BAND = 0.5\n\ndef f():\n    def best_of(r):\n        return r\n")
+    assert core_twins(fake) == ["faults/x.py: def best_of", "faults/x.py: SOCKET_BAND"]

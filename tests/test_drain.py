@@ -146,6 +146,15 @@ def test_an_unknown_format_is_refused():
         drain.render([("n1", "x")], "yaml")
 
 
+def test_the_python_api_refuses_an_unknown_format_before_measuring():
+    import ncclbench
+    from ncclbench.errors import PlanError
+
+    assert drain.checked_format(None) == "scontrol"
+    with pytest.raises(PlanError, match="drain format 'yaml'"):
+        ncclbench.preflight(drain_path="d.sh", drain_format="yaml")
+
+
 def _can_set_hostname() -> bool:
     if not shutil.which("unshare"):
         return False

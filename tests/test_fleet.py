@@ -676,3 +676,12 @@ def test_the_socket_band_comes_with_band_auto_on_nccl_only(band, backend, expect
     plan = build_plan(o, backend)
     assert plan.band == pytest.approx(expected[0])
     assert plan.socket_band == (pytest.approx(expected[1]) if expected[1] else None)
+
+
+@pytest.mark.slow
+def test_one_node_is_refused_not_passed(tmp_path):
+    """Fleet compares nodes: with one (2 ranks on this host), nothing is judged, it says so in
+    one line and exits 2 on every rank, no 'passed'."""
+    r = run_cli([*FLEET, "-g", "2", "--json", str(tmp_path / "f.json")], timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr[-2000:]
+    assert "found one" in r.stderr and "nothing was judged" in r.stderr and "passed" not in r.stdout

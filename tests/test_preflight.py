@@ -419,28 +419,28 @@ def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatc
                                  (runs_of(*[slow1] * (within.SOLO_RUNS - 1), healthy), [], within.SOLO_RUNS),
                                  (runs_of(*[slow1] * within.SOLO_RUNS), [1], within.SOLO_RUNS)):
         times, asked[:] = iter(sequence), []
-        assert sorted(within.judge_alone(pf, 1 << 20, 50)) == want, sequence
+        assert sorted(within.judge_ranks_alone(pf, 1 << 20, 50)) == want, sequence
         assert asked == [(None, 50)] + again[:3 * (runs - 1)]
     # slow again, but so was the yardstick before and after it (a moment slow for everyone): cleared
     times, asked[:] = iter([slow1, {0: 4e-4}, {1: 4e-4}, {0: 4e-4}]), []
-    assert within.judge_alone(pf, 1 << 20, 50) == {} and len(asked) == 4
+    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {} and len(asked) == 4
     # the yardstick slow only before it: its faster time counts, the rank stays slow in every run
     times, asked[:] = iter([slow1] + [{0: 4e-4}, {1: 4e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
     # every rank 3x slow at first (busy cores), rank 1 really 2x slow: measured alone later, on
     # idle cores, it is scaled back up by the yardstick's 3x and stays slow
     busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
     times, asked[:] = iter([busy] + [{0: 1e-4}, {1: 2e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
     # a rank 20 ms late per op: each later run is cut to about SOLO_AGAIN_S
     times, asked[:] = iter(runs_of(*[late1] * within.SOLO_RUNS)), []
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
     assert [n for _, n in asked] == [50] + [int(within.SOLO_AGAIN_S / 0.02)] * 3 * (within.SOLO_RUNS - 1)
     # two hosts: the yardstick comes from the host without a flagged rank and runs beside it,
     # though rank 0 beside the flagged rank is faster
     pf.host = {0: "a", 1: "a", 2: "b", 3: "b"}
     times, asked[:] = iter([{**slow1, 0: 0.9e-4}, healthy]), []
-    assert within.judge_alone(pf, 1 << 20, 50) == {} and asked == [(None, 50), ({1, 2}, 50)]
+    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {} and asked == [(None, 50), ({1, 2}, 50)]
 
 
 def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch):
@@ -460,7 +460,7 @@ def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch
         return {r: t for r, t in own.items() if only is None or r in only}
 
     monkeypatch.setattr(within, "solo_times", solo_times)
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == list(range(8))
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == list(range(8))
     later = asked[1:]
     assert len(later) == 8 * (within.SOLO_RUNS - 1) and all(len(only) == 2 and 8 in only for only, _ in later)
     assert {n for _, n in later} == {3}  # 0.25 s / 8 waves / 20 ms rounds down to 1: 3 at least
@@ -485,18 +485,18 @@ def test_alone_reruns_ignore_a_lost_yardstick_and_name_only_ranks_flagged_every_
     # idle cores (200 us) is not taken unscaled, and stays the only one named
     busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
     times, asked[:] = iter([busy] + [{}, {1: 2e-4}, {}] * runs), []
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
     # rank 1 clears in the last run and the reference moves: ranks 2 and 3, never measured
     # again, are not named
     first = {0: 1e-4, 1: 4e-4, 2: 1.3e-4, 3: 1.3e-4}
     later = [[{0: 1e-4}, {1: 4e-4}, {0: 1e-4}]] * (runs - 1) + [[{0: 1e-4}, {1: 1e-4}, {0: 1e-4}]]
     times, asked[:] = iter([first] + [t for run in later for t in run]), []
-    assert within.judge_alone(pf, 1 << 20, 50) == {}
+    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {}
     # each wave's iterations from its own slowest rank: a 20 ms rank does not cut a healthy
     # rank's wave to a handful
     two = {0: 1e-4, 1: 0.02, 2: 4e-4, 3: 1e-4}
     times, asked[:] = iter([two] + [{0: 1e-4}, {1: 0.02}, {0: 1e-4}, {0: 1e-4}, {2: 4e-4}, {0: 1e-4}] * runs), []
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1, 2]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1, 2]
     assert asked[1:7] == [({0}, 6), ({1}, 6), ({0}, 6), ({0}, 50), ({2}, 50), ({0}, 50)]
 
 
@@ -517,7 +517,7 @@ def test_a_free_hosts_yardstick_slow_in_the_first_run_does_not_keep_a_healthy_ra
         return {r: v for r, v in t.items() if only is None or r in only}
 
     monkeypatch.setattr(within, "solo_times", solo_times)
-    assert within.judge_alone(pf, 1 << 20, 50) == {}
+    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {}
 
 
 def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
@@ -543,12 +543,12 @@ def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
                          margins={})
     monkeypatch.setattr(within, "solo_times", solo_times)
     seq[:] = [first]
-    assert within.judge_alone(pf, 1 << 16, 50) == {}
+    assert within.judge_ranks_alone(pf, 1 << 16, 50) == {}
     seq[:] = [{**first, 0: 2e-3}] * 10  # 2 ms per call: 99% below
-    assert list(within.judge_alone(pf, 1 << 16, 50)) == [0]
+    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)) == [0]
     pf.setup = {"band": 0.6}  # the 60% band: the healthy rank 0 is named
     seq[:] = [first] * 10
-    assert list(within.judge_alone(pf, 1 << 16, 50)) == [0]
+    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)) == [0]
 
 
 def test_host_waves_put_one_rank_of_each_host_in_a_wave():
@@ -576,7 +576,7 @@ def test_healthy_ranks_that_lose_the_shared_cores_are_cleared_measured_in_turn(m
         return {r: 3 * own[r] if len(running) > 1 and r in running and r != 3 else own[r] for r in ranks}
 
     monkeypatch.setattr(within, "solo_times", solo_times)
-    assert list(within.judge_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
 
 
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
@@ -982,3 +982,11 @@ def test_every_rank_stops_calibrating_at_the_same_size_whatever_its_own_clock(mo
     for t in threads:
         t.join(30)
     assert results[0] == results[1] and isinstance(results[0], list), results
+
+
+def test_one_rank_is_refused_not_passed():
+    """One rank crosses no link: nothing would be judged, so preflight says so (exit 2), under
+    its own launcher and under torchrun, rather than reporting 'passed'."""
+    r = run_cli(["preflight", "-g", "1", "--backend", "gloo"], timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "at least 2 ranks" in r.stderr, r.stderr
+    assert "passed" not in r.stdout

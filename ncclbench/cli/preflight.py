@@ -10,8 +10,9 @@ import click
 
 from ncclbench.api.options import ngpus_option, rendezvous_options
 from ncclbench.api.params import drain_options, metrics_option
-from ncclbench.faults.preflight.inputs import PREFLIGHT_COLLECTIVES, make_groups
+from ncclbench.faults.preflight.inputs import ONE_RANK, PREFLIGHT_COLLECTIVES, make_groups
 from ncclbench.cli.types import GetoptCommand
+from ncclbench.errors import PlanError
 
 
 def run_preflight_rank(o: dict, info) -> int:
@@ -76,6 +77,8 @@ def preflight_command(**o):
     if info.launched:
         sys.exit(run_preflight_rank(o, info))
     ngpus = local_rank_count(o["ngpus"], o["backend"])
+    if ngpus * o["nnodes"] < 2:
+        raise PlanError(ONE_RANK)
     spawn = multinode_args(o, ngpus)
     argv = list(sys.argv[1:]) + ([] if "--backend" in sys.argv else ["--backend", o["backend"]])
     sys.exit(int(launch.spawn_local(ngpus, argv, **spawn)))

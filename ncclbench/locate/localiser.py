@@ -148,6 +148,7 @@ class Judgement:
 
 
 MIN_CLASS_PAIRS = 2   # pairs of one class needed to compare any of them: one pair has no reference
+LOCALISE_ROUNDS = 8   # localisation rounds of `pairs` and preflight at most (fleet's: --localise-rounds)
 
 
 class Localiser:
@@ -281,9 +282,9 @@ class Localiser:
                 j.links.add(pair)
         return j
 
-    def low_class(self, node: int):
-        """The class an endpoint was found low in (None: not low)."""
-        return next((cls for cls, j in self.judge().items() if node in j.low_nodes), None)
+    def low_classes(self, node: int) -> list:
+        """The classes an endpoint was found low in (empty: not low)."""
+        return [cls for cls, j in self.judge().items() if node in j.low_nodes]
 
     def high(self) -> set:
         judged = self.judge().values()
@@ -312,9 +313,10 @@ class Localiser:
         return [n for n in self.active if n not in self.dead and n in high]
 
     def fits(self, node: int, partner: int) -> bool:
-        """Whether `partner` makes a pair of the class `node` was found low in."""
-        cls = self.low_class(node)
-        return cls is None or self.classify(node, partner) == cls
+        """Whether `partner` makes a pair of a class `node` was found low in (an endpoint low
+        only in a class where it has no other partner stays unsettled: a suspect)."""
+        classes = self.low_classes(node)
+        return not classes or self.classify(node, partner) in classes
 
     def met(self) -> set:
         return {frozenset((t.a, t.b)) for t in self.tests}

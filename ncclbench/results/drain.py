@@ -37,6 +37,16 @@ def one_line(text: str) -> str:
     return " ".join("".join(" " if _is_control(c) else c for c in str(text)).split())
 
 
+def checked_format(name) -> str:
+    """A drain format given by name (None: scontrol), refused before anything runs when unknown."""
+    from ncclbench.errors import PlanError
+
+    name = name or "scontrol"
+    if name not in FORMATS:
+        raise PlanError(f"drain format {name!r}: use one of {', '.join(FORMATS)}")
+    return name
+
+
 def refusal(host: str, fmt: str) -> str | None:
     """Why `host` cannot stand in a drain list of format `fmt`, or None when it can."""
     if not host:

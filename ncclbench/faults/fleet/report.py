@@ -50,6 +50,22 @@ class FleetReport:
     def exit_code(self) -> int:
         return int(ExitCode.REGRESSION if self.finding.localised else ExitCode.OK)
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> "FleetReport":
+        """The report from its dict (to_dict): what the Python API returns on every rank."""
+        finding = Finding(hosts=doc["hosts"], links=doc["links"], notes=doc["notes"])
+        return cls(plan=doc["plan"], finding=finding, tests=doc["tests"], schedule=doc["schedule"],
+                   cost_s=doc["cost_s"], margins=doc["margins"])
+
+    def raise_if_failed(self) -> None:
+        """FleetError naming what to drain and the slow links, when there is any."""
+        from ncclbench.errors import FleetError
+
+        if self.exit_code:
+            links = ", ".join(" <-> ".join(link["hosts"]) for link in self.links)
+            raise FleetError(f"fleet failed: drain {', '.join(self.drain) or 'nothing'}"
+                             + (f"; slow link(s) {links}" if links else ""), self.exit_code)
+
     # ---- building ----
     @classmethod
     def build(cls, plan, layout, inventory, alone, errors, busbw, dead, loc, schedule, rounds, costs, lost=None,

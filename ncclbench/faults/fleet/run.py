@@ -17,6 +17,13 @@ from ncclbench.locate.stats import CONFIRM
 
 def run_fleet_rank(plan: FleetPlan, info) -> int:
     """One rank's whole run; its exit code (the same on every rank that lives to the end)."""
+    return run_fleet(plan, info)[0]
+
+
+def run_fleet(plan: FleetPlan, info) -> tuple[int, dict | None]:
+    """One rank's whole run: (its exit code, the report as a dict where it has one: rank 0's,
+    every rank's with plan.share_report). Joins the job's default process group where the
+    caller made one (its store carries the rounds), else makes one on gloo."""
     import torch.distributed as dist
 
     from ncclbench.launch import launcher as launch
@@ -38,8 +45,9 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
                            ("TORCH_NCCL_ENABLE_MONITORING", "0")):
             os.environ.setdefault(key, value)
     facts = my_facts(plan, info)
-    dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=plan.timeout_s + 30))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size,
+                                timeout=timedelta(seconds=plan.timeout_s + 30))
     from ncclbench.engine.watchdog import default_store
 
     ctl = Control(own_client(default_store(), 3 * plan.timeout_s + 120), info.rank, info.world_size,
@@ -49,15 +57,17 @@ def run_fleet_rank(plan: FleetPlan, info) -> int:
     if info.rank == 0:
         coordinator = Coordinator(plan, ctl, started)
         code, worker = coordinator.run(), coordinator.worker
+        report = coordinator.report_doc
     else:
         worker = Worker(plan, ctl, facts)
         code = worker.run()
+        report = worker.report
     sys.stdout.flush()
     if worker.stuck:  # its task thread may sit in a wait that never ends: no clean-up can finish
         from ncclbench.engine.watchdog import hard_exit
 
         hard_exit(code)
-    return code
+    return code, report
 
 
 def causes_of(facts: dict) -> dict:
@@ -98,6 +108,7 @@ class Coordinator:
         self.costs: dict = {}
         self.rounds: list = []        # (label, [(a, b, kind)])
         self.paths: dict = {}         # (node a, node b) -> the path NCCL's log named for their exchange
+        self.report_doc: dict | None = None  # the report, as written to --json
 
     # ---- one step: everyone's tasks, this rank's own, everyone's results ----
     def step(self, tasks: dict, what: str) -> dict:
@@ -210,6 +221,8 @@ class Coordinator:
         facts, _missing = self.ctl.collect("facts", list(range(self.ctl.world)), time.monotonic() + p.timeout_s + SLACK_S)
         self.layout = build_layout(facts)
         self.alive = sorted(facts)
+        if len(self.layout.names) < 2:
+            return self._nothing_to_judge()
         clock = self._phase("start-up", self.started)
         say(f"{len(self.layout.names)} nodes, {self.ctl.world} ranks; each node alone")
         inventory = judge_inventory(self.layout.gpus, self.layout.models, p.gpus_per_node)
@@ -227,10 +240,27 @@ class Coordinator:
                            {self.layout.names[n] for n in set(alone) | set(errors) | self.out_of_pairs})
         report.emit()
         code = report.exit_code
+        self.report_doc = report.to_dict()
+        if self.plan.share_report:
+            self.ctl.publish("report", self.report_doc)
+        label = f"s{self.step_no}"
+        self.ctl.assign(label, {r: {"end": code, "report": self.plan.share_report} for r in self.alive if r != 0})
+        self.ctl.post(label, {})
+        self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)  # then the store may go
+        return code
+
+    def _nothing_to_judge(self) -> int:
+        """One node: nothing to compare it with. Said, exit 2, every rank told to end."""
+        from ncclbench.errors import ExitCode, error_line
+
+        why = (f"fleet compares nodes with each other and found one ({self.layout.names[0]}): nothing was judged "
+               "(run it across 2 or more nodes; --sim-node-size splits one host's ranks into nodes)")
+        print(error_line(why), file=sys.stderr, flush=True)
+        code = int(ExitCode.USAGE)
         label = f"s{self.step_no}"
         self.ctl.assign(label, {r: {"end": code} for r in self.alive if r != 0})
         self.ctl.post(label, {})
-        self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)  # then the store may go
+        self.ctl.collect(label, self.alive, time.monotonic() + self.plan.timeout_s)
         return code
 
     def nodes_alone(self, inventory: dict) -> tuple[dict, dict, dict]:
@@ -286,7 +316,7 @@ class Coordinator:
             say(f"round {k + 1} of {len(rounds)} (screening, {name}): {len(node_pairs)} node pairs")
             self.pair_round(loc, node_pairs, clock)
         loc.dead |= self.out_of_pairs
-        if p.socket_band and over_sockets(self.paths):
+        if p.socket_band and pairs_over_sockets(self.paths):
             say(f"pairs ran over TCP sockets (NCCL's NET/Socket): judged at a {100 * p.socket_band:.0f}% band")
             loc.set_reference(p.socket_band, max(p.socket_link_band or 0.0, p.socket_band))
         else:
@@ -360,7 +390,7 @@ class PairClock:
         self.rounds_left = max(1, self.rounds_left - 1)
 
 
-def over_sockets(paths: dict) -> bool:
+def pairs_over_sockets(paths: dict) -> bool:
     """Whether NCCL ran every node pair whose path its log named over its Socket network
     ({(a, b): label such as "NET/Socket/Shared"}), and named one."""
     from ncclbench.locate.bands import over_sockets as sockets

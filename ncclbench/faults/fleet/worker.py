@@ -70,6 +70,7 @@ class FleetPlan:
     drain_path: str | None = None
     drain_format: str = "scontrol"
     metrics_path: str | None = None
+    share_report: bool = False   # every rank gets the report (ncclbench.fleet); the command prints it on rank 0
 
 
 @dataclass
@@ -109,6 +110,13 @@ class Control:
             if self.store.add(f"{step}/n", 0) < len(alive) else list(alive)
         values = self.store.multi_get([f"{step}/res/{r}" for r in have]) if have else []
         return {r: json.loads(bytes(v).decode()) for r, v in zip(have, values)}, [r for r in alive if r not in have]
+
+    def publish(self, name: str, value) -> None:
+        """One value every rank may read (the report, for the Python API on every rank)."""
+        self.store.set(f"pub/{name}", json.dumps(value))
+
+    def read(self, name: str):
+        return json.loads(self.store.get(f"pub/{name}").decode())
 
     def assign(self, step: str, tasks: dict) -> None:
         if tasks:
@@ -175,12 +183,15 @@ class Worker:
         self.base = groups_made()
         self.thread: TaskThread | None = None
         self.stuck: str | None = None  # why this rank takes no more tasks
+        self.report: dict | None = None  # the report rank 0 published, where the API asked for it
 
     def run(self) -> int:
         step = 0
         while True:
             task = self.ctl.task(f"s{step}")
             if "end" in task:
+                if task.get("report"):  # the Python API returns the report on every rank
+                    self.report = self.ctl.read("report")
                 self.ctl.post(f"s{step}", {})  # the store's host waits for this before it leaves
                 return int(task["end"])
             self.ctl.post(f"s{step}", self.bounded(task, step))

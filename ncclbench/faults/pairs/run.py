@@ -13,7 +13,6 @@ from functools import partial
 from ncclbench.engine import pathread
 from ncclbench.errors import BenchError, CollectiveError, PlanError, first_line, ranks_list
 
-MAX_LOCALISE = 8   # localisation rounds at most: each is one exchange per rank, a few of them settle a verdict
 
 
 
@@ -124,17 +123,17 @@ def run_rank(plan: PairsPlan, info) -> int:
 
 def localise(plan: PairsPlan, devices: list[dict], screening: tuple, measure, networks=()):
     """(Localiser, pairs with wrong data, localisation rounds run) from the screening pass
-    ({(a, b): GB/s}, [wrong pairs]) and up to MAX_LOCALISE rounds of what it still needs,
+    ({(a, b): GB/s}, [wrong pairs]) and up to LOCALISE_ROUNDS rounds of what it still needs,
     each measured by `measure(rounds)` -> the same pair. The same on every rank: every rank
     has the same numbers."""
-    from ncclbench.locate.localiser import localisation_round
+    from ncclbench.locate.localiser import LOCALISE_ROUNDS, localisation_round
 
     loc = localiser(plan, devices, networks)
     record(loc, screening, "screen", 0)
     loc.set_reference()
     wrong = set(screening[1])
     done = 0
-    while done < MAX_LOCALISE:
+    while done < LOCALISE_ROUNDS:
         asked = localisation_round(loc, done)
         if not any(kind != "spare" for _a, _b, kind in asked):
             break

@@ -12,6 +12,8 @@ from ncclbench.locate.bands import backend_bands, bands_for, parse_band
 DEFAULT_TIMEOUT_S = 600.0  # for agreeing on the inputs, before the timeout asked for is known to be valid
 
 PREFLIGHT_COLLECTIVES = (ALL_REDUCE.name, ALL_GATHER.name, REDUCE_SCATTER.name)
+ONE_RANK = ("preflight needs at least 2 ranks: one rank crosses no link, so nothing would be judged "
+            "(use -g 2 or more, or start it under torchrun/srun/mpirun)")
 
 def resolve_groups(groups) -> list[tuple[str, object]]:
     """[(dimension name, this rank's group)] from None, one group, a dict or a list."""
@@ -76,6 +78,8 @@ def check_inputs(a: dict, dist) -> dict:
                             "or any ncclbench collective)") from None
     floor = parse_floor(a["floor"], a["tolerance"])
     baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
+    if dist.get_world_size() < 2:
+        raise PlanError(ONE_RANK)
     dims = resolve_groups(a["groups"])
     backends = {name: group_backend_name(dist, g) for name, g in dims}
     asked = parse_band(a["band"])

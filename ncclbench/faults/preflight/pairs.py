@@ -7,9 +7,8 @@ each round's time is capped in advance (no rank decides by its own clock)."""
 
 from __future__ import annotations
 
-from ncclbench.locate.localiser import MIN_CLASS_PAIRS, Localiser, PairTest, localisation_round
+from ncclbench.locate.localiser import LOCALISE_ROUNDS, MIN_CLASS_PAIRS, Localiser, PairTest, localisation_round
 
-MAX_LOCALISE = 8           # localisation rounds of one pass at most
 SCREEN_SHARE = 0.5         # of a pass's time: the screening; the rest, the localisation rounds
 
 
@@ -31,8 +30,8 @@ def localise(pf, rounds: list, share_s: float) -> Localiser:
     nbytes = pf.pair_bytes_for(screen_cap)
     record(loc, pf._pairs(rounds, nbytes, screen_cap), "screen", 0)
     loc.set_reference()
-    cap = (1 - SCREEN_SHARE) * share_s / MAX_LOCALISE
-    for k in range(MAX_LOCALISE):
+    cap = (1 - SCREEN_SHARE) * share_s / LOCALISE_ROUNDS
+    for k in range(LOCALISE_ROUNDS):
         asked = localisation_round(loc, k)
         if not any(kind != "spare" for _a, _b, kind in asked):
             break

@@ -59,7 +59,7 @@ def preflight(groups=None, *, min_peak_busbw=None, budget_s: float = 10.0, band=
     rank's own group of each dimension; or a list of groups) and return a PreflightReport,
     the same on every rank. `min_peak_busbw`: GB/s, '80%' of the link peak, or a results file
     (baseline, `baseline_tolerance` below it). `band`: how far below its peers a group or
-    rank may fall ('auto': DEFAULT_BAND of the groups' backend, from measured noise). `timeout`: seconds one step may take (default max(60, 3 x budget_s)).
+    rank may fall ('auto': the bands of ncclbench.locate.bands by transport). `timeout`: seconds one step may take (default max(60, 3 x budget_s)).
     `json_path`: rank 0 writes the report there; `metrics_path`: its Prometheus metrics;
     `drain_path`: the hosts to drain in `drain_format` (scontrol, kubectl, hosts)."""
     return Preflight(groups, min_peak_busbw, budget_s, band, collectives, baseline_tolerance, datatype,
@@ -74,7 +74,10 @@ class Preflight:
                          tolerance=tolerance, datatype=datatype, timeout=timeout)
         self.timeout_s = agreement_timeout(timeout, budget_s)  # until the inputs are checked
         self.json_path, self.exit_on_timeout = json_path, exit_on_timeout
-        self.outputs = {"metrics_path": metrics_path, "drain_path": drain_path, "drain_format": drain_format}
+        from ncclbench.results.drain import checked_format
+
+        self.outputs = {"metrics_path": metrics_path, "drain_path": drain_path,
+                        "drain_format": checked_format(drain_format)}
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
         self.notes: list[str] = []
@@ -193,7 +196,7 @@ class Preflight:
         solo_bytes = max(p["max_bytes"] for p in plans)
         if "nccl" in self.backends.values():  # a GPU's op alone must outlast its host's call (~20 us)
             solo_bytes = max(solo_bytes, within.SOLO_MIN_BYTES_GPU)
-        alone = within.judge_alone(self, solo_bytes, max(p["iters"] for p in plans))
+        alone = within.judge_ranks_alone(self, solo_bytes, max(p["iters"] for p in plans))
         paired, links, unsettled = within.judge_inside_pairs(self, PAIR_SHARE * self.setup["budget"])
         self._phase("ranks alone and in pairs")
         for r, line in paired.items():

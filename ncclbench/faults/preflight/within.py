@@ -88,7 +88,7 @@ def host_waves(ranks: list, host: dict) -> list[list]:
     return waves
 
 
-def judge_alone(pf, nbytes: int, iters: int) -> dict:
+def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
     """{rank: evidence} for the ranks slow alone at their best: measured once, all at once,
     and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
     all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
