@@ -11,7 +11,7 @@ output. Needs root; makes network namespaces, veths and a bridge, and removes th
         -- preflight --budget 10 -T 60 --json /tmp/pre.json
     python benchmarks/multihost.py --hosts 2 --gpus 0,1 2,3 \
         --then "tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --verify /tmp/t/nccl_tuner.conf --plugin P" \
-        -- tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --repeat 3 -o /tmp/t
+        -- tune allreduce -b 8 -e 256M -f 4 -n 5 -w 1 -G 2 --repeat 3 -O /tmp/t
 
 `--cpus split` gives each host CPUs of its own (those near its GPUs, shared out evenly;
 tests/netsim.py split_cpus), as separate machines have; `--cpus 0-7 8-15` names them.

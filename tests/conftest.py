@@ -49,6 +49,21 @@ def cuda_available() -> bool:
         return False
 
 
+def pytest_configure(config):
+    """Runs that a test starts without --results-dir or --no-save save into a temporary store,
+    not the checkout's results/ (the default store is relative to the working folder)."""
+    if "NCCLBENCH_RESULTS_DIR" not in os.environ:
+        import tempfile
+
+        config._ncclbench_store = os.environ["NCCLBENCH_RESULTS_DIR"] = tempfile.mkdtemp(prefix="ncclbench-test-store-")
+
+
+def pytest_unconfigure(config):
+    store = getattr(config, "_ncclbench_store", None)
+    if store:
+        shutil.rmtree(store, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if cuda_available():
         return

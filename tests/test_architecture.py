@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ncclbench"
-SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints"}  # vocabulary every layer uses
+SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints", "inputs"}  # vocabulary every layer uses
 
 # layer -> the layers it may import (besides itself and the shared modules)
 CAPABILITY = {"api", "engine", "backends", "results", "topology", "launch", "locate"}  # what a capability may use

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from pathlib import Path
 
@@ -117,21 +118,27 @@ def _floor_doc(times: list, seed: int, spread=0.02, backend="gloo"):
 
 
 def test_a_row_moved_by_the_hosts_pace_passes_a_late_rank_does_not(tmp_path):
-    """Two gloo runs whose floor rows (8 B-8 KiB) are each tight but spread 25% apart from
-    each other, as a busy host leaves them: one row 1.6x slower in NEW is within the runs'
-    level spread (the old rule failed it: all its iterations moved); a rank 2 ms late per
-    call moves every row far beyond it; in runs whose floors are tight, the same 1.6x fails."""
+    """Two gloo runs whose floor rows (8 B-8 KiB) spread 25% apart from each other, as a busy
+    host leaves them, with iterations +-30% wide: one row 1.6x slower in NEW, its quartiles
+    apart but its blocks overlapping BASE's, is within the runs' level spread; a rank 2 ms
+    late per call, and every row 4x slower (whose blocks all lie beyond BASE's: beyond doubt,
+    however wide the spread), fail; in runs whose floors are tight, the same 1.6x fails."""
     pattern = [-0.3, 0.2, 0.0, -0.15, 0.35, -0.25]  # log spread 0.3 (1.4826 x its median deviation)
     base_times = [60.0 * math.exp(v) for v in pattern]
     new_times = [60.0 * math.exp(v) for v in reversed(pattern)]
     new_times[2] = base_times[2] * 1.6
-    base = _write(tmp_path / "a.json", _floor_doc(base_times, seed=1))
-    new = _write(tmp_path / "b.json", _floor_doc(new_times, seed=2))
+    base = _write(tmp_path / "a.json", _floor_doc(base_times, seed=1, spread=0.3))
+    new = _write(tmp_path / "b.json", _floor_doc(new_times, seed=2, spread=0.3))
     moved = _compare(base, new)
     assert moved.exit_code == 0 and "level spread allows" in moved.output, moved.output
-    late = _write(tmp_path / "late.json", _floor_doc([t + 2000.0 for t in base_times], seed=3))
+    assert "quartiles" not in moved.output and "NEW p25" in moved.output  # the 1.6x row: quartiles apart
+    late = _write(tmp_path / "late.json", _floor_doc([t + 2000.0 for t in base_times], seed=3, spread=0.3))
     caught = _compare(base, late)
     assert caught.exit_code == 1 and caught.output.count("REGRESSION") == 12, caught.output
+    slower = _write(tmp_path / "x4.json", _floor_doc([t * 4 for t in base_times], seed=1, spread=0.3))
+    shown = _compare(base, slower)
+    assert shown.exit_code == 1 and shown.output.count("REGRESSION") == 12, shown.output
+    assert shown.output.count("every NEW block slower than every BASE block") == 12
     tight = [60.0 * (1 + 0.01 * i) for i in range(6)]
     tight_new = list(tight)
     tight_new[2] *= 1.6
@@ -198,6 +205,32 @@ def test_recorded_small_rows_twice_as_slow_fail_against_a_run_and_a_baseline(rec
     for run in healthy[3:]:
         slow = _slowed(run, tmp_path, 2.0, 2 << 20)
         assert _regressed(healthy[0], slow) and _regressed(base, slow), run.name
+
+
+@pytest.mark.parametrize("recorded", [H200, H100], ids=["h200", "h100"])
+def test_recorded_pairs_never_lie_apart_and_a_4x_copy_does(recorded, tmp_path):
+    """The healthy pairs' false alarms stay 0 with the beyond-doubt rule: in no healthy pair
+    does every NEW block of a row lie beyond every BASE block (the closest: NEW's fastest at
+    0.96 of BASE's slowest), while a copy of a run 4x slower in every iteration fails against
+    that run on every row it slows, however wide the level spread."""
+    healthy = [recorded / f"healthy{i:02d}.json" for i in range(11)]
+    for a, b in zip(healthy, healthy[1:]):
+        c = compare_frames(read_results(a), read_results(b))
+        assert (c.rows["status"] != "regression").all()
+        assert not c.rows["noise"].str.contains("every NEW block").any(), (a.name, b.name)
+    caught = total = 0
+    for run in healthy:  # issue 63's case: a run against its own copy, 4x slower
+        base, new = read_results(run), read_results(_slowed(run, tmp_path, 4.0, 2 << 20))
+        c = compare_frames(base, new)
+        keys = ["size_bytes", "placement"]
+        both = c.rows.merge(base[keys + ["noise_max_us"]], on=keys).merge(new[keys + ["noise_min_us"]], on=keys)
+        both = both[both["size_bytes"] <= 2 << 20]
+        # a row whose own blocks spread over 4x (a block the GPU ran ahead of the host, a slow
+        # spell) still overlaps its copy: within its own noise; every row apart fails
+        apart = both[both["noise_min_us"] > both["noise_max_us"]]
+        assert (apart["status"] == "regression").all(), apart[["size_bytes", "status", "noise"]].to_string()
+        caught, total = caught + len(apart), total + len(both)
+    assert caught >= 0.8 * total, (caught, total)
 
 
 def test_recorded_h200_pairs_fail_without_the_level_rule(monkeypatch):

@@ -186,7 +186,7 @@ def test_each_cell_carries_its_number_on_small_matrices():
                                           ("preflight.json", 1), ("preflight-report.json", 1), ("p2p.json", 2)])
 def test_plot_writes_the_heat_map_of_each_kind(tmp_path, name, panels):
     out = tmp_path / "map.png"
-    result = run(FIXTURES / name, "-o", out)
+    result = run(FIXTURES / name, "--out", out)
     assert result.exit_code == 0, result.output
     kind = kind_of(load(name))
     assert result.stdout == f"wrote {out} (heat map of a {kind} result, {panels} panel{'s' if panels > 1 else ''})\n"
@@ -196,7 +196,7 @@ def test_plot_writes_the_heat_map_of_each_kind(tmp_path, name, panels):
 
 def test_plot_heat_map_as_svg_with_a_title(tmp_path):
     out = tmp_path / "map.svg"
-    assert run(FIXTURES / "fleet.json", "-o", out, "--title", "cluster A, 2026-12-06").exit_code == 0
+    assert run(FIXTURES / "fleet.json", "--out", out, "--title", "cluster A, 2026-12-06").exit_code == 0
     assert "cluster A, 2026-12-06" in out.read_text()
 
 
@@ -208,9 +208,9 @@ def one_error_line(result) -> str:
 
 def test_plot_of_two_results_or_a_result_and_a_sweep_is_one_error_line(tmp_path):
     out = tmp_path / "map.png"
-    line = one_error_line(run(FIXTURES / "pairs.json", FIXTURES / "p2p.json", "-o", out))
+    line = one_error_line(run(FIXTURES / "pairs.json", FIXTURES / "p2p.json", "--out", out))
     assert line.endswith("a heat map is drawn from one pairs, preflight, fleet or p2p result at a time (2 files given)")
-    one_error_line(run(FIXTURES / "pairs.json", NCCL_TESTS / "all_reduce_np4.txt", "-o", out))
+    one_error_line(run(FIXTURES / "pairs.json", NCCL_TESTS / "all_reduce_np4.txt", "--out", out))
     assert not out.exists()
 
 
@@ -223,13 +223,13 @@ def test_plot_of_two_results_or_a_result_and_a_sweep_is_one_error_line(tmp_path)
 def test_a_result_without_pairs_or_malformed_is_one_error_line(tmp_path, doc, why):
     source = tmp_path / "result.json"
     source.write_text(json.dumps(doc))
-    line = one_error_line(run(source, "-o", tmp_path / "map.png"))
+    line = one_error_line(run(source, "--out", tmp_path / "map.png"))
     assert f"{source}: {why}" in line
 
 
 def test_a_sweep_result_still_plots_against_size(tmp_path):
     out = tmp_path / "busbw.png"
-    result = run(NCCL_TESTS / "all_reduce_np4.txt", "-o", out)
+    result = run(NCCL_TESTS / "all_reduce_np4.txt", "--out", out)
     assert result.exit_code == 0 and "series" in result.stdout
 
 

@@ -291,8 +291,8 @@ def test_truncated_text_row_names_the_line(tmp_path):
         read_results(path)
 
 
-def test_missing_file_is_an_os_error(tmp_path):
-    with pytest.raises(FileNotFoundError):
+def test_missing_file_is_one_line(tmp_path):
+    with pytest.raises(ResultsFormatError, match=r"absent.txt: cannot read a results file: No such file or directory$"):
         read_results(tmp_path / "absent.txt")
 
 

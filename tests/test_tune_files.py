@@ -90,7 +90,7 @@ def test_whole_file_errors_name_the_line(tmp_path):
     with pytest.raises(ValueError, match="longer than"):
         read_config(str(path))
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
-    with pytest.raises(ValueError, match="not a text file"):
+    with pytest.raises(ValueError, match="a binary file .a NUL byte at offset 7., not a tuner config"):
         read_config(str(path))
     with pytest.raises(ValueError, match="cannot read"):
         read_config(str(tmp_path / "missing.conf"))

@@ -65,13 +65,14 @@ def load_suite(path: str, overrides: dict | None = None) -> list[SuiteRun]:
 
     from ncclbench.engine.collectives import lookup
 
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as exc:
-        raise PlanError(f"cannot read suite {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"suite {path}: not a text file (cannot decode as UTF-8)") from None
+        doc = yaml.safe_load(read_text(path, "suite"))
+    except InputFileError as exc:
+        raise PlanError(str(exc)) from None
+    except RecursionError:
+        raise PlanError(f"suite {path}: not valid YAML (nested too deep)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

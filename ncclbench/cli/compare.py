@@ -53,8 +53,11 @@ def compare_command(base, new, metric, threshold, min_size, max_size, placement,
             raise BadInput(f"no matching rows between {base} and {path} "
                            "(rows match on collective, dtype, op, root, size > 0 and placement, after filters)")
         if (comparison.rows["status"] == NOT_COMPARABLE).all():
-            raise BadInput(f"nothing to compare between {base} and {path}: every matched row is 0 or N/A in BASE "
-                           "(one rank: busbw is 0, and torch's backends print out-of-place as N/A)")
+            reasons = comparison.unmeasured_reasons()
+            hint = ("; one rank: busbw is 0, and torch's backends print out-of-place as N/A"
+                    if any(r.endswith("0 or N/A") for r in reasons) else "")
+            raise BadInput(f"nothing to compare between {base} and {path}: no matched row can be judged "
+                           f"({'; '.join(reasons)}{hint})")
         comparisons.append(comparison)
 
     _print_report(comparisons)

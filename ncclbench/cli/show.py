@@ -18,25 +18,32 @@ from ncclbench.errors import PlanError
 def show_command(result_file, as_rich):
     """Print a saved result (ncclbench JSON) again in the nccl-tests layout; other formats
     (nccl-tests text/JSON, CSV) as a table."""
-    doc = None
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(result_file) as f:
-            text = f.read()
-    except OSError as exc:
-        raise PlanError(f"cannot read {result_file}: {exc.strerror}") from None
+        text = read_text(result_file, "results")
+    except InputFileError as exc:
+        raise PlanError(str(exc)) from None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     # a run's document replays as its table; one without a run's config (a baseline made
     # from CSV or text files) prints as the table of its rows
     if isinstance(doc, dict) and "ncclbench" in doc and "minimum_bytes" in (doc.get("config") or {}) and not as_rich:
-        for line in _replay_lines(doc):
+        try:
+            lines = _replay_lines(doc)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PlanError(f"{result_file}: not a run's JSON document as ncclbench writes it "
+                            f"({type(exc).__name__}: {exc})") from None
+        for line in lines:
             print(line)
         return
-    from ncclbench.results.readers import read_results
+    from pathlib import Path
 
-    frame = read_results(result_file)
+    from ncclbench.results.readers import parse_results
+
+    frame = parse_results(text, result_file, Path(result_file).stem)
     _print_frame(frame, as_rich)
 
 

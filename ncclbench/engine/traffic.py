@@ -89,20 +89,14 @@ def parse_scale(text: str, what: str) -> float:
     return value
 
 
-MAX_MATRIX_CHARS = 16 << 20  # a 1024 x 1024 matrix of 2 GiB entries is ~11 MiB of text
-
-
 def read_matrix(path: str, scale: float = 1.0) -> tuple[tuple[int, ...], ...]:
     """The byte matrix of `path`, scaled and 16-byte aligned; PlanError (one line) if bad."""
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_MATRIX_CHARS + 1)  # bounded: /dev/zero or a wrong huge file must not hang
-        if len(text) > MAX_MATRIX_CHARS:
-            raise PlanError(f"alltoallv matrix {path} is larger than {MAX_MATRIX_CHARS >> 20} MiB: not a matrix file")
-    except OSError as exc:
-        raise PlanError(f"cannot read alltoallv matrix {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"alltoallv matrix {path} is not a text file") from None
+        text = read_text(path, "matrix")  # bounded: /dev/zero or a wrong huge file must not hang
+    except InputFileError as exc:
+        raise PlanError(str(exc)) from None
     rows: list[tuple[int, ...]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         fields = line.split()

@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 from ncclbench.errors import PlanError
+from ncclbench.inputs import read_text
 from ncclbench.explain.report import report_lines
 from ncclbench.topology.pathview import Path
 
@@ -44,8 +45,7 @@ def explain_here(ngpus: str = "all", backend: str | None = None, timeout_s: int 
         if not os.path.exists(out):
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise PlanError(f"the measurement failed (exit code {done.returncode}): {last}", done.returncode or 1)
-        with open(out) as f:
-            doc = json.load(f)
+        doc = json.loads(read_text(out, "results"))
     nb = doc.get("ncclbench", {})
     lines = [f"# Measured here: {ALL_REDUCE.name} {' '.join(sweep)} on {nb.get('ranks')} rank(s), {nb.get('backend')} backend"]
     path = Path.from_dict(nb.get("nccl_path"))

@@ -355,8 +355,9 @@ class Localiser:
 
     def margins(self) -> dict:
         """{"endpoints": worst fraction below the endpoints' reference, "pairs": worst fraction
-        below the pairs' reference} over what was judged and not named bad (a bad endpoint's
-        pairs left out): how close the healthy rest came to a verdict (0: nothing fell below)."""
+        below the pairs' reference} over what was judged and not named (a bad endpoint's pairs
+        and the slow links left out): how close the healthy rest came to a verdict (0: nothing
+        fell below)."""
         out = {"endpoints": 0.0, "pairs": 0.0}
         judged = self.judge()
         bad = {n for j in judged.values() for n in j.bad}
@@ -365,7 +366,7 @@ class Localiser:
                 if n not in bad:
                     out["endpoints"] = max(out["endpoints"], _below(values, j.node_ref))
             for pair, tests in j.pair_tests.items():
-                if not pair & bad:
+                if not pair & bad and pair not in j.links:
                     values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
                     out["pairs"] = max(out["pairs"], _below(values, j.pair_ref))
         return {k: round(v, 4) for k, v in out.items()}

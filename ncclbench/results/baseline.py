@@ -39,6 +39,21 @@ def _check_runs(frame, paths: Sequence[str]) -> None:
                                "of one setup")
     if len(set(frame["source"])) < len(set(paths)):
         raise BadInput("a run file is given twice")
+    _check_same_sweeps(frame)
+
+
+def _check_same_sweeps(frame) -> None:
+    """Every run measured the same collectives, dtypes and ops: a row that only some runs
+    hold would be a baseline of fewer runs than it says (refused, not kept apart)."""
+    measured = {source: sorted(set(part[["collective", "dtype", "op"]].itertuples(index=False, name=None)))
+                for source, part in frame.groupby("source", sort=False)}
+    (first, want), *rest = measured.items()
+    for source, got in rest:
+        if got != want:
+            def text(sweeps):
+                return ", ".join(" ".join(v for v in s if v != "none") for s in sweeps)
+            raise BadInput(f"the runs measured different things ({first}: {text(want)}; {source}: {text(got)}): "
+                           "a baseline is made of runs of one setup (same collectives, dtypes and ops)")
 
 
 def _cell(records: list[dict]) -> tuple[dict, dict, float]:
@@ -70,10 +85,11 @@ def _template(path: str, collective: str) -> dict:
     `show` prints the baseline as a run; {} when that run is not ncclbench or nccl-tests JSON."""
     import json
 
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        doc = json.loads(read_text(path, "results"))
+    except (InputFileError, ValueError, RecursionError):
         return {}
     docs = doc if isinstance(doc, list) else [doc]
     for d in docs:

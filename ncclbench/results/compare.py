@@ -99,6 +99,10 @@ class Comparison:
     def count(self, status: str) -> int:
         return int((self.rows["status"] == status).sum())
 
+    def unmeasured_reasons(self) -> list[str]:
+        """Why the not-comparable rows have no ratio, each reason once."""
+        return list(dict.fromkeys(self.rows.loc[self.rows["status"] == NOT_COMPARABLE, "noise"]))
+
     @property
     def failed(self) -> bool:
         return any(self.count(status) for status in FAILING_STATUSES) or self.new_unmatched_wrong > 0
@@ -236,25 +240,43 @@ def _facts_differ(before: list[str], after: list[str]) -> bool:
     return any(old[k] != now[k] for k in old.keys() & now.keys())
 
 
-def _same_ranks(base: pd.DataFrame, new: pd.DataFrame) -> bool:
-    """One rank count on both sides (or unknown): time and busbw then say the same."""
+def _rank_difference(base: pd.DataFrame, new: pd.DataFrame) -> str:
+    """"" on one rank count on both sides (or unknown): time and busbw then say the same;
+    else "BASE 8 vs NEW 2 ranks"."""
     if "ranks" not in base.columns or "ranks" not in new.columns:
-        return True
+        return ""
     before, after = set(base["ranks"].dropna()), set(new["ranks"].dropna())
-    return not before or not after or before == after
+    if not before or not after or before == after:
+        return ""
+    return f"BASE {'/'.join(f'{v:g}' for v in sorted(before))} vs NEW {'/'.join(f'{v:g}' for v in sorted(after))} ranks"
+
+
+def _unmeasured(record: dict, metric: Metric, ranks: str) -> str:
+    """Why a row has no NEW/BASE ratio, named as it is (shown with the row and in the summary)."""
+    for side in ("BASE", "NEW"):
+        if not record[side.lower()] > 0:
+            return f"{side} {metric.name} 0 or N/A"
+    tiny = " and ".join(side for side in ("BASE", "NEW") if record[side.lower()] < TINY_BUSBW)
+    if ranks:
+        return (f"busbw below {TINY_BUSBW} GB/s in {tiny}, and the rank counts differ ({ranks}), "
+                "so time cannot stand in for it")
+    return f"busbw below {TINY_BUSBW} GB/s in {tiny} and no time to judge by"
 
 
 def _judge_row(record: dict, base: noise.Side, new: noise.Side, metric: Metric, threshold: float,
-               by_time: bool) -> tuple[str, float, str, bool]:
-    """(status, NEW/BASE of the metric, how the noise was judged, host-bound) of one row."""
+               ranks: str) -> tuple[str, float, str, bool]:
+    """(status, NEW/BASE of the metric, how the noise was judged (or why the row cannot be
+    judged), host-bound) of one row; `ranks` is "" on one rank count, else "BASE n vs NEW m"."""
     measured = record["base"] > 0 and record["new"] > 0  # a busbw of 0 (one rank, or 0.00 printed) or N/A: no ratio
-    if measured and by_time and base.time_us > 0 and new.time_us > 0:
+    if measured and not ranks and base.time_us > 0 and new.time_us > 0:
         slowdown = new.time_us / base.time_us  # full precision in JSON, never a busbw rounded to 0.00
         ratio = slowdown if not metric.higher_is_better else 1 / slowdown
     elif measured and (not metric.higher_is_better or min(record["base"], record["new"]) >= TINY_BUSBW):
         ratio = record["new"] / record["base"]
+    elif record["new_nwrong"] > 0:
+        return WRONG, math.nan, "", False
     else:
-        return (WRONG if record["new_nwrong"] > 0 else NOT_COMPARABLE), math.nan, "", False
+        return NOT_COMPARABLE, math.nan, _unmeasured(record, metric, ranks), False
     if record["new_nwrong"] > 0:
         return WRONG, ratio, "", False
     if metric.higher_is_better:
@@ -290,11 +312,11 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, metric: str = "busbw",
     matched = merged[merged["_merge"] == "both"].drop(columns="_merge")
     new_only = merged[merged["_merge"] == "right_only"]
 
-    by_time = _same_ranks(base_rows, new_rows)
+    ranks = _rank_difference(base_rows, new_rows)
     judged = []
     for record in matched.assign(new_nwrong=matched["new_nwrong"].fillna(0)).to_dict("records"):
         key = tuple(record[k] for k in MATCH_KEYS)
-        judged.append(_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, by_time))
+        judged.append(_judge_row(record, base_sides[key], new_sides[key], chosen, threshold, ranks))
     status, ratio, noise_text, host_bound = (list(column) for column in zip(*judged)) if judged else ([], [], [], [])
     ratio = pd.Series(ratio, index=matched.index, dtype=float)
     matched = matched.assign(ratio=ratio, change_pct=(ratio - 1) * 100, status=status, noise=noise_text,
@@ -420,7 +442,7 @@ def _status_cell(record: dict) -> str:
         status += f" (#wrong {record['new_nwrong']:g})"
     if record.get("host_bound"):
         status += " [host-bound]"
-    if record.get("noise") and record["status"] in (REGRESSION, WITHIN_NOISE, HOST_COST):
+    if record.get("noise") and record["status"] in (REGRESSION, WITHIN_NOISE, HOST_COST, NOT_COMPARABLE):
         status += f" ({record['noise']})"
     return status
 
@@ -462,7 +484,7 @@ def _footer(c: Comparison) -> list[str]:
     counts += [f"{s[OK]} ok"]
     counts += [f"{s[WITHIN_NOISE]} slower within noise"] if s[WITHIN_NOISE] else []
     counts += [f"{s[HOST_COST]} slower with the host's cost per call"] if s[HOST_COST] else []
-    counts += [f"{s[NOT_COMPARABLE]} not comparable (BASE value 0 or N/A)"] if s[NOT_COMPARABLE] else []
+    counts += [f"{s[NOT_COMPARABLE]} not comparable ({'; '.join(c.unmeasured_reasons())})"] if s[NOT_COMPARABLE] else []
     lines = [f"{verdict}: {', '.join(counts)}, of {s['matched']} matched rows"]
     if c.base_unmatched or c.new_unmatched:
         lines.append(f"note: {c.base_unmatched} BASE row(s) and {c.new_unmatched} NEW row(s) had no match")

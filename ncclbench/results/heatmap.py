@@ -74,13 +74,14 @@ def kind_of(doc: Any) -> str | None:
 def read_source(path: str | Path) -> dict | None:
     """The JSON document at `path` when it is a result a heat map is drawn from, else None
     (not JSON, another kind of file, or unreadable: the caller's other readers say why)."""
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            head = f.read(1)
-            if head != "{":
-                return None
-            doc = json.loads(head + f.read())
-    except (OSError, UnicodeDecodeError, ValueError):
+        text = read_text(path, "results")  # bounded: a device, pipe or huge file is left to the other readers
+        if not text.startswith("{"):
+            return None
+        doc = json.loads(text)
+    except (InputFileError, ValueError, RecursionError):
         return None
     return doc if kind_of(doc) else None
 

@@ -27,10 +27,13 @@ host, faster than the host's cost per call); on the latency floor (rows whose ti
 grow with the size) those fastest blocks would be alike but for the run's own state, and
 `level_spread` reads each file's spread of them there. A level-noisy row must also have
 its fastest block slower than BASE's by the threshold and by LEVEL_Z of the two files'
-spreads combined (the host cost's rise taken off first). A late rank or a slower launch
-path slows every block, the fastest too; a busy host slows some. Known blind spot: a change
-that slows about half of a file's floor rows widens that file's spread, so a small one
-(1.5x) can pass.
+spreads combined (the host cost's rise taken off first), unless the samples show the shift
+beyond doubt: every NEW block slower than every BASE block (NEW's fastest above BASE's
+slowest) and the fastest block slower by the threshold, which no healthy pair of the
+recorded GPU runs came near (docs/design/compare-beyond-doubt.md). A late rank or a slower
+launch path slows every block, the fastest too; a busy host slows some. Known blind spot: a
+change that slows about half of a file's floor rows widens that file's spread, so a small
+one (1.5x) whose blocks still overlap can pass.
 """
 
 from __future__ import annotations
@@ -236,8 +239,12 @@ def judge(base: Side, new: Side, threshold: float) -> Verdict:
         allowed = max(1 + threshold, math.exp(LEVEL_Z * level))
         fastest_base, fastest_new = base.fastest_us, new.fastest_us
         if math.isfinite(fastest_base) and math.isfinite(fastest_new):
-            checks.append(fastest_new - shift > fastest_base * allowed)
-            detail += f", fastest block {fastest_base:.4g} -> {fastest_new:.4g} us (level spread allows x{allowed:.3g})"
+            beyond_level = fastest_new - shift > fastest_base * allowed
+            # beyond doubt, however wide the level spread: every NEW block slower than every BASE block
+            apart = n["min_us"] - shift > b["max_us"] and fastest_new - shift > fastest_base * (1 + threshold)
+            checks.append(beyond_level or apart)
+            detail += f", fastest block {fastest_base:.4g} -> {fastest_new:.4g} us (level spread allows x{allowed:.3g}"
+            detail += "; every NEW block slower than every BASE block)" if apart and not beyond_level else ")"
     if shift:
         detail += f", host cost per call up {shift:.3g} us"
     p = math.nan

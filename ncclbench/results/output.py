@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -97,6 +98,12 @@ def _check_writable(path: str, what: str) -> None:
         raise PlanError(f"cannot write {what} {path}: directory {parent} is not writable")
     if Path(path).is_dir():
         raise PlanError(f"cannot write {what} {path}: it is a directory")
+    if is_special(path):  # /dev/null, a pipe: written as it is, nothing created beside it
+        try:  # a pipe with no reader refuses at once (ENXIO) rather than blocking the open
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND))
+        except OSError as exc:
+            raise PlanError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+        return
     probe_directory(parent, f"cannot write {what} {path}")
     if Path(path).exists():
         try:
@@ -121,16 +128,26 @@ def check_csv_appendable(path: str) -> None:
     check_writable(path, "CSV file")
     p = Path(path)
     if p.exists() and p.stat().st_size > 0:
-        with open(p, newline="") as f:
-            first = f.readline().strip()
+        with open(p, newline="", errors="replace") as f:
+            first = f.readline(1 << 16).strip()  # bounded: a binary file may hold no newline
         if first.split(",") != CSV_COLUMNS:
             raise PlanError(f"cannot append to {path}: its columns differ from ncclbench's "
                             "(write to a new file or move the old one away)")
 
 
+def is_special(path: str) -> bool:
+    """An existing file that is not a regular file or a folder (/dev/null, a pipe)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def exclusive_json_path(path: str) -> str:
-    """nccl-tests' -J never overwrites: name.0, name.1, ... when the name is taken."""
-    if not os.path.exists(path):
+    """nccl-tests' -J never overwrites: name.0, name.1, ... when the name is taken; a special
+    file (/dev/null, a pipe) is written as it is."""
+    if not os.path.exists(path) or is_special(path):
         return path
     i = 0
     while os.path.exists(f"{path}.{i}"):
@@ -231,6 +248,11 @@ def _okay(flag: bool | None) -> str:
 
 
 def write_json_atomic(path: str, doc: dict) -> None:
+    if is_special(path):  # replacing /dev/null by a regular file would break the host
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:
@@ -319,6 +341,10 @@ class Reporter:
                 self._lost("result store", spec.results_dir, exc)
         if self.json_path:
             self._print(f"# Writing JSON output to {self.json_path}")
+            if self.json_path != spec.json_path:  # a CI script reading the name it gave must know
+                print(f"ncclbench: {spec.json_path} exists: the JSON goes to {self.json_path} (-J never overwrites)",
+                      file=sys.stderr, flush=True)
+        self._json_special = bool(self.json_path) and is_special(self.json_path)
         for line in report.header_lines(info, spec.per_iter, spec.per_iter_skip, spec.timestamps):
             self._print(line)
         self._write_running_json()
@@ -340,6 +366,8 @@ class Reporter:
         doc = None
         for attr, what in (("json_path", "JSON file"), ("store_path", "result store file")):
             path = getattr(self, attr)
+            if path and attr == "json_path" and self._json_special and end_time is None:
+                continue  # a pipe or device gets the final document once, not each running rewrite
             if path:
                 doc = doc or run_json(self.info, summary, end_time)
                 try:

@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 from ncclbench.engine.collectives import lookup as _lookup_collective
 from ncclbench.dtypes import DTYPE_ALIASES
 from ncclbench.errors import BenchError, ExitCode
+from ncclbench.inputs import InputFileError, read_text
 from ncclbench.lazy import lazy_import
 from ncclbench.results.noise import noise_columns
 
@@ -431,6 +432,8 @@ def _json_rows(text: str, path: str) -> list[dict]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsFormatError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # '[[[[...' deeper than Python's stack
+        raise ResultsFormatError(path, "invalid JSON: nested deeper than any results file") from None
     # A list of documents lets one file hold several tests.
     if isinstance(doc, list):
         rows = []
@@ -528,21 +531,20 @@ def _normalize(frame: pd.DataFrame, source: str, label: str) -> pd.DataFrame:
 
 
 def read_results(path: str | Path, label: str | None = None) -> pd.DataFrame:
-    """Read one results file (text, JSON or CSV; detected from its content).
-
-    label defaults to the file stem. Raises ResultsFormatError for a file that is not a
-    results file, is malformed, or holds no result rows; OSError when it cannot be read."""
-    path = Path(path)
-    source = str(path)
+    """One results file (text, JSON or CSV, told by content; read through ncclbench.inputs),
+    labelled `label` or its stem. ResultsFormatError when unreadable, malformed or empty."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ResultsFormatError(source, "not a text file (cannot decode as UTF-8)") from None
+        text = read_text(path, "results")
+    except InputFileError as exc:
+        raise ResultsFormatError(exc.path, exc.reason) from None
+    return parse_results(text, str(path), label if label is not None else Path(path).stem)
+
+
+def parse_results(text: str, source: str, label: str) -> pd.DataFrame:
+    """The rows of a results file's text (read_results without the reading)."""
     kind = detect_format(text)
     if kind is None:
-        raise ResultsFormatError(
-            source, "not a recognised results file (expected nccl-tests/ncclbench text output, JSON or CSV)"
-        )
+        raise ResultsFormatError(source, "not a recognised results file (expected nccl-tests/ncclbench text, JSON or CSV)")
     if kind == "csv":
         frame = _csv_frame(text, source)
     elif kind == "json":
@@ -551,7 +553,7 @@ def read_results(path: str | Path, label: str | None = None) -> pd.DataFrame:
         frame = _frame_from_rows(_text_rows(text, source))
     if frame.empty:
         raise ResultsFormatError(source, f"no result rows in this {kind} file")
-    return _normalize(frame, source, label if label is not None else path.stem)
+    return _normalize(frame, source, label)
 
 
 def default_labels(paths: Sequence[str | Path]) -> list[str]:

@@ -131,13 +131,15 @@ def own_text(environ=os.environ) -> tuple[str | None, str | None]:
         return None, reason
     if _State.handle is not None:
         _State.handle.seek(0)
-        return _State.handle.read(), None
+        return _bounded(_State.handle)
     name = expand(environ["NCCL_DEBUG_FILE"])
     found = [name] if os.path.isfile(name) else glob.glob(glob.escape(expand(environ["NCCL_DEBUG_FILE"], host="\0"))
                                                           .replace("\0", "*"))
     if not found:
         started = "" if _State.armed_by_us else " (it names no such file, or NCCL started before its variables were set)"
         return None, f"NCCL wrote no log file {name}{started}"
+    if not os.path.isfile(found[0]):  # /dev/stderr or a pipe: a read would wait for ever
+        return None, f"NCCL's log {found[0]} is not a regular file, which ncclbench cannot read back"
     try:
         handle = open(found[0], errors="replace")
     except OSError as exc:
@@ -146,9 +148,19 @@ def own_text(environ=os.environ) -> tuple[str | None, str | None]:
         _State.handle = handle
         shutil.rmtree(_State.folder, ignore_errors=True)
         handle.seek(0)
-        return handle.read(), None
+        return _bounded(handle)
     with handle:
-        return handle.read(), None
+        return _bounded(handle)
+
+
+def _bounded(handle) -> tuple[str | None, str | None]:
+    """(the handle's text, None), or (None, why) when it is longer than an NCCL log may be."""
+    from ncclbench.inputs import InputFileError, read_open
+
+    try:
+        return read_open(handle, handle.name, "nccl log"), None
+    except InputFileError as exc:
+        return None, str(exc)
 
 
 def own_summary(rank: int | None = None, environ=os.environ, marks=()) -> tuple[dict | None, str | None]:

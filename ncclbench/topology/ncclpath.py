@@ -29,6 +29,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path as _FsPath
 
+from ncclbench.inputs import read_text
+
 _PREFIX = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d*)\] NCCL (?P<level>INFO|WARN|TRACE) ")
 _BARE = re.compile(r"NCCL (?P<level>INFO|WARN) ")
 _VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+)")
@@ -441,14 +443,11 @@ def log_files(paths) -> list[_FsPath]:
 
 
 def read_logs(paths) -> list[ProcessLog]:
-    """Every process in the files and folders `paths` name; OSError for one that cannot be read
-    or is not a regular file (a device or a pipe would never end)."""
+    """Every process in the files and folders `paths` name; InputFileError (one line) for one
+    that cannot be read or is not a bounded text file (ncclbench.inputs)."""
     processes = []
     for path in log_files(paths):
-        if not path.is_file():
-            raise OSError(0, "not a regular file", str(path))
-        with open(path, errors="replace") as f:
-            processes += parse_text(whole(f.read()), str(path))
+        processes += parse_text(whole(read_text(path, "nccl log", lenient=True)), str(path))
     return processes
 
 

@@ -152,13 +152,12 @@ def parse_config_line(text: str, number: int) -> ConfigRow:
 def read_config(path: str) -> list[ConfigRow]:
     """Every row of a tuner config, checked as strictly as described above; ValueError
     `PATH line N: ...` on the first line the plugin would misread."""
+    from ncclbench.inputs import InputFileError, read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a text file") from None
+        text = read_text(path, "tuner config")
+    except InputFileError as exc:
+        raise ValueError(str(exc)) from None
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if len(line) >= _MAX_LINE:  # a comment too: its rest would be read as a line not starting with '#'
