@@ -44,7 +44,8 @@ def output_spec(plan, o: dict):
         probe_directory(results_dir, f"cannot write to result store {results_dir} (use --results-dir or --no-save)")
     return OutputSpec(json_path=o["output_file"], csv_path=o["csv_path"], results_dir=results_dir,
                       timestamps=plan.report_timestamps, per_iter=plan.per_iter, per_iter_skip=plan.per_iter_skip,
-                      progress=not o.get("quiet"))
+                      progress=not o.get("quiet"), metrics_path=o.get("metrics_path"),
+                      metrics_merge=bool(o.get("metrics_merge")), command=o.get("command", ""))
 
 
 def local_rank_count(requested, backend: str) -> int:
@@ -82,7 +83,7 @@ def run_as_rank(plans, info, spec, epilogue=None) -> int:
     from ncclbench.engine.lifecycle import leave_launched_rank, run_rank
 
     launch.prepare_environ(info)
-    reporters = []
+    reporters, metrics_runs = [], []  # every plan's run goes into the one --metrics file
 
     def make_report(plan, run_info):
         run_info.topology, run_info.link_peak_gbps, peak_line_for = topology_context(plan)
@@ -90,7 +91,7 @@ def run_as_rank(plans, info, spec, epilogue=None) -> int:
         rep = Reporter(run_info, replace(spec, timestamps=plan.report_timestamps, per_iter=plan.per_iter,
                                          per_iter_skip=plan.per_iter_skip,
                                          expected_rows=plan.expected_rows(run_info.nranks)),
-                       peak_line_for=peak_line_for)
+                       peak_line_for=peak_line_for, metrics_runs=metrics_runs)
         reporters.append(rep)
         return rep
 

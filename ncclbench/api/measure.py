@@ -51,6 +51,7 @@ _NOT_API = {
     "nthreads": "one thread per process", "ngpus": "the group's ranks are the caller's",
     "parallel_init": "one process per GPU", "backend": "the group's own backend is used",
     "output_file": "use Rows.to_json(path)", "csv_path": "use Rows.to_pandas()",
+    "metrics_path": "use Rows.to_metrics(path)",
     "results_dir": "use Rows.to_json(path)", "no_save": "nothing is saved", "quiet": "nothing is printed",
     "nnodes": "the group is already formed", "node_rank": "the group is already formed",
     "master_addr": "the group is already formed", "master_port": "the group is already formed",

@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ncclbench.api.params import FiniteFloat, GPU_COUNT, SIZE
+from ncclbench.api.params import FiniteFloat, GPU_COUNT, SIZE, metrics_option
 from ncclbench.engine.collectives import ALLTOALLV, lookup
 from ncclbench.dtypes import resolve_dtypes, resolve_ops
 from ncclbench.errors import PlanError
@@ -108,6 +108,7 @@ def collective_options(f, alltoallv: bool = True):
         click.option("--min-peak-bw", type=FiniteFloat(min=0), default=None, help="Fail (exit 7) when the peak busbw is below this GB/s."),
         click.option("-J", "--output_file", type=str, default=None, help="Write results as nccl-tests JSON (version 3)."),
         click.option("--csv", "csv_path", type=str, default=None, help="Append one row per size and placement to this CSV."),
+        metrics_option,
         click.option("--backend", type=click.Choice(["nccl", "gloo", "cupy"]), default=None, help="Default: nccl with CUDA GPUs, else gloo."),
         click.option("--results-dir", type=str, default=None, help="Result store (default results/ or $NCCLBENCH_RESULTS_DIR)."),
         *RENDEZVOUS_OPTIONS,

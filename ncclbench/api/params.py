@@ -1,10 +1,12 @@
 """Click parameter types of the options the command line and the Python API share
-(api.options): sizes, -g all, finite floats. Each bad value is a ValueError turned into
+(api.options): sizes, -g all, finite floats; and the output options every measuring command
+declares alike (--metrics, --drain-file). Each bad value is a ValueError turned into
 Click's usage error, so both faces refuse it with the same words."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -73,3 +75,46 @@ def parse_gpu_count(text) -> int | str:
 
 
 GPU_COUNT = ParsedType("N|all", parse_gpu_count)
+
+
+def _first_rank() -> bool:
+    """This process reports (rank 0, or the command before it spawns ranks): ranks of other
+    hosts need not see rank 0's folders."""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(var) not in (None, ""):
+            return os.environ[var].strip() == "0"
+    return True
+
+
+def _output_path(what: str):
+    def check(ctx, param, value):
+        if value is None or not _first_rank():
+            return value
+        from ncclbench.results.output import check_writable
+
+        if not value.strip():
+            raise click.BadParameter(f"the {what} needs a name (got an empty one)", ctx, param)
+        try:
+            check_writable(value, what)
+        except Exception as exc:  # PlanError: one line, as Click's usage errors
+            raise click.BadParameter(str(exc), ctx, param) from None
+        return value
+    return check
+
+
+def metrics_option(f):
+    """--metrics FILE, the same on every measuring command: rank 0 writes Prometheus text there
+    (node_exporter's textfile collector; results/metrics.py)."""
+    return click.option("--metrics", "metrics_path", default=None, metavar="FILE", callback=_output_path("metrics file"),
+                        help="Write Prometheus metrics to FILE (node_exporter's textfile collector reads *.prom; "
+                             "docs/monitoring.md).")(f)
+
+
+def drain_options(f):
+    """--drain-file F and --drain-format, the same on fleet and preflight (results/drain.py)."""
+    f = click.option("--drain-format", type=click.Choice(["scontrol", "kubectl", "hosts"]), default="scontrol",
+                     show_default=True, help="scontrol update lines (SLURM), kubectl cordon/taint lines "
+                     "(Kubernetes), or one host name per line.")(f)
+    return click.option("--drain-file", "drain_path", default=None, metavar="FILE", callback=_output_path("drain file"),
+                        help="Write the hosts to drain to FILE in --drain-format, every field shell-quoted "
+                             "(never run by ncclbench).")(f)

@@ -99,3 +99,13 @@ class Rows(Sequence):
         from ncclbench.results.output import run_json, write_json_atomic
 
         write_json_atomic(str(path), run_json(self.info, self.summary, _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")))
+
+    def to_metrics(self, path, command: str = "measure") -> None:
+        """The rows as the command line's --metrics file (Prometheus text, docs/monitoring.md)."""
+        if self.summary is None:
+            raise PlanError(f"rank {self.rank} has no rows to write: only group rank 0 gets them "
+                            "(or pass all_ranks=True)")
+        from ncclbench.results import metrics
+        from ncclbench.results.output import run_json
+
+        metrics.write_textfile(str(path), metrics.sweeps_text(command, [run_json(self.info, self.summary, None)]))

@@ -140,7 +140,7 @@ def run_suite(suite_file: str, runs: list[SuiteRun], ngpus, backend, outputs: di
               group_index: int | None = None, argv=()) -> int:
     """Run the suite's entries (none of them `tune:`): under a launcher, as one of its
     ranks (the group `group_index`, or the only one); else one local launch per group.
-    `outputs`: csv_path, results_dir, no_save, quiet; `overrides`: the --set items, passed
+    `outputs`: csv_path, results_dir, no_save, quiet, metrics_path; `overrides`: the --set items, passed
     on to the launches; `argv`: the command line, kept with each run. The exit code."""
     from ncclbench.api import options as plan_options
     from ncclbench.launch import launcher as launch
@@ -149,7 +149,8 @@ def run_suite(suite_file: str, runs: list[SuiteRun], ngpus, backend, outputs: di
     info = launch.detect()
     launched = info.launcher != "none"
     chosen = plan_options.choose_backend(backend)
-    common = dict(outputs, output_file=None)
+    # one --metrics file for the suite: a later launch (env group) adds its runs to the first's
+    common = dict(outputs, output_file=None, command="suite", metrics_merge=bool(group_index))
     local = None if launched else command.local_rank_count(ngpus, chosen)
     nranks = info.world_size if launched else local
     # Build every plan now: a bad entry is refused before anything starts.
@@ -201,6 +202,7 @@ def launch_groups(suite_file: str, groups, local: int, backend: str, outputs: di
         argv += ["--results-dir", outputs["results_dir"]] if outputs["results_dir"] else []
         argv += ["--no-save"] if outputs["no_save"] else []
         argv += ["--quiet"] if outputs["quiet"] else []
+        argv += ["--metrics", outputs["metrics_path"]] if outputs.get("metrics_path") else []
         argv += [word for item in overrides for word in ("--set", item)]
         with launch.environ_changed(dict(env)):
             code = launch.spawn_local(local, argv)

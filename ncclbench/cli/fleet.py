@@ -10,10 +10,11 @@ import sys
 import click
 
 from ncclbench.api.options import ngpus_option, rendezvous_options
-from ncclbench.api.params import ALL_GPUS
+from ncclbench.api.params import ALL_GPUS, drain_options, metrics_option
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
 from ncclbench.faults.fleet.plan import DEFAULTS, build_plan
+
 
 def run_fleet(o: dict) -> int:
     from ncclbench.launch import launcher as launch
@@ -64,8 +65,8 @@ def run_fleet(o: dict) -> int:
 @click.option("--seed", type=int, default=DEFAULTS["seed"], show_default=True, help="Seed of the shuffled schedule.")
 @click.option("--json", "json_path", default=None, help="Write the report to this file (top-level \"drain\" list).")
 @click.option("--csv", "csv_path", default=None, help="Write one row per pair test to this CSV file.")
-@click.option("--drain-file", "drain_path", default=None,
-              help="Write one `scontrol update NodeName=... State=DRAIN` line per node to drain (never run).")
+@drain_options
+@metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=1), default=DEFAULTS["timeout"], show_default=True,
               help="Seconds one exchange (or a node's local test) may take; a node past it is named, the run goes on "
                    "(60, not the collectives' 600: a stuck node should cost the fleet's run little).")

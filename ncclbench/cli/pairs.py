@@ -9,7 +9,7 @@ import sys
 import click
 
 from ncclbench.api.options import ngpus_option, rendezvous_options
-from ncclbench.api.params import ALL_GPUS
+from ncclbench.api.params import ALL_GPUS, metrics_option
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.faults.pairs.run import PairsPlan, parse_percent, run_rank
 from ncclbench.errors import PlanError
@@ -33,7 +33,7 @@ def build_plan(o: dict, backend: str) -> PairsPlan:
     from ncclbench.locate.bands import parse_band
 
     return PairsPlan(nbytes, o["iters"], o["warmup_iters"], backend, o["timeout"], fail_below,
-                     o["json_path"], o["csv_path"], band=parse_band(o.get("band")))
+                     o["json_path"], o["csv_path"], band=parse_band(o.get("band")), metrics_path=o.get("metrics_path"))
 
 
 def run_pairs(o: dict) -> int:
@@ -76,6 +76,7 @@ def run_pairs(o: dict) -> int:
               help="How far below its peers a rank's or pair's best may fall (20%, 0.2); auto: by transport.")
 @click.option("--json", "json_path", default=None, help="Write the matrix and every pair to this JSON file.")
 @click.option("--csv", "csv_path", default=None, help="Write one row per pair to this CSV file (overwritten).")
+@metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds an exchange may take before the run is aborted.")
 @rendezvous_options

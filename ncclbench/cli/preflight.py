@@ -9,6 +9,7 @@ import sys
 import click
 
 from ncclbench.api.options import ngpus_option, rendezvous_options
+from ncclbench.api.params import drain_options, metrics_option
 from ncclbench.faults.preflight.inputs import ONE_RANK, PREFLIGHT_COLLECTIVES, make_groups
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
@@ -27,7 +28,9 @@ def run_preflight_rank(o: dict, info) -> int:
         hosts = backend.all_gather_object(socket.gethostname())
         groups = make_groups(o["mesh"], hosts)
         report = Preflight(groups, o["min_peak_busbw"], o["budget"], o["band"], o["collectives"].split(","),
-                           o["baseline_tolerance"], "float", o["timeout"], o["json_path"], exit_on_timeout=True).run()
+                           o["baseline_tolerance"], "float", o["timeout"], o["json_path"], exit_on_timeout=True,
+                           metrics_path=o.get("metrics_path"), drain_path=o.get("drain_path"),
+                           drain_format=o.get("drain_format", "scontrol")).run()
     finally:
         backend.close()
     if info.rank == 0:
@@ -51,6 +54,8 @@ def run_preflight_rank(o: dict, info) -> int:
               help="How far below its peers a group, rank or pair may fall (auto: 20% on NCCL, 50% for pairs across hosts over TCP sockets; on gloo 60%, 95% for one pair).")
 @click.option("--collectives", default=",".join(PREFLIGHT_COLLECTIVES), show_default=True)
 @click.option("--json", "json_path", default=None, help="Write the report (hosts to drain, evidence) to this file.")
+@drain_options
+@metrics_option
 @click.option("-T", "--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds one step may take; past it the run ends with exit 4 naming the late ranks (60, not the "
                    "collectives' 600: a check before a job should fail fast).")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ncclbench.api.params import GPU_COUNT
+from ncclbench.api.params import GPU_COUNT, metrics_option
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import ExitCode
 
@@ -23,8 +23,10 @@ from ncclbench.errors import ExitCode
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Set a run option in every entry, over the file's value (e.g. cudagraph=1, agg_iters=4); repeatable.")
+@metrics_option
 @click.option("--group", "group_index", type=int, default=None, hidden=True)
-def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index):
+def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index,
+                  metrics_path):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
     from ncclbench.api import suite
     from ncclbench.tune.suite import run_tune_entries, tune_entries
@@ -33,7 +35,8 @@ def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, qu
                                backend, ranks_of_a_group=group_index is not None)
     if not runs:
         sys.exit(int(run_tune_entries(tunes)))
-    outputs = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "quiet": quiet}
+    outputs = {"csv_path": csv_path, "results_dir": results_dir, "no_save": no_save, "quiet": quiet,
+               "metrics_path": metrics_path}
     worst = suite.run_suite(suite_file, runs, ngpus, backend, outputs, overrides, group_index, sys.argv[1:])
     if worst != ExitCode.INTERRUPTED and tunes:
         worst = run_tune_entries(tunes) or worst

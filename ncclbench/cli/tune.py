@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ncclbench.api.params import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, FiniteFloat, SIZE
+from ncclbench.api.params import ALL_GPUS, CPU_RANKS_FOR_ALL, GPU_COUNT, FiniteFloat, SIZE, metrics_option
 
 from ncclbench.cli.types import GetoptCommand
 from ncclbench.errors import PlanError
@@ -86,13 +86,14 @@ class TuneCommand(GetoptCommand):
 @click.option("--master-addr", default=None, help="With --nnodes > 1: node 0's address.")
 @click.option("--master-port", type=click.IntRange(1, 65534), default=29500, show_default=True,
               help="With --nnodes > 1: the rendezvous ports (this one and the next, alternately).")
+@metrics_option
 @click.option("--worker", default=None, hidden=True)
 def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, iters, warmup_iters, run_cycles,
                  datatype, op,
                  check, average, timeout, repeat, paired, min_gain, algos, protos, channels, output_dir, backend,
                  rehearse,
                  verify_conf, plugin, no_plot, timing, graph_replays, nnodes, node_rank, master_addr, master_port,
-                 worker):
+                 worker, metrics_path):
     """Find the sizes where forcing an NCCL algorithm/protocol (NCCL_ALGO x NCCL_PROTO, and
     channel limits) beats NCCL's own choice beyond run-to-run noise, and write a config for
     NCCL's example tuner plugin: those sizes, and NCCL's own choice at every other size.
@@ -112,7 +113,7 @@ def tune_command(collectives, ngpus, minbytes, maxbytes, stepbytes, stepfactor, 
         channels=parsed(channels, "channels"), algos=parsed(algos, "algorithm"), protos=parsed(protos, "protocol"),
         min_gain=min_gain, output_dir=output_dir, verify=verify_conf, plugin=plugin,
         plot=not no_plot, timing=timing, graph_replays=graph_replays, nnodes=nnodes, node_rank=node_rank,
-        master_addr=master_addr, master_port=master_port, paired=paired)
+        master_addr=master_addr, master_port=master_port, paired=paired, metrics_path=metrics_path)
     if op.strip().lower() not in _OPS:
         raise PlanError(f"unknown op {op!r}: -o is the reduction op ({', '.join(_OPS)}); the output folder "
                         "is -O/--out")

@@ -45,6 +45,9 @@ class OutputSpec:
     per_iter_skip: int = 0
     progress: bool = True            # a progress bar on stderr when it is a terminal
     expected_rows: int = 0           # rows the sweep will produce (0: unknown, -N 0)
+    metrics_path: str | None = None  # --metrics: Prometheus text of every run of the process
+    metrics_merge: bool = False      # keep the file's other series (a suite's later launches)
+    command: str = ""                # the command named in the metrics (default: the collective)
 
 
 class Progress:
@@ -312,8 +315,10 @@ class Reporter:
     JSON_EVERY_ROW_UP_TO = 1000  # rows: up to here the running JSON is rewritten after every row;
     JSON_SHARE = 0.05            # past it, at most this share of the wall time goes to rewriting it
 
-    def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None, clock=time.monotonic):
+    def __init__(self, info: RunInfo, spec: OutputSpec, stream=None, peak_line_for=None, clock=time.monotonic,
+                 metrics_runs: list | None = None):
         self.info = info
+        self.metrics_runs = [] if metrics_runs is None else metrics_runs  # shared by a process's reporters
         if not startup.marked("first_row"):  # the first run of this process: its start-up is news
             info.startup = startup.phases()
         self.clock = clock
@@ -371,6 +376,21 @@ class Reporter:
                     setattr(self, attr, None)
                     self._lost(what, path, exc)
 
+    def _write_metrics(self, summary: RunSummary, end_time: str) -> None:
+        """--metrics: this run and the process's earlier ones (a suite's plans), rewritten whole."""
+        if not self.spec.metrics_path:
+            return
+        from ncclbench.results import metrics
+
+        self.metrics_runs.append(run_json(self.info, summary, end_time))
+        try:
+            metrics.write_textfile(self.spec.metrics_path,
+                                   metrics.sweeps_text(self.spec.command or self.info.collective, self.metrics_runs),
+                                   merge=self.spec.metrics_merge)
+        except OSError as exc:
+            self.output_errors.append(f"cannot write metrics file {self.spec.metrics_path}: {exc.strerror or exc}")
+            print(f"ncclbench: warning: {self.output_errors[-1]}", file=sys.stderr, flush=True)
+
     def _write_running_json(self) -> None:
         if not (self.json_path or self.store_path):
             return
@@ -416,6 +436,7 @@ class Reporter:
         peak_line = self.peak_line_for(summary) if self.peak_line_for else None
         end_time = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
         self._write_json(summary, end_time=end_time)  # first: a failure here is reported below
+        self._write_metrics(summary, end_time)
         if self.output_errors:
             summary.errors.extend(e for e in self.output_errors if e not in summary.errors)
             if summary.status == "ok":

@@ -286,6 +286,11 @@ def write_files(setup, doc, perf, config, outcomes) -> int:
     doc["files"] = {name: os.path.join(folder, name) for name in files}
     files["tune.json"] = json.dumps(doc, indent=1) + "\n"
     code = ExitCode.OK
+    if setup.request.metrics_path:
+        from ncclbench.results import metrics
+
+        if not metrics.write_or_warn(setup.request.metrics_path, metrics.tune_text(doc, metrics.process_info(setup.backend))):
+            code = ExitCode.OUTPUT_ERROR
     for name, text in files.items():
         try:
             with open(os.path.join(folder, name), "w", encoding="utf-8") as f:

@@ -61,6 +61,7 @@ class TuneRequest:
     master_addr: str | None = None
     master_port: int = 29500
     paired: int = 0               # > 0: side by side on that many kept communicators per configuration (paired.py)
+    metrics_path: str | None = None  # --metrics: Prometheus text of tune.json's verdicts
 
 
 @dataclass

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # install_cluster_tools.sh -- the real launchers tests/test_cluster.py drives: Open MPI's
-# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, from Debian's packages. (The
+# mpirun, SLURM (slurmctld, slurmd, srun/sbatch) and MUNGE, from Debian's packages; and the
+# monitoring tools tests/test_metrics.py checks --metrics files with: promtool (Debian's
+# prometheus) and node_exporter (prometheus-node-exporter), run by the test, never as services. (The
 # simulated hosts of tests/netsim.py need no package here: they are built through netlink
 # by pyroute2, from the test extras.)
 #
@@ -10,8 +12,10 @@
 #
 # Package installs must not start daemons: in a container there is no init system to
 # manage them, and a munged or slurmd started with Debian's default configuration would
-# hold the sockets and ports the tests' own daemons need. A temporary policy-rc.d (the
-# Debian mechanism for exactly this) makes invoke-rc.d skip every start.
+# hold the sockets and ports the tests' own daemons need (so would a prometheus on :9090 and a
+# node_exporter on :9100, whose postinst scripts start them through invoke-rc.d where no
+# systemd runs). A temporary policy-rc.d (the Debian mechanism for exactly this) makes
+# invoke-rc.d skip every start.
 #
 # Usage: scripts/ci/install_cluster_tools.sh        (exit 0 when the tools are usable)
 
@@ -24,6 +28,8 @@ declare -A PROVIDES=(
     [slurmd]=slurmd
     [sbatch]=slurm-client
     [munged]=munge
+    [promtool]=prometheus
+    [prometheus-node-exporter]=prometheus-node-exporter
 )
 
 say() { echo "install_cluster_tools: $*"; }
@@ -40,7 +46,7 @@ missing_packages() {
 
 mapfile -t wanted < <(missing_packages)
 if [[ ${#wanted[@]} -eq 0 ]]; then
-    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged"
+    say "already installed: mpirun, slurmctld, slurmd, sbatch, munged, promtool, prometheus-node-exporter"
     exit 0
 fi
 

@@ -10,7 +10,8 @@ from ncclbench.errors import PlanError
 def fleet(**options):
     """Run a fleet check; the options are the command's, by their long names (size="256M",
     budget=30.0, iters, warmup_iters, gpus_per_node, band, min_busbw, all_pairs_up_to, rounds,
-    localise_rounds, seed, timeout, backend, sim_node_size, json_path, csv_path, drain_path),
+    localise_rounds, seed, timeout, backend, sim_node_size, json_path, csv_path, drain_path,
+    drain_format, metrics_path),
     with the command's defaults (ncclbench.faults.fleet.plan.DEFAULTS)."""
     from dataclasses import replace
 

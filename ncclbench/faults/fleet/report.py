@@ -20,8 +20,6 @@ from ncclbench.errors import ExitCode
 from ncclbench.locate.finding import Finding
 from ncclbench.locate.finding import build as build_finding
 
-REASON_CHARS = 200   # scontrol's Reason= is one line; the whole evidence is in the JSON
-
 
 @dataclass
 class FleetReport:
@@ -152,12 +150,9 @@ class FleetReport:
         return out
 
     def scontrol_lines(self) -> list[str]:
-        out = []
-        for h in self.hosts:
-            if h["verdict"] == "drain":
-                reason = ("ncclbench fleet: " + "; ".join(h["evidence"])).replace('"', "'")[:REASON_CHARS]
-                out.append(f'scontrol update NodeName={h["host"]} State=DRAIN Reason="{reason}"')
-        return out
+        from ncclbench.results import drain
+
+        return drain.render({"drain": self.drain, "hosts": self.hosts}, "scontrol", "fleet")[0]
 
     def to_dict(self) -> dict:
         return {"command": "fleet", "passed": not self.exit_code, "exit_code": self.exit_code,
@@ -178,9 +173,10 @@ class FleetReport:
                 writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
                 writer.writeheader()
                 writer.writerows(self.tests)
-        if p.get("drain_path"):
-            with open(p["drain_path"], "w") as f:
-                f.write("".join(line + "\n" for line in self.scontrol_lines()))
+        from ncclbench.results.metrics import write_report_files
+
+        write_report_files("fleet", self.to_dict(), p.get("backend", ""), p.get("metrics_path"), p.get("drain_path"),
+                           p.get("drain_format") or "scontrol")
 
 
 CSV_FIELDS = ["round", "kind", "host_a", "host_b", "rail", "bytes", "busbw_gbps", "reference_gbps",

@@ -68,6 +68,8 @@ class FleetPlan:
     json_path: str | None = None
     csv_path: str | None = None
     drain_path: str | None = None
+    drain_format: str = "scontrol"
+    metrics_path: str | None = None
     share_report: bool = False   # every rank gets the report (ncclbench.fleet); the command prints it on rank 0
 
 

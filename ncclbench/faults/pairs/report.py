@@ -208,6 +208,10 @@ class PairsResult:
             with open(self.plan.json_path, "w") as f:
                 json.dump(self.to_dict(), f, indent=1)
                 f.write("\n")
+        if self.plan.metrics_path:
+            from ncclbench.results.metrics import write_report_files
+
+            write_report_files("pairs", self.to_dict(), self.plan.backend, self.plan.metrics_path)
         if self.plan.csv_path:
             records = self.pair_records()
             with open(self.plan.csv_path, "w", newline="") as f:

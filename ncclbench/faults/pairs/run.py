@@ -28,6 +28,7 @@ class PairsPlan:
     csv_path: str | None
     band: float | None = None        # None: the bands of ncclbench.locate.bands by transport
     pair_cap_s: float | None = None  # seconds one pair may take per round; None: no cap
+    metrics_path: str | None = None  # --metrics: Prometheus text of the report
 
     def fingerprint(self) -> tuple:
         """What every rank must agree on, or the rounds would not line up."""

@@ -53,24 +53,31 @@ ENV_HINTS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NE
 
 def preflight(groups=None, *, min_peak_busbw=None, budget_s: float = 10.0, band="auto",
               collectives=PREFLIGHT_COLLECTIVES, baseline_tolerance="10%", datatype: str = "float",
-              timeout: float | None = None, json_path: str | None = None):
+              timeout: float | None = None, json_path: str | None = None, metrics_path: str | None = None,
+              drain_path: str | None = None, drain_format: str = "scontrol"):
     """Check the job's process groups (None: the default group; {"dp": g1, "tp": g2}: each
     rank's own group of each dimension; or a list of groups) and return a PreflightReport,
     the same on every rank. `min_peak_busbw`: GB/s, '80%' of the link peak, or a results file
     (baseline, `baseline_tolerance` below it). `band`: how far below its peers a group or
     rank may fall ('auto': the bands of ncclbench.locate.bands by transport). `timeout`: seconds one step may take (default max(60, 3 x budget_s)).
-    `json_path`: rank 0 writes the report there."""
+    `json_path`: rank 0 writes the report there; `metrics_path`: its Prometheus metrics;
+    `drain_path`: the hosts to drain in `drain_format` (scontrol, kubectl, hosts)."""
     return Preflight(groups, min_peak_busbw, budget_s, band, collectives, baseline_tolerance, datatype,
-                     timeout, json_path).run()
+                     timeout, json_path, metrics_path=metrics_path, drain_path=drain_path,
+                     drain_format=drain_format).run()
 
 
 class Preflight:
     def __init__(self, groups, floor, budget_s, band, collectives, tolerance, datatype, timeout, json_path,
-                 exit_on_timeout: bool = False):
+                 exit_on_timeout: bool = False, metrics_path=None, drain_path=None, drain_format="scontrol"):
         self.args = dict(groups=groups, floor=floor, budget_s=budget_s, band=band, collectives=collectives,
                          tolerance=tolerance, datatype=datatype, timeout=timeout)
         self.timeout_s = agreement_timeout(timeout, budget_s)  # until the inputs are checked
         self.json_path, self.exit_on_timeout = json_path, exit_on_timeout
+        from ncclbench.results.drain import checked_format
+
+        self.outputs = {"metrics_path": metrics_path, "drain_path": drain_path,
+                        "drain_format": checked_format(drain_format)}
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
         self.notes: list[str] = []
@@ -86,8 +93,8 @@ class Preflight:
         from ncclbench.api.measure import GroupCall
 
         self.world = GroupCall(None, "the job's default group", exit_on_timeout=self.exit_on_timeout)
-        if self.json_path:
-            self.world.before_exit = lambda message: self._timed_out(message).to_json(self.json_path)
+        if self.json_path or self.outputs["metrics_path"] or self.outputs["drain_path"]:
+            self.world.before_exit = lambda message: self._write(self._timed_out(message))
         self._clock = time.monotonic()
         try:
             check = partial(check_inputs, self.args, self.world.dist)
@@ -100,9 +107,18 @@ class Preflight:
             report = self._timed_out(str(exc))
         report.cost_s = dict(self.cost)
         report.margins = dict(self.margins)
-        if self.json_path and self.world.dist.get_rank() == 0:
-            report.to_json(self.json_path)
+        if self.world.dist.get_rank() == 0:
+            self._write(report)
         return report
+
+    def _write(self, report) -> None:
+        """Rank 0's files: the JSON, --metrics, --drain-file (also before a timeout ends the process)."""
+        from ncclbench.results.metrics import write_report_files
+
+        if self.json_path:
+            report.to_json(self.json_path)
+        backend = ",".join(sorted(set(getattr(self, "backends", {}).values())))
+        write_report_files("preflight", report.to_dict(), backend, **self.outputs)
 
     def _phase(self, name: str) -> None:
         now = time.monotonic()
@@ -523,4 +539,5 @@ def _topology_facts() -> dict | None:
             for n in t.nics for p in n.ports]
     return {"codes": t.link_matrix if t.gpu_order == "cuda" else None, "nvlink_peak": link_peak_gbps(t),
             "nics": nics}
+
 
