@@ -5,22 +5,9 @@ job's combined output) is counted once."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ncclbench.errors import BadInput
-from ncclbench.topology.ncclpath import ProcessLog, read_logs
-
-
-def log_files(paths) -> list[Path]:
-    """The files `paths` name: files as given, folders by every file inside (sorted)."""
-    out = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            out += sorted(p for p in path.rglob("*") if p.is_file())
-        else:
-            out.append(path)
-    return out
+from ncclbench.topology.ncclpath import ProcessLog, log_files, read_logs
 
 
 def read_processes(paths) -> tuple[list[ProcessLog], list[str], int]:
