@@ -167,7 +167,7 @@ def _summary(command: list[str], code: int, wall_s: float) -> dict:
     if isinstance(doc, dict):
         out["cost_s"] = {k: round(v, 1) for k, v in (doc.get("cost_s") or {}).items()}
         out["total_cost_s"] = round(sum(out["cost_s"].values()), 1)
-        out.update({k: doc[k] for k in ("drain", "bad_ranks", "bad_links", "notes", "margins") if k in doc})
+        out.update({k: doc[k] for k in ("drain", "bad_ranks", "links", "notes", "margins") if k in doc})
     return out
 
 

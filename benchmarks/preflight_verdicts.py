@@ -86,7 +86,7 @@ def main() -> None:
             for name, fn in saved.items():
                 setattr(dist, name, fn)
         lines.append({"case": case, "planted": planted, "passed": report.passed, "bad_ranks": report.bad_ranks,
-                      "bad_links": report.bad_links, "drain": report.drain, "margins": report.margins,
+                      "links": [link["ranks"] for link in report.links], "drain": report.drain, "margins": report.margins,
                       "band": report.plan.get("band"), "failures": report.failures, "seconds": round(time.time() - start, 2),
                       "backend": "nccl" if gpu else "gloo", "world": world})
 
@@ -111,7 +111,7 @@ def table(lines: list[dict], slow_rank: int) -> str:
         by_case.setdefault(line["case"], []).append(line)
     for case, runs in by_case.items():
         want = (lambda r: r["passed"]) if runs[0]["planted"] is None else (
-            lambda r: not r["passed"] and r["bad_ranks"] == [slow_rank] and not r["bad_links"])
+            lambda r: not r["passed"] and r["bad_ranks"] == [slow_rank] and not r["links"])
         named = sorted({b for r in runs for b in r["bad_ranks"]})
         alone = max((r["margins"].get("alone", 0.0) for r in runs), default=0.0)
         pairs = max((v for r in runs for k, v in r["margins"].items() if k.startswith("pairs")), default=0.0)

@@ -1,4 +1,4 @@
-"""`ncclbench preflight`: the preflight check (api.preflight) as a batch job's command,
+"""`ncclbench preflight`: the preflight check (ncclbench.faults.preflight) as a batch job's command,
 under srun/torchrun/mpirun or self-spawned with -g, with an exit code CI can gate on."""
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ class Preflight:
 
     # ---- sizing and measuring ----
     def pair_bytes(self) -> int:
-        """Bytes per pair exchange where time allows (engine.pairs.pair_effort lowers them
+        """Bytes per pair exchange where time allows (engine.pair_exchange.pair_effort lowers them
         for a pair that is slow)."""
         return min(PAIR_MAX_BYTES, max(p["cap_bytes"] for p in self.plans.values()))
 
@@ -352,7 +352,7 @@ class Preflight:
 
     def _slow_nics(self, runs: dict, slow: dict, bad: dict) -> None:
         """A host whose NIC runs at under half the others' where the traffic crossing hosts ran
-        at the slower rate (preflight_verdict.slow_nic_hosts): its group slow, the host's
+        at the slower rate (groups.slow_nic_hosts): its group slow, the host's
         first rank in that group the culprit."""
         from ncclbench.faults.preflight.groups import slow_nic_hosts
 

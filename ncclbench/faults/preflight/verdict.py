@@ -42,8 +42,7 @@ class Cell:
 class DimFindings:
     """What the relative judgement found in one mesh dimension: {group: [evidence]}. (A rank's
     own time per op says nothing about who is slow: ranks in lock-step all take as long as
-    the slowest; ranks are judged alone and in pairs instead, see judge_solo and
-    judge_group_pairs.)"""
+    the slowest; ranks are judged alone and in pairs instead: faults.preflight.within.)"""
 
     groups: dict = field(default_factory=dict)
 
