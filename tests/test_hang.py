@@ -206,6 +206,9 @@ def test_the_loops_marks_are_read_as_progress_and_a_planted_stall_lands_before_a
     device stopped there. Without the plant the loop issues exactly what it did before."""
     from ncclbench import failpoints
 
+    from ncclbench.engine.position import HERE
+
+    monkeypatch.setattr(HERE, "placement", None)  # no placement left by an earlier test in this process
     monkeypatch.setenv("NCCLBENCH_FAULT", "gpu_stall:rank=1,size=1024,at=6,seconds=60")
     failpoints.reset()
     try:

@@ -346,7 +346,7 @@ def _verdict_stub(groups: dict, convicted: dict, hosts=("h0", "h1", "h2", "h3"))
     p.notes, p.pair_wrong, p.cost, p._clock = [], set(), {}, 0.0
     p.setup = {"band": 0.2, "link_band": 0.2, "collectives": ["all_reduce"], "datatype": "float", "floor": Floor()}
     p.transport, p.backends, p.paths = {}, {d: "gloo" for d in groups}, {}
-    p.localised, p.unsettled, p.pair_records = [], {}, []
+    p.localised, p.unsettled, p.pair_records, p.facts = [], {}, [], []
     p._localise = lambda suspects, slow: (p.localised.append(list(suspects)) or ({}, set(suspects), {}))
     return p
 

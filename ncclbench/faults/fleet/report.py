@@ -26,6 +26,7 @@ class FleetReport:
     plan: dict
     finding: Finding = field(default_factory=Finding)   # hosts, links, drain (ncclbench.locate.finding)
     tests: list = field(default_factory=list)           # one row per node pair tested
+    pairs: list = field(default_factory=list)           # each node pair at its best (locate's shape)
     schedule: dict = field(default_factory=dict)
     cost_s: dict = field(default_factory=dict)
     margins: dict = field(default_factory=dict)
@@ -54,8 +55,8 @@ class FleetReport:
     def from_dict(cls, doc: dict) -> "FleetReport":
         """The report from its dict (to_dict): what the Python API returns on every rank."""
         finding = Finding(hosts=doc["hosts"], links=doc["links"], notes=doc["notes"])
-        return cls(plan=doc["plan"], finding=finding, tests=doc["tests"], schedule=doc["schedule"],
-                   cost_s=doc["cost_s"], margins=doc["margins"])
+        return cls(plan=doc["plan"], finding=finding, tests=doc["tests"], pairs=doc.get("pairs", []),
+                   schedule=doc["schedule"], cost_s=doc["cost_s"], margins=doc["margins"])
 
     def raise_if_failed(self) -> None:
         """FleetError naming what to drain and the slow links, when there is any."""
@@ -92,6 +93,7 @@ class FleetReport:
             h.update(gpus=layout.gpus[n], model=layout.models[n], alone_busbw_gbps=busbw.get(n))
         report = cls(plan={k: v for k, v in vars(plan).items()}, finding=finding)
         report.tests = [test_row(t, loc, name) for t in loc.tests]
+        report.pairs = loc.pair_records(name, ranks_of=lambda n: list(layout.ranks[n]))
         report.schedule = {"screening": schedule, "screening_rounds": sum(1 for r in rounds if r and r[0][2] == "screen"),
                            "localisation_rounds": sum(1 for r in rounds if r and r[0][2] != "screen"),
                            "nodes_in_pairs": len(loc.active)}
@@ -156,7 +158,7 @@ class FleetReport:
 
     def to_dict(self) -> dict:
         return {"command": "fleet", "passed": not self.exit_code, "exit_code": self.exit_code,
-                **self.finding.to_dict(), "margins": self.margins, "pairs": [pair_row(t) for t in self.tests],
+                **self.finding.to_dict(), "margins": self.margins, "pairs": self.pairs,
                 "schedule": self.schedule, "cost_s": self.cost_s, "plan": self.plan, "tests": self.tests}
 
     def emit(self) -> None:
@@ -194,13 +196,6 @@ def test_row(t, loc, name) -> dict:
             "busbw_gbps": None if value is None else round(value, 6),
             "reference_gbps": None if rail is None or ref.ref(rail) is None else round(ref.ref(rail), 6),
             "below_reference_pct": round(100 * frac, 1), "slow": ref.slow(t), "error": t.error}
-
-
-def pair_row(row: dict) -> dict:
-    """A test row in the shape every fault-finding command's `pairs` key has."""
-    return {"ranks": None, "hosts": [row["host_a"], row["host_b"]], "rail": row["rail"],
-            "busbw_gbps": row["busbw_gbps"], "reference_gbps": row["reference_gbps"],
-            "below_pct": row["below_reference_pct"], "slow": row["slow"]}
 
 
 def _link_below(loc, pair) -> float | None:

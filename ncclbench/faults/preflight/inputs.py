@@ -78,8 +78,6 @@ def check_inputs(a: dict, dist) -> dict:
                             "or any ncclbench collective)") from None
     floor = parse_floor(a["floor"], a["tolerance"])
     baseline = read_baseline(floor.source, datatype) if floor.kind == "baseline" else None
-    if dist.get_world_size() < 2:
-        raise PlanError(ONE_RANK)
     dims = resolve_groups(a["groups"])
     backends = {name: group_backend_name(dist, g) for name, g in dims}
     asked = parse_band(a["band"])

@@ -25,7 +25,7 @@ import time
 from functools import partial
 
 from ncclbench.api.measure import ranks_text
-from ncclbench.faults.preflight.inputs import PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
+from ncclbench.faults.preflight.inputs import ONE_RANK, PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
 from ncclbench.faults.preflight.report import explain, finding, group_records, timed_out_report
 from ncclbench.locate.kinds import pair_kind
 from ncclbench.faults.preflight.groups import (best_cells, group_name, mesh_culprit, slow_groups,
@@ -96,6 +96,8 @@ class Preflight:
         if self.json_path or self.outputs["metrics_path"] or self.outputs["drain_path"]:
             self.world.before_exit = lambda message: self._write(self._timed_out(message))
         self._clock = time.monotonic()
+        if self.world.dist.get_world_size() < 2:
+            raise PlanError(ONE_RANK)
         try:
             check = partial(check_inputs, self.args, self.world.dist)
             self.setup = self.world.agree(check, "preflight: checking the inputs", self.timeout_s)
