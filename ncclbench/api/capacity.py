@@ -6,12 +6,8 @@ expected values it builds). The sum over the ranks started here must fit what th
 calls available (MemAvailable, and a cgroup's limit where one is set) less RESERVE_BYTES; a
 request that cannot fit ends in one line with exit 5, as too many GPUs does, instead of
 starting ranks the kernel's out-of-memory killer ends (taking other jobs' processes along).
-GPU memory is checked by each rank as before (engine.rankrunner.validate).
-
-How the constants were measured (2-core x86 host, torch 2.13 CPU, Python 3.12): the peak
-VmRSS of each rank of `ncclbench allreduce -g 2 -b 8 -e 8` was 237 MiB (torch, gloo and
-ncclbench imported, the process group up, buffers of a few bytes); with `-b 64M -e 64M`
-(128 MiB of send and receive buffers) 636 MiB with the check on and 302 MiB with -c 0."""
+GPU memory is checked by each rank as before (engine.rankrunner.validate). How the constants
+were measured: docs/design/memory-fit.md."""
 
 from __future__ import annotations
 

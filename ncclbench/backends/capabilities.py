@@ -47,8 +47,8 @@ class Gap:
 
 
 # Known gaps, refused before launching rather than discovered mid-sweep (gloo aborts the
-# process on some bad calls instead of raising). Probed on torch 2.13 (gloo) and torch 2.11 +
-# NCCL 2.28 (see docs/BENCHMARKS.md). The first that applies is the one reported.
+# process on some bad calls instead of raising); how they were probed:
+# docs/design/dtype-support.md. The first that applies is the one reported.
 GAPS = (
     Gap(frozenset({"gloo"}), "backend gloo has no datatype {dtype}", dtypes=_FP8_TYPES | _UNSIGNED_WIDE),
     Gap(frozenset({"gloo"}), "backend gloo cannot average integers ({dtype}); use -o sum or a float type",

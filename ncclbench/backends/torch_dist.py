@@ -334,10 +334,8 @@ class TorchBackend:
 
     def gather(self, send, recv, root):
         # As nccl-tests builds it: every rank sends to the root, the root receives from
-        # every rank including itself, all in one NCCL group (batch_isend_irecv). Measured
-        # on 2 H200s (docs/BENCHMARKS.md): dist.gather copies the
-        # root's own chunk serially first (0.93 x nccl-tests at 2 GiB) and all_to_all_single
-        # with one-sided splits lags at 128-512 MiB (0.91-0.94 x); this path is within 1 %.
+        # every rank including itself, all in one NCCL group (batch_isend_irecv): dist.gather
+        # and one-sided all_to_all_single lag nccl-tests (docs/design/gather-scatter-calls.md).
         # gloo cannot send to itself: there the one-sided all_to_all_single does it.
         if not self.is_gpu:
             n, chunk = self.group_size, send.numel()
@@ -354,7 +352,7 @@ class TorchBackend:
     def scatter(self, send, recv, root):
         # all_to_all_single with one-sided splits: one NCCL group of the root's sends
         # (self included) and each rank's receive; dist.scatter copies the root's own chunk
-        # serially first (0.86 x nccl-tests at 2 GiB on 2 H200s).
+        # serially first (docs/design/gather-scatter-calls.md).
         n, chunk = self.group_size, recv.numel()
         from_root = [chunk if p == root else 0 for p in range(n)]
         if self.group_rank == root:
@@ -391,9 +389,8 @@ class TorchBackend:
 
     def _copy(self, dst, src) -> None:
         """dst <- src on the collective's stream: cudaMemcpyAsync eagerly, as nccl-tests
-        does; inside a CUDA graph capture an elementwise kernel, because a captured
-        device-to-device memcpy node ran at ~1385 GB/s against ~2130 eagerly from 512 MiB
-        on an H200 (docs/BENCHMARKS.md; hypercube -G 2 GiB on 2 GPUs lost 7 %)."""
+        does; inside a CUDA graph capture an elementwise kernel, faster there than a captured
+        memcpy node (docs/design/graph-copy-kernel.md)."""
         if self.is_gpu and self.torch.cuda.is_current_stream_capturing():
             byte_copy(self.torch, dst, src)
         else:

@@ -48,10 +48,8 @@ def stop_on_termination_signals() -> None:
 
     def stop(signum, _frame):
         # Raised once; repeats are noted: a second interrupt raised while the first unwinds
-        # would escape the summary. Repeats are the rule, not a fluke: a -g launcher killed by
-        # SIGKILL sends its ranks the parent-death SIGTERM once per launcher thread that exits
-        # (seen on an H200), and on Ctrl-C a rank gets SIGINT from the terminal and again from
-        # torchrun's agent, which forwards it to the ranks it shuts down.
+        # would escape the summary. Repeats are the rule, not a fluke
+        # (docs/design/stop-signal-repeats.md).
         # A -T verdict being written on the watchdog's thread (its code decided) ends the
         # process itself: a launcher's SIGTERM then (torchrun's agent, once another rank
         # left with that verdict) is noted, not raised, so the rank still ends 4, not 130.

@@ -42,11 +42,8 @@ from ncclbench.errors import GraphCaptureError, PlanError, first_line
 from ncclbench.failpoints import armed, failpoint, stamp
 
 
-# Untimed ops between the host barrier and the start mark. One lines the GPUs up (the gloo
-# barrier releases ranks up to ~300 us apart); the next one or two ops after it were seen to
-# stall ~110 us on the GPU while the hosts issued at their normal pace (2 H200s, NCCL through
-# CuPy and torch, -I: 12 of 32 rows at iteration 0 or 1 with one op, 0 of 32 with four;
-# docs/BENCHMARKS.md). The cause is not known; the extra ops keep it out of the timed loop.
+# Untimed ops between the host barrier and the start mark: one lines the GPUs up, the others
+# keep a stall of the first ops after it out of the timed loop (docs/design/align-ops.md).
 ALIGN_OPS = 4
 
 # Samples of the timed loop kept per (size, placement) without -I: iterations are marked in

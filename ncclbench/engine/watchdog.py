@@ -82,9 +82,8 @@ class SizeWatchdog:
     """Calls `on_expire(what)` once if a step runs past its deadline.
 
     The thread sleeps until the deadline instead of polling: a Python thread that wakes
-    needs the GIL, which it may take from the main thread in the middle of a timed loop.
-    (On 2 H200s a 0.2 s poll showed no measurable effect on per-iteration times; sleeping
-    costs nothing and leaves no doubt.) Re-arming only moves the deadline later, so it
+    needs the GIL, which it may take from the main thread in the middle of a timed loop
+    (docs/design/watchdog-sleeps.md). Re-arming only moves the deadline later, so it
     never has to wake the thread; the thread wakes at a deadline that has since moved (at
     most once per `timeout_s`), when armed after a disarm, and on stop."""
 

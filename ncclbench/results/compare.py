@@ -221,8 +221,8 @@ def path_change(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
 
 def _facts_differ(before: list[str], after: list[str]) -> bool:
     """Whether a fact both sides name has another value (`GDR 1` vs `GDR 0`, `24 channels` vs
-    `4 channels`). A fact one side does not name is unknown there, not changed: NCCL prints
-    PXN (and, before commit 18d59a4, GDR) only for a communicator that connected rings."""
+    `4 channels`). A fact one side does not name is unknown there, not changed: some facts
+    are printed only for a communicator that connected rings (docs/design/path-connection-lines.md)."""
     def facts(texts: list[str]) -> dict:
         out: dict = {}
         for text in texts:

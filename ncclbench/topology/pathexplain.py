@@ -60,8 +60,8 @@ TREE_NOTE = ("busbw counts what a ring moves; NCCL's all_reduce tree sends less 
 def against_peak(best: float, peak: float | None, what: str) -> str:
     """What follows a best busbw: `= N % of <peak>`, or why no percentage is given. A NIC's
     rate can be passed by up to 2x: all_reduce's busbw counts 2(n-1)/n of the data per rank,
-    while NCCL's tree sends each node's data once through its NIC (on 2 simulated hosts x 2
-    H100 a tbf cap of 0.25 GB/s gave 0.355 GB/s busbw). Beyond that the rate bounds nothing
+    while NCCL's tree sends each node's data once through its NIC
+    (docs/design/preflight-nic-rate.md). Beyond that the rate bounds nothing
     (a veth says 10000 Mb/s whatever it carries)."""
     nic = what.startswith("the NIC rate")
     if peak and best > (2.0 if nic else 1.1) * peak:

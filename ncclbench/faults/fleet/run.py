@@ -135,9 +135,7 @@ class Coordinator:
     def _judge_shaken(self, tasks: dict, results: dict, missing: list, shaken_before: dict) -> None:
         """A rank whose exchange failed because its partner stopped answering or got stuck
         mid-round is shaken: torch aborted that communicator under it, and what NCCL or the
-        GPU are left with is not vouched for (on 4 H100s as 4 one-GPU hosts, a rank whose
-        partner was killed failed its next exchange at once and left its healthy partner
-        waiting). It stays in the pairs; a round in which every exchange of it passes on both
+        GPU are left with is not vouched for (docs/design/fleet-exchange.md). It stays in the pairs; a round in which every exchange of it passes on both
         sides clears it; when one fails again, it is not judged further and that exchange is
         not held against its partner (the test leaves the localisation with the node). Stuck
         ranks: _judge_stuck."""

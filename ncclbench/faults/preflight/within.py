@@ -25,18 +25,11 @@ from ncclbench.engine.collectives import ALL_GATHER
 
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
 SOLO_COLLECTIVE = ALL_GATHER
-# A one-rank op on a GPU is a copy in its own memory: at the groups' sizes (chosen by the
-# network's time: 4-16 MiB across hosts) it takes 8-20 us, less than torch's host cost per
-# call, so its per-iteration time measured the host (a healthy rank 39% "slow" alone on 4
-# one-GPU hosts over sockets). At 256 MiB the copy takes ~150 us and the device times it.
+# a GPU's op alone must outlast its host's call to be timed by the device
+# (docs/design/preflight-size-by-time.md)
 SOLO_MIN_BYTES_GPU = 256 << 20
-# A rank flagged alone is measured again, the others idle, while it stays flagged: up to
-# SOLO_RUNS runs in all. On 2 cores under 6 busy loops (load 6-8), 2 of 20 healthy 4-rank
-# gloo runs still had a rank 69-70% slow after 2 runs (its worker thread's wake-ups waited
-# for a core at every iteration); a slow rank stays slow in every run. Each run after the
-# first lasts about SOLO_AGAIN_S, split over its waves (at least 3 timed and 2 warm-up ops a
-# wave): its iterations are cut to fit, so that a rank 20 ms late per call adds a few tenths
-# of a second per run, not a second.
+# a rank flagged alone is measured again while it stays flagged, SOLO_RUNS runs in all, each
+# after the first about SOLO_AGAIN_S (docs/design/preflight-alone-remeasure.md)
 SOLO_RUNS = 4
 SOLO_AGAIN_S = 0.25
 
@@ -92,9 +85,7 @@ def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
     """{rank: evidence} for the ranks slow alone at their best: measured once, all at once,
     and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
     all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
-    share its cores: run side by side, the others' ops slowed a healthy rank 3.3x, 245 against
-    73.7 us, 4 gloo ranks on 2 cores, and under a whole test suite's load two healthy ranks
-    stayed 72% slow through 4 runs side by side). A yardstick, the fastest rank not flagged
+    share its cores: docs/design/preflight-alone-remeasure.md). A yardstick, the fastest rank not flagged
     (on a host without flagged ranks where there is one), runs beside each wave, or where its
     host has a rank in the wave, alone just before and just after it, its faster time kept.
     A re-measure counts scaled by the level of the ranks not flagged (the fastest one's best
