@@ -381,9 +381,8 @@ class Localiser:
             by_pair.setdefault(tuple(sorted((t.a, t.b))), []).append(t)
         out = []
         for (a, b), tests in sorted(by_pair.items()):
-            ref = self.ref_of(tests[0])
-            values = [max(v) for v in zip(*(rail_values(t) for t in tests))]
-            best = PairTest(0, a, b, tuple(values))
+            ref, best = self._pair_best(tests)
+            values = best.rails
             frac, rail = ref.below(best)
             ranks = (ranks_of(a) + ranks_of(b)) if ranks_of else [a, b]
             out.append({"ranks": ranks, "hosts": [host_of(a), host_of(b)],
@@ -392,6 +391,51 @@ class Localiser:
                         "reference_gbps": None if rail is None or ref.ref(rail) is None else round(ref.ref(rail), 6),
                         "below_pct": round(100 * frac, 1), "slow": ref.slow(best), "tests": len(tests)})
         return out
+
+    def pair_below(self, a: int, b: int) -> float | None:
+        """How far a pair's best (per rail, over its tests) falls below its reference, in
+        percent at its worst rail; None for a pair never tested."""
+        tests = self._tests_of(a, b)
+        if not tests:
+            return None
+        ref, best = self._pair_best(tests)
+        return round(100 * ref.below(best)[0], 1)
+
+    def _pair_best(self, tests: list[PairTest]) -> tuple[RailReference, PairTest]:
+        """(the reference a pair is judged by, its best per rail over `tests` as one test)."""
+        t = tests[0]
+        values = tuple(max(v) for v in zip(*(rail_values(x) for x in tests)))
+        return self.ref_of(t), PairTest(0, t.a, t.b, values)
+
+    # ---- running the rounds ----
+    def record_pass(self, busbw: dict, why, round_no: int) -> None:
+        """One pass of single-rail pairs ({(a, b): GB/s}) as tests; `why`: why they ran
+        (screen | clean | retest | spare), one for all or {(a, b): why} (spare where absent)."""
+        self.record([PairTest(round_no, a, b, (v,), why if isinstance(why, str) else why.get((a, b), "spare"))
+                     for (a, b), v in sorted(busbw.items())])
+
+    def localise(self, measure, rounds: int = None) -> int:
+        """After the screening pass is recorded: the localisation rounds the verdict still
+        needs, each measured by `measure([[(a, b), ...]])` -> {(a, b): GB/s}, at most `rounds`
+        (LOCALISE_ROUNDS); how many ran. The same on every rank that has the same numbers."""
+        rounds = LOCALISE_ROUNDS if rounds is None else rounds
+        self.set_reference()
+        done = 0
+        while done < rounds:
+            asked = localisation_round(self, done)
+            if not any(kind != "spare" for _a, _b, kind in asked):
+                break
+            busbw = measure([[(a, b) for a, b, _kind in asked]])
+            done += 1
+            self.record_pass(busbw, {(a, b): kind for a, b, kind in asked}, done)
+        return done
+
+    def unjudged_notes(self) -> list[str]:
+        """One line per kind of pairs too few to be judged (pair kinds of locate.kinds)."""
+        from ncclbench.locate.kinds import kind_text
+
+        return [f"pair(s) {', '.join(f'{a}-{b}' for a, b in ps)} not judged: only {len(ps)} pair(s) "
+                f"{kind_text(k)}, {self.min_pairs} are needed to compare with" for k, ps in self.unjudged().items()]
 
     def _best_text(self, node: int, j: Judgement) -> str:
         return "/".join(f"{v:.3g}" for v in j.best[node]) + " GB/s"

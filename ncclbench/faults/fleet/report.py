@@ -73,7 +73,7 @@ class FleetReport:
               hung=None):
         name = lambda n: layout.names[n]  # noqa: E731 - the verdict's text names nodes by host
         bad, slow_links, suspects = loc.verdict(name)
-        links = {pair: {"evidence": line, "below_pct": _link_below(loc, pair)}
+        links = {pair: {"evidence": line, "below_pct": loc.pair_below(*pair)}
                  for pair, line in slow_links.items()}
         for pair, line in (hung or {}).items():  # both ends stuck: a link that fails the run, neither node drained
             links.setdefault(tuple(sorted(pair)), {"evidence": f"hung: {line}", "below_pct": None})
@@ -196,12 +196,3 @@ def test_row(t, loc, name) -> dict:
             "busbw_gbps": None if value is None else round(value, 6),
             "reference_gbps": None if rail is None or ref.ref(rail) is None else round(ref.ref(rail), 6),
             "below_reference_pct": round(100 * frac, 1), "slow": ref.slow(t), "error": t.error}
-
-
-def _link_below(loc, pair) -> float | None:
-    """How far a slow link's best falls below its reference, in percent."""
-    tests = [t for t in loc.tests if {t.a, t.b} == set(pair)]
-    if not tests:
-        return None
-    best = max(tests, key=lambda t: sum(v or 0.0 for v in t.rails))
-    return round(100 * loc.ref_of(best).below(best)[0], 1)

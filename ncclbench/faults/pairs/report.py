@@ -67,27 +67,16 @@ class PairsResult:
         self.median = statistics.median(screening.values()) if screening else 0.0
         where = {d["rank"]: (d["host"], [d["rank"]]) for d in devices}
         bad, links, suspects = loc.verdict(self.who) if loc is not None else ({}, {}, {})
-        records = {pair: {"evidence": line, "below_pct": self._below(pair)} for pair, line in links.items()}
+        records = {pair: {"evidence": line, "below_pct": loc.pair_below(*pair)} for pair, line in links.items()}
         self.finding = build(where, {r: [f"{self.who(r)} is slow with every partner: {line}"] for r, line in bad.items()},
                              {r: [line] for r, line in suspects.items()}, records)
         for a, b in wrong_pairs:
             self.finding.notes.append(f"wrong data between ranks {a} ({self.host(a)}) and {b} ({self.host(b)})")
         if loc is not None:
-            from ncclbench.locate.kinds import kind_text
-            from ncclbench.locate.localiser import MIN_CLASS_PAIRS
-
-            for kind, pairs in loc.unjudged().items():
-                self.finding.notes.append(f"pair(s) {', '.join(f'{a}-{b}' for a, b in pairs)} not judged: only "
-                                          f"{len(pairs)} pair(s) {kind_text(kind)}, "
-                                          f"{MIN_CLASS_PAIRS} are needed to compare with")
+            self.finding.notes += loc.unjudged_notes()
 
     def who(self, rank: int) -> str:
         return f"rank {rank} ({self.host(rank)})"
-
-    def _below(self, pair) -> float | None:
-        tests = [t for t in self.loc.tests if {t.a, t.b} == set(pair)]
-        best = max(tests, key=lambda t: t.rails[0] or 0.0)
-        return round(100 * self.loc.ref_of(best).below(best)[0], 1)
 
     def exit_code(self) -> int:
         if self.wrong_pairs:
@@ -178,19 +167,14 @@ class PairsResult:
                 for a, b, v, pct in sorted(self.ranked, key=lambda item: item[:2])]
 
     def judged_pairs(self) -> list[dict]:
-        """Every pair at its best over the run, as every fault-finding command's `pairs` key."""
-        out = []
-        for row in self.pair_records():
-            a, b = row["rank_a"], row["rank_b"]
-            tests = [t for t in self.loc.tests if {t.a, t.b} == {a, b}] if self.loc is not None else []
-            best = max(tests, key=lambda t: t.rails[0] or 0.0) if tests else None
-            ref = self.loc.ref_of(best) if best is not None else None
-            out.append({**row, "ranks": [a, b], "hosts": [row["host_a"], row["host_b"]], "rail": None,
-                        "busbw_gbps": best.rails[0] if best is not None else row["busbw_gbps"],
-                        "reference_gbps": ref.ref(0) if ref is not None else None,
-                        "below_pct": round(100 * ref.below(best)[0], 1) if ref is not None else None,
-                        "slow": bool(ref.slow(best)) if ref is not None else False, "tests": len(tests)})
-        return out
+        """Every pair at its best over the run (the Localiser's records, the shape every
+        fault-finding command's `pairs` key has), with its round-robin row."""
+        best = {tuple(r["ranks"]): r for r in self.loc.pair_records(self.host)} if self.loc is not None else {}
+        return [{**row, **best.get((row["rank_a"], row["rank_b"]),
+                                   {"ranks": [row["rank_a"], row["rank_b"]], "hosts": [row["host_a"], row["host_b"]],
+                                    "rail": None, "reference_gbps": None, "below_pct": None, "slow": False,
+                                    "tests": 0})}
+                for row in self.pair_records()]
 
     def to_dict(self) -> dict:
         code = int(self.exit_code())

@@ -123,24 +123,18 @@ def run_rank(plan: PairsPlan, info) -> int:
 
 def localise(plan: PairsPlan, devices: list[dict], screening: tuple, measure, networks=()):
     """(Localiser, pairs with wrong data, localisation rounds run) from the screening pass
-    ({(a, b): GB/s}, [wrong pairs]) and up to LOCALISE_ROUNDS rounds of what it still needs,
-    each measured by `measure(rounds)` -> the same pair. The same on every rank: every rank
-    has the same numbers."""
-    from ncclbench.locate.localiser import LOCALISE_ROUNDS, localisation_round
-
+    ({(a, b): GB/s}, [wrong pairs]) and the localisation rounds it still needs, each measured
+    by `measure(rounds)` -> the same pair. The same on every rank: every rank has the same
+    numbers."""
     loc = localiser(plan, devices, networks)
-    record(loc, screening, "screen", 0)
-    loc.set_reference()
+    loc.record_pass(screening[0], "screen", 0)
     wrong = set(screening[1])
-    done = 0
-    while done < LOCALISE_ROUNDS:
-        asked = localisation_round(loc, done)
-        if not any(kind != "spare" for _a, _b, kind in asked):
-            break
-        again = measure([[(a, b) for a, b, _kind in asked]])
-        done += 1
-        record(loc, again, {(a, b): kind for a, b, kind in asked}, done)
-        wrong |= set(again[1])
+
+    def measured(rounds):
+        busbw, bad = measure(rounds)
+        wrong.update(bad)
+        return busbw
+    done = loc.localise(measured)
     return loc, sorted(wrong), done
 
 
@@ -153,12 +147,3 @@ def measure_pass(backend, plan: PairsPlan, rounds) -> tuple[dict, list]:
     everyone = backend.all_gather_object(mine)
     wrong = sorted({(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers})
     return pair_busbw([t for t, _w in everyone], plan.nbytes), wrong
-
-
-def record(loc, measured: tuple, kind, round_no: int) -> None:
-    """A pass's pairs as the Localiser's tests (`kind`: why they ran, one for all or by pair)."""
-    from ncclbench.locate.localiser import PairTest
-
-    busbw, _wrong = measured
-    loc.record([PairTest(round_no, a, b, (v,), kind if isinstance(kind, str) else kind.get((a, b), "spare"))
-                for (a, b), v in sorted(busbw.items())])
