@@ -103,7 +103,8 @@ class PairsResult:
             lines.append(f"#  Rank {d['rank']:2d} Pid {d['pid']:6d} on {d['host']:>10s} "
                          f"device {d['device']:2d} [{d['device_hex']}] {d['device_info']}")
         lines += ["#"] + [f"# {line}" for line in pathread.header_lines(self.path, p.backend)]
-        lines += ["#", "# busbw per direction (GB/s), the round-robin's; a pair's time is its slower rank's"]
+        lines += ["#", "# busbw per direction (GB/s) at the best timed exchange, the round-robin's; "
+                       "a pair's time is its slower rank's"]
         lines += self.matrix_lines()
         lines += ["#", f"# Median pair busbw: {self.median:.4g} GB/s"]
         lines += self.verdict_lines()
