@@ -665,12 +665,27 @@ def test_noise_that_only_slows_is_judged_at_its_best():
 def test_a_pair_far_slower_than_its_cap_runs_fewer_iterations_then_fewer_bytes():
     from ncclbench.engine.pair_exchange import MIN_PAIR_BYTES, OPS_AROUND, pair_effort
 
-    assert pair_effort(0.001, 1 << 20, 20, None) == (1 << 20, 20)  # no cap: unchanged
-    assert pair_effort(0.001, 1 << 20, 20, 1.0) == (1 << 20, 20)  # fits
-    assert pair_effort(0.05, 1 << 20, 20, 1.0) == (1 << 20, 20 - OPS_AROUND)  # fewer iterations
-    nbytes, iters = pair_effort(0.5, 64 << 20, 20, 0.42)  # 2 Gbit/s against a round of 0.42 s
-    assert iters == 2 and nbytes < 64 << 20 and (2 + OPS_AROUND) * 0.5 * nbytes / (64 << 20) <= 0.42
-    assert pair_effort(100.0, 1 << 20, 20, 0.1)[0] == MIN_PAIR_BYTES
+    mib = 1 << 20
+    assert pair_effort(0.001, mib, mib, 20, 2, None) == (mib, 20)  # no cap: unchanged
+    assert pair_effort(0.001, mib, mib, 20, 2, 1.0) == (mib, 20)  # fits
+    assert pair_effort(0.05, mib, mib, 20, 0, 1.0) == (mib, 20 - OPS_AROUND)  # fewer iterations
+    assert pair_effort(0.05, mib, mib, 20, 2, 1.0) == (mib, 20 - OPS_AROUND - 2)  # warm-ups count
+    # a probe of 1/64 of the bytes: its time scaled to the whole
+    assert pair_effort(0.05 / 64, mib // 64, mib, 20, 0, 1.0) == (mib, 20 - OPS_AROUND)
+    nbytes, iters = pair_effort(0.5, 64 << 20, 64 << 20, 20, 1, 0.42)  # 2 Gbit/s against a round of 0.42 s
+    assert iters == 2 and nbytes < 64 << 20 and (2 + 1 + OPS_AROUND) * 0.5 * nbytes / (64 << 20) <= 0.42
+    assert pair_effort(100.0, mib, mib, 20, 0, 0.1)[0] == MIN_PAIR_BYTES
+
+
+def test_the_full_size_is_probed_only_where_it_fits_the_cap():
+    """A small probe's rate is lowered by latency: where one full exchange at that rate is
+    cheap against the cap, the full size is probed; a link too slow for it is not."""
+    from ncclbench.engine.pair_exchange import PROBE_MIN_BYTES, full_probe_fits, probe_bytes
+
+    assert probe_bytes(1 << 30) == 16 << 20 and probe_bytes(1 << 20) == PROBE_MIN_BYTES and probe_bytes(100) == 100
+    assert full_probe_fits(1e-4, 16 << 20, 1 << 30, 1.0)       # 6.4 ms a full exchange against 1 s
+    assert not full_probe_fits(0.05, 16 << 20, 1 << 30, 1.0)   # 3.2 s a full exchange
+    assert not full_probe_fits(1e-6, 100, 100, 1.0)            # the probe was the full size
 
 
 def test_the_plan_is_sized_by_measured_time():

@@ -1,5 +1,6 @@
-"""One rank's measurements for `ncclbench fleet`: a pair exchange with one peer and a
-node's local collectives, each timed by the one timing engine and bounded by a deadline.
+"""One rank's measurements for `ncclbench fleet`: the one pair exchange and its sizing
+rule (engine.pair_exchange) with one peer, and a node's local collectives, each timed by
+the one timing engine and bounded by a deadline.
 
 A pair runs on a two-rank process group of its own, created by its two members only
 (use_local_synchronization: no step of the whole world per pair). On gloo a timed-out wait
@@ -12,55 +13,21 @@ never waited for): FleetPairBackend wraps the pair group's backend to say so."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from datetime import timedelta
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
-from ncclbench.engine.pair_exchange import pattern_byte
+from ncclbench.engine.pair_exchange import PairExchange, pair_effort, pattern_byte, probe_pair, timed_best
 from ncclbench.failpoints import failpoint
 
 NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these
-
-
-class DeadlinePassed(Exception):
-    """The exchange did not finish before its deadline."""
-
-
-class PairLink:
-    """Both directions between this rank and `peer` on a two-rank group, every wait bounded
-    by `deadline` (time.monotonic())."""
-
-    def __init__(self, dist, group, peer: int, send, recv, deadline: float, on_gpu: bool = False):
-        self.dist, self.group, self.peer = dist, group, peer
-        self.send, self.recv, self.deadline = send, recv, deadline
-        self.on_gpu = on_gpu
-
-    def exchange(self, send, recv) -> None:
-        dist = self.dist
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise DeadlinePassed(f"no time left for the exchange with rank {self.peer}")
-        ops = [dist.P2POp(dist.isend, send, self.peer, group=self.group),
-               dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
-        for work in dist.batch_isend_irecv(ops):
-            if self.on_gpu:
-                # the stream waits, the host goes on, as in every other timed loop (a host
-                # wait per exchange slowed the store's rank: docs/design/localisation.md);
-                # a dead peer is left to the group's timeout (-T)
-                work.wait()
-            else:
-                work.wait(timeout=timedelta(seconds=max(left, 0.001)))
-
-    def __call__(self, _op_index: int = 0) -> None:
-        self.exchange(self.send, self.recv)
 
 
 class FleetPairBackend:
     """The pair group's backend for the timing engine, whose barrier is a one-byte exchange
     with the peer."""
 
-    def __init__(self, backend, link: PairLink):
+    def __init__(self, backend, link):
         self._backend, self._link = backend, link
         self._token = backend.alloc_bytes(1)[:1]
         self._echo = backend.alloc_bytes(1)[:1]
@@ -104,13 +71,12 @@ def pair_group(dist, me: int, peer: int, backend: str, timeout_s: float):
 
 def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, warmup: int,
                  timeout_s: float, buffers: dict, target_s: float | None = None) -> dict:
-    """One pair measurement with `peer`: {"s": seconds of the best timed exchange, "median_s":
-    of the median one, "bytes": exchanged each way per exchange, "probe_s": the probe's}.
-    With `target_s`, a short probe first sets the size so that the whole measurement takes
-    about target_s (at most `nbytes`): a slow link gets fewer bytes, not more time. Raises on
-    a failed exchange, on wrong data, and past `timeout_s` (group set-up included)."""
+    """One pair measurement with `peer` by the one pair exchange (engine.pair_exchange):
+    {"s": seconds of the best timed exchange, "bytes": exchanged each way per exchange}.
+    With `target_s`, a probe sets bytes and iterations by pair_effort so that the whole
+    measurement takes about target_s (what is left of it after the group's set-up). Raises
+    on a failed exchange, on wrong data, and past `timeout_s` (group set-up included)."""
     from ncclbench.backends.torch_dist import TorchBackend
-    from ncclbench.engine.timing import TimingSettings, measure
 
     begun = time.monotonic()
     deadline = begun + timeout_s
@@ -122,53 +88,33 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
         buffers["send"] = backend.alloc_bytes(nbytes)[:nbytes]
         buffers["recv"] = backend.alloc_bytes(nbytes)[:nbytes]
         buffers["send"].fill_(pattern_byte(me))
-    link = PairLink(dist, group, peer, buffers["send"], buffers["recv"], deadline, on_gpu=backend.name == "nccl")
+    link = PairExchange(peer, buffers["send"], buffers["recv"], group, deadline, on_gpu=backend.name == "nccl")
     paired = FleetPairBackend(backend, link)
     paired.barrier()  # connects the pair: the probe times the exchange, not the connection
-    size, probe_s = nbytes, None
+    size = nbytes
     if target_s is not None:
-        size, probe_s = probe_size(backend, link, paired, nbytes, warmup + iters, target_s - (time.monotonic() - begun))
-    send, recv = buffers["send"][:size], buffers["recv"][:size]
-    recv.zero_()
-    link.send, link.recv = send, recv
+        probed, seconds, cap = probe_pair(backend, link.on, nbytes, target_s - (time.monotonic() - begun),
+                                     lambda mine: _trade(backend, link, mine))
+        size, iters = pair_effort(seconds, probed, nbytes, iters, warmup, cap)
+    exchange = link.on(size)
+    exchange.recv.zero_()
     for _ in range(warmup):
-        link()
-    timing = measure(paired, link, TimingSettings(iters=iters, per_iter=True))
+        exchange()
+    best = timed_best(paired, exchange, iters)
     backend.synchronize()
-    if not bool((recv == pattern_byte(peer)).all()):
+    if not bool((exchange.recv == pattern_byte(peer)).all()):
         raise RuntimeError(f"wrong data from rank {peer}")
-    samples = timing.per_iter_s or [timing.device_s]
-    return {"s": min(samples), "median_s": statistics.median(samples), "bytes": size, "probe_s": probe_s}
+    return {"s": best, "bytes": size}
 
 
-PROBE_MIN = 64 << 10   # bytes: the probe's size is nbytes / 64, at least this (at most nbytes)
-SIZE_STEP = 4096       # sizes chosen by time are multiples of this
-
-
-def probe_size(backend, link: PairLink, paired, nbytes: int, exchanges: int, left_s: float) -> tuple[int, float]:
-    """(bytes per exchange so that `exchanges` of them take about `left_s`, the probe's
-    seconds): two timed exchanges of a probe size, the faster one judged (noise only slows).
-    The two sides trade their probe times and time left and both use the slower probe and
-    the shorter time left, so both pick the same size."""
-    q = min(nbytes, max(PROBE_MIN, nbytes // 64))
-    send, recv = link.send[:q], link.recv[:q]
-    best = float("inf")
-    for _ in range(2):
-        paired.barrier()
-        t0 = time.perf_counter()
-        link.exchange(send, recv)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - t0)
+def _trade(backend, link: PairExchange, mine: tuple) -> tuple:
+    """The partner's numbers for this rank's (both sides call it at once)."""
     torch = backend.torch
-    mine = torch.tensor([best, left_s], dtype=torch.float64, device=backend.device)
-    theirs = torch.zeros_like(mine)
-    link.exchange(mine, theirs)
+    out = torch.tensor(list(mine), dtype=torch.float64, device=backend.device)
+    theirs = torch.zeros_like(out)
+    link.exchange(out, theirs)
     backend.synchronize()
-    other = theirs.tolist()
-    probe_s, left = max(best, other[0]), min(left_s, other[1])
-    want = q / probe_s * max(left, 0.0) / max(1, exchanges)
-    size = int(min(nbytes, want)) // SIZE_STEP * SIZE_STEP
-    return max(size, min(nbytes, SIZE_STEP)), probe_s
+    return tuple(theirs.tolist())
 
 
 def measure_node(dist, backend_name: str, ranks: list[int], nbytes: int, iters: int, timeout_s: float) -> dict:

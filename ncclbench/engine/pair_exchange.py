@@ -3,12 +3,16 @@
 directions are busy; rounds of disjoint pairs measured side by side, each pair timed by the
 engine every collective uses (ncclbench.engine.timing.measure).
 
-Used by `pairs`, preflight's pair sweeps and localisation rounds (engine.pair_rounds), and,
-on two-rank groups of their own, `fleet`'s node pairs (engine.fleet_exchange)."""
+Where a pair's time is capped, one sizing rule, by measured time, sets its bytes and
+iterations (probe_pair, pair_effort). Used by `pairs`, preflight's pair sweeps and
+localisation rounds (engine.pair_rounds), and, on two-rank groups of their own, `fleet`'s
+node pairs (engine.fleet_exchange)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ncclbench.locate.schedule import peer_in_round
 from ncclbench.locate.stats import best_time
@@ -26,21 +30,42 @@ class ExchangePlan:
 
 
 class PairExchange:
-    """Both directions between this rank and one peer, on fixed buffers."""
+    """Both directions between this rank and `peer` at once (on `group`; None: the default
+    group). With `deadline` (time.monotonic()), a host-side wait is bounded by it; on the GPU
+    (`on_gpu`) the stream waits and the host goes on, a dead peer left to the group's timeout."""
 
-    def __init__(self, backend, peer: int, send, recv):
+    def __init__(self, peer: int, send, recv, group=None, deadline: float | None = None, on_gpu: bool = True):
         import torch.distributed as dist
 
-        self.dist = dist
-        self.backend = backend
-        self.peer = peer
+        self.dist, self.peer, self.group = dist, peer, group
         self.send, self.recv = send, recv
+        self.deadline, self.on_gpu = deadline, on_gpu
+
+    def on(self, nbytes: int) -> "PairExchange":
+        """The same exchange on the first `nbytes` of the buffers (itself at its full size)."""
+        if nbytes >= self.send.numel():
+            return self
+        return PairExchange(self.peer, self.send[:nbytes], self.recv[:nbytes], self.group, self.deadline, self.on_gpu)
+
+    def exchange(self, send, recv) -> None:
+        dist = self.dist
+        timeout = None
+        if self.deadline is not None and not self.on_gpu:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlinePassed(f"no time left for the exchange with rank {self.peer}")
+            timeout = timedelta(seconds=max(left, 0.001))
+        ops = [dist.P2POp(dist.isend, send, self.peer, group=self.group),
+               dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait() if timeout is None else work.wait(timeout=timeout)
 
     def __call__(self, _op_index: int = 0) -> None:
-        dist = self.dist
-        ops = [dist.P2POp(dist.isend, self.send, self.peer), dist.P2POp(dist.irecv, self.recv, self.peer)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+        self.exchange(self.send, self.recv)
+
+
+class DeadlinePassed(Exception):
+    """The exchange did not finish before its deadline."""
 
 
 def pair_busbw(times: list[dict], nbytes: int) -> dict:
@@ -64,33 +89,79 @@ def pattern_byte(rank: int) -> int:
 
 MIN_PAIR_BYTES = 4096
 MIN_CAPPED_ITERS = 2
-OPS_AROUND = 5  # per pair and round, besides the timed ones: the timing engine's untimed op and its four aligning ops
+OPS_AROUND = 5  # per measurement, besides the timed and warm-up ones: the timing engine's untimed op and its four aligning ops
+PROBE_MIN_BYTES = 64 << 10  # the first probe: 1/64 of the bytes, at least this (at most all of them)
 
 
-def pair_effort(probe_s: float, nbytes: int, iters: int, cap_s: float | None) -> tuple[int, int]:
-    """(bytes, timed iterations) for a pair whose first exchange of `nbytes` took `probe_s`,
-    so that its round fits `cap_s`: fewer iterations first, then (a pair far slower than
-    the cap allows) fewer bytes, halved down to MIN_PAIR_BYTES. Without a cap: unchanged."""
+def probe_bytes(nbytes: int) -> int:
+    """Bytes of a pair's first probe: small, so that a link far slower than the cap allows
+    costs little to find out."""
+    return min(nbytes, max(PROBE_MIN_BYTES, nbytes // 64))
+
+
+def full_probe_fits(probe_s: float, probed: int, nbytes: int, cap_s: float) -> bool:
+    """Whether an exchange of all `nbytes`, at the rate the first probe read, is cheap enough
+    against `cap_s` to be probed itself (a small probe's rate is lowered by latency: sized
+    by it alone, a healthy fast pair would run fewer iterations than its cap allows)."""
+    return probed < nbytes and probe_s * nbytes / probed * (MIN_CAPPED_ITERS + OPS_AROUND) <= cap_s
+
+
+def pair_effort(probe_s: float, probed: int, nbytes: int, iters: int, warmups: int,
+                cap_s: float | None) -> tuple[int, int]:
+    """The one sizing rule of a pair measurement, by measured time: (bytes, timed
+    iterations) of `nbytes` and `iters` so that `warmups` + iterations + OPS_AROUND
+    exchanges fit `cap_s`, from a probe that took `probe_s` for `probed` bytes. Fewer
+    iterations first, down to MIN_CAPPED_ITERS, then (a pair far slower than the cap allows)
+    fewer bytes, halved down to MIN_PAIR_BYTES: a healthy pair is never moved to a size
+    where latency, not the link, sets its time. Without a cap: unchanged."""
     if cap_s is None or probe_s <= 0:
         return nbytes, iters
-    per = probe_s
-    fit = int(cap_s / per) - OPS_AROUND
+    per = probe_s * nbytes / probed  # one full exchange at the probe's rate
+    fit = int(cap_s / per) - OPS_AROUND - warmups
     if fit >= MIN_CAPPED_ITERS:
         return nbytes, min(iters, fit)
     size = nbytes
-    while size // 2 >= MIN_PAIR_BYTES and (MIN_CAPPED_ITERS + OPS_AROUND) * per * size / nbytes > cap_s:
+    while size // 2 >= MIN_PAIR_BYTES and (MIN_CAPPED_ITERS + OPS_AROUND + warmups) * per * size / nbytes > cap_s:
         size //= 2
     return size, MIN_CAPPED_ITERS
 
 
+def probe_pair(backend, at, nbytes: int, cap_s: float, trade) -> tuple[int, float, float]:
+    """(bytes probed, seconds of one exchange of them on the slower side, the cap both sides
+    use): an exchange of probe_bytes(nbytes), then, where the full size fits the cap
+    (full_probe_fits), one of `nbytes`. `at(bytes)` is the exchange on that many bytes (None:
+    this rank is idle); each probe is lined up first by a small untimed exchange, so that
+    neither side times its wait for a partner still busy elsewhere. `trade((seconds, cap))`
+    gives the partner's pair; every rank calls it twice, idle or not, and both sides decide
+    from the same numbers (the slower probe, the smaller cap)."""
+    q = probe_bytes(nbytes)
+    mine = _timed_once(backend, at, q)
+    theirs = trade((mine, cap_s))
+    seconds, cap = max(mine, theirs[0]), min(cap_s, theirs[1])
+    full = at(q) is not None and full_probe_fits(seconds, q, nbytes, cap)
+    mine = _timed_once(backend, at, nbytes) if full else 0.0
+    theirs = trade((mine, cap))
+    if full:
+        q, seconds = nbytes, max(mine, theirs[0])
+    return q, seconds, cap
+
+
+def timed_best(backend, exchange, iters: int) -> float:
+    """Seconds of the fastest of `iters` timed exchanges (what the pair reaches: noise on a
+    shared host only slows an exchange; locate.stats), timed by the one timing engine."""
+    from ncclbench.engine.timing import TimingSettings, measure
+
+    timing = measure(backend, exchange, TimingSettings(iters=iters, per_iter=True))
+    return best_time(timing.per_iter_s) if timing.per_iter_s else timing.device_s
+
+
 def measure_rounds(backend, plan: ExchangePlan, rounds) -> tuple[dict[int, float], list[int]]:
-    """This rank's seconds per exchange with each peer, and the peers whose data arrived
-    wrong. Every rank runs measure() once per round, idle or not: it holds a barrier. With
-    `plan.pair_cap_s`, each pair lines up with a small untimed exchange, then its first
-    exchange is timed, every rank learns every probe, and each pair runs the effort
-    pair_effort gives its longer probe (the same on both sides); a pair run
-    on fewer bytes reports its time scaled to `plan.nbytes` (the same bytes per second),
-    and each pair's time is its fastest iteration's."""
+    """This rank's seconds per exchange with each peer (its fastest exchange's), and the
+    peers whose data arrived wrong. Every rank runs measure() once per round, idle or not: it
+    holds a barrier. With `plan.pair_cap_s`, each pair is probed (probe_pair(), every rank
+    learning every probe) and runs the effort pair_effort gives it, the same on both sides;
+    a pair run on fewer bytes reports its time scaled to `plan.nbytes` (the same bytes per
+    second)."""
     import torch.distributed as dist
 
     from ncclbench.failpoints import failpoint
@@ -100,76 +171,48 @@ def measure_rounds(backend, plan: ExchangePlan, rounds) -> tuple[dict[int, float
     send.fill_(pattern_byte(backend.rank))
     times: dict[int, float] = {}
     wrong: list[int] = []
+    on_gpu = backend.name == "nccl"
     for pairs in rounds:
         peer = peer_in_round(pairs, backend.rank)
-        exchange = None
-        if peer is not None:
-            recv.zero_()
-            # a failpoint here can slow this rank's exchanges (a slow node, inside the timed region)
-            exchange = failpoint("pairs.exchange", PairExchange(backend, peer, send, recv), rank=backend.rank,
-                                 global_rank=dist.get_rank(), synchronize=backend.synchronize)
+        full = None if peer is None else PairExchange(peer, send, recv, on_gpu=on_gpu)
+
+        def at(nbytes, full=full):
+            # through a failpoint, which can slow this rank's exchanges (a slow node, inside the timed region)
+            return None if full is None else failpoint("pairs.exchange", full.on(nbytes), rank=backend.rank,
+                                                       global_rank=dist.get_rank(), synchronize=backend.synchronize)
         nbytes, iters, warmups = plan.nbytes, plan.iters, plan.warmup_iters
-        capped = plan.pair_cap_s is not None
-        if capped:
-            if exchange is not None:
-                # untimed, small: the two sides leave it together, so the probe does not time
-                # one side's wait for a partner still in its previous round (that wait cut a
-                # healthy pair after a slow rank's pair to 1/16 of the bytes, latency-bound,
-                # and its time scaled back up read 30x slow: a false slow link); a partner's
-                # own delay per exchange (a slow rank) still lands in the probe
-                _sliced(backend, exchange, peer, send, recv, min(MIN_PAIR_BYTES, plan.nbytes), plan.nbytes)()
-            probe = _timed_once(backend, exchange)
-            everyone = backend.all_gather_object(probe)
-            warmups = 0  # the probe was the warm-up
-            if peer is not None:
-                nbytes, iters = pair_effort(max(probe, everyone[peer]), plan.nbytes, plan.iters, plan.pair_cap_s)
+        if plan.pair_cap_s is not None:
+            def trade(mine, peer=peer):
+                everyone = backend.all_gather_object(mine)
+                return everyone[peer] if peer is not None else mine
+            probed, seconds, cap = probe_pair(backend, at, plan.nbytes, plan.pair_cap_s, trade)
+            nbytes, iters = pair_effort(seconds, probed, plan.nbytes, plan.iters, warmups, cap)
         if peer is None:
-            _timed(backend, lambda _i: None, iters, capped)  # sit out, but keep the barriers in step
+            timed_best(backend, lambda _i: None, iters)  # sit out, but keep the barriers in step
             continue
-        exchange = _sliced(backend, exchange, peer, send, recv, nbytes, plan.nbytes)
+        exchange = at(nbytes)
+        recv.zero_()
         for _ in range(warmups):
             exchange()
-        # at its best, as every pair is judged (locate.stats): noise only slows an exchange
-        times[peer] = _timed(backend, exchange, iters, best=True) * plan.nbytes / nbytes
+        times[peer] = timed_best(backend, exchange, iters) * plan.nbytes / nbytes
         backend.synchronize()
         if not bool((recv[:nbytes] == pattern_byte(peer)).all()):
             wrong.append(peer)
     return times, wrong
 
 
-def _sliced(backend, exchange, peer: int, send, recv, nbytes: int, full: int):
-    """The exchange on the first `nbytes` of the buffers (itself at `full`), through the
-    same failpoint."""
-    if nbytes >= full:
-        return exchange
-    import torch.distributed as dist
-
-    from ncclbench.failpoints import failpoint
-
-    return failpoint("pairs.exchange", PairExchange(backend, peer, send[:nbytes], recv[:nbytes]),
-                     rank=backend.rank, global_rank=dist.get_rank(), synchronize=backend.synchronize)
-
-
-def _timed_once(backend, exchange) -> float:
-    """Seconds of one exchange, host clock around it and the device (0.0 when idle)."""
-    import time
-
+def _timed_once(backend, at, nbytes: int) -> float:
+    """Seconds of one exchange of `nbytes` (host clock around it and the device; 0.0 when
+    idle), after a small untimed one that lines the two sides up."""
+    exchange = at(nbytes)
     if exchange is None:
         return 0.0
+    at(min(MIN_PAIR_BYTES, nbytes))()
     backend.synchronize()
     start = time.perf_counter()
     exchange()
     backend.synchronize()
     return time.perf_counter() - start
-
-
-def _timed(backend, exchange, iters: int, best: bool = False) -> float:
-    """Seconds per exchange: the mean over `iters`, or with `best` the fastest iteration
-    (what the pair reaches: noise on a shared host only ever slows an iteration)."""
-    from ncclbench.engine.timing import TimingSettings, measure
-
-    timing = measure(backend, exchange, TimingSettings(iters=iters, per_iter=best))
-    return best_time(timing.per_iter_s) if best and timing.per_iter_s else timing.device_s
 
 
 def first_collective(backend) -> None:
