@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 
 import pytest
 
@@ -253,7 +254,7 @@ def _fake_pf(fabric, host, kind=None, band=0.2, link_band=None, kind_bands=None)
     """A stand-in Preflight for faults.preflight.pairs: `fabric(pass number, a, b)` -> GB/s."""
     from types import SimpleNamespace
 
-    pf = SimpleNamespace(host=host, setup={"band": band, "link_band": link_band or band}, pair_records=[],
+    pf = SimpleNamespace(host=host, setup={"band": band, "link_band": link_band or band},
                          pair_kind=kind or (lambda a, b: (True, None)), kind_bands=kind_bands or (lambda k: None),
                          who=lambda r: f"rank {r} ({host[r]})", pair_bytes_for=lambda cap: 1 << 20, passes=0)
 
@@ -261,7 +262,7 @@ def _fake_pf(fabric, host, kind=None, band=0.2, link_band=None, kind_bands=None)
         out = {p: fabric(pf.passes, *p) for rnd in rounds for p in rnd}
         pf.passes += 1
         return out
-    pf._pairs = passes
+    pf.measure_pairs = passes
     return pf
 
 
@@ -412,35 +413,35 @@ def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatc
     def runs_of(first, *later):  # each later run: the yardstick alone, the flagged rank, the yardstick
         return [first] + [t for t in later for _ in range(3)]
 
-    monkeypatch.setattr(within, "solo_times", solo_times)
+    pf.alone_times = partial(solo_times, pf)
     # one host: the yardstick (rank 0, the fastest not flagged) alone, the flagged rank alone, the yardstick
     again = [({0}, 50), ({1}, 50), ({0}, 50)] * (within.SOLO_RUNS - 1)
     for sequence, want, runs in ((runs_of(slow1, healthy), [], 2), (runs_of(slow1, slow2), [], 2),
                                  (runs_of(*[slow1] * (within.SOLO_RUNS - 1), healthy), [], within.SOLO_RUNS),
                                  (runs_of(*[slow1] * within.SOLO_RUNS), [1], within.SOLO_RUNS)):
         times, asked[:] = iter(sequence), []
-        assert sorted(within.judge_ranks_alone(pf, 1 << 20, 50)) == want, sequence
+        assert sorted(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == want, sequence
         assert asked == [(None, 50)] + again[:3 * (runs - 1)]
     # slow again, but so was the yardstick before and after it (a moment slow for everyone): cleared
     times, asked[:] = iter([slow1, {0: 4e-4}, {1: 4e-4}, {0: 4e-4}]), []
-    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {} and len(asked) == 4
+    assert within.judge_ranks_alone(pf, 1 << 20, 50)[0] == {} and len(asked) == 4
     # the yardstick slow only before it: its faster time counts, the rank stays slow in every run
     times, asked[:] = iter([slow1] + [{0: 4e-4}, {1: 4e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
     # every rank 3x slow at first (busy cores), rank 1 really 2x slow: measured alone later, on
     # idle cores, it is scaled back up by the yardstick's 3x and stays slow
     busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
     times, asked[:] = iter([busy] + [{0: 1e-4}, {1: 2e-4}, {0: 1e-4}] * (within.SOLO_RUNS - 1)), []
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
     # a rank 20 ms late per op: each later run is cut to about SOLO_AGAIN_S
     times, asked[:] = iter(runs_of(*[late1] * within.SOLO_RUNS)), []
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
     assert [n for _, n in asked] == [50] + [int(within.SOLO_AGAIN_S / 0.02)] * 3 * (within.SOLO_RUNS - 1)
     # two hosts: the yardstick comes from the host without a flagged rank and runs beside it,
     # though rank 0 beside the flagged rank is faster
     pf.host = {0: "a", 1: "a", 2: "b", 3: "b"}
     times, asked[:] = iter([{**slow1, 0: 0.9e-4}, healthy]), []
-    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {} and asked == [(None, 50), ({1, 2}, 50)]
+    assert within.judge_ranks_alone(pf, 1 << 20, 50)[0] == {} and asked == [(None, 50), ({1, 2}, 50)]
 
 
 def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch):
@@ -459,8 +460,8 @@ def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch
         asked.append((only, iters))
         return {r: t for r, t in own.items() if only is None or r in only}
 
-    monkeypatch.setattr(within, "solo_times", solo_times)
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == list(range(8))
+    pf.alone_times = partial(solo_times, pf)
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == list(range(8))
     later = asked[1:]
     assert len(later) == 8 * (within.SOLO_RUNS - 1) and all(len(only) == 2 and 8 in only for only, _ in later)
     assert {n for _, n in later} == {3}  # 0.25 s / 8 waves / 20 ms rounds down to 1: 3 at least
@@ -479,24 +480,24 @@ def test_alone_reruns_ignore_a_lost_yardstick_and_name_only_ranks_flagged_every_
         t = next(times)
         return {r: v for r, v in t.items() if only is None or r in only}
 
-    monkeypatch.setattr(within, "solo_times", solo_times)
+    pf.alone_times = partial(solo_times, pf)
     runs = within.SOLO_RUNS - 1
     # busy first run, rank 1 really 2x slow; the yardstick's times are lost: rank 1 alone on
     # idle cores (200 us) is not taken unscaled, and stays the only one named
     busy = {0: 3e-4, 1: 6e-4, 2: 3e-4, 3: 3e-4}
     times, asked[:] = iter([busy] + [{}, {1: 2e-4}, {}] * runs), []
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
     # rank 1 clears in the last run and the reference moves: ranks 2 and 3, never measured
     # again, are not named
     first = {0: 1e-4, 1: 4e-4, 2: 1.3e-4, 3: 1.3e-4}
     later = [[{0: 1e-4}, {1: 4e-4}, {0: 1e-4}]] * (runs - 1) + [[{0: 1e-4}, {1: 1e-4}, {0: 1e-4}]]
     times, asked[:] = iter([first] + [t for run in later for t in run]), []
-    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {}
+    assert within.judge_ranks_alone(pf, 1 << 20, 50)[0] == {}
     # each wave's iterations from its own slowest rank: a 20 ms rank does not cut a healthy
     # rank's wave to a handful
     two = {0: 1e-4, 1: 0.02, 2: 4e-4, 3: 1e-4}
     times, asked[:] = iter([two] + [{0: 1e-4}, {1: 0.02}, {0: 1e-4}, {0: 1e-4}, {2: 4e-4}, {0: 1e-4}] * runs), []
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1, 2]
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1, 2]
     assert asked[1:7] == [({0}, 6), ({1}, 6), ({0}, 6), ({0}, 50), ({2}, 50), ({0}, 50)]
 
 
@@ -516,8 +517,8 @@ def test_a_free_hosts_yardstick_slow_in_the_first_run_does_not_keep_a_healthy_ra
         t = next(seq)
         return {r: v for r, v in t.items() if only is None or r in only}
 
-    monkeypatch.setattr(within, "solo_times", solo_times)
-    assert within.judge_ranks_alone(pf, 1 << 20, 50) == {}
+    pf.alone_times = partial(solo_times, pf)
+    assert within.judge_ranks_alone(pf, 1 << 20, 50)[0] == {}
 
 
 def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
@@ -541,14 +542,14 @@ def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
 
     pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.6, "alone_band": ALONE_BAND_GLOO},
                          margins={})
-    monkeypatch.setattr(within, "solo_times", solo_times)
+    pf.alone_times = partial(solo_times, pf)
     seq[:] = [first]
-    assert within.judge_ranks_alone(pf, 1 << 16, 50) == {}
+    assert within.judge_ranks_alone(pf, 1 << 16, 50)[0] == {}
     seq[:] = [{**first, 0: 2e-3}] * 10  # 2 ms per call: 99% below
-    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)) == [0]
+    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)[0]) == [0]
     pf.setup = {"band": 0.6}  # the 60% band: the healthy rank 0 is named
     seq[:] = [first] * 10
-    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)) == [0]
+    assert list(within.judge_ranks_alone(pf, 1 << 16, 50)[0]) == [0]
 
 
 def test_host_waves_put_one_rank_of_each_host_in_a_wave():
@@ -575,8 +576,8 @@ def test_healthy_ranks_that_lose_the_shared_cores_are_cleared_measured_in_turn(m
         running = [r for r in ranks if r != 1]  # rank 1 sleeps: it holds no core
         return {r: 3 * own[r] if len(running) > 1 and r in running and r != 3 else own[r] for r in ranks}
 
-    monkeypatch.setattr(within, "solo_times", solo_times)
-    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)) == [1]
+    pf.alone_times = partial(solo_times, pf)
+    assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
 
 
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():
@@ -647,7 +648,7 @@ def test_every_cross_host_pair_is_judged_and_too_few_say_why_in_one_line():
     loc = localise(pf, group_pair_rounds([(0, 1, 2)]), 10.0)
     assert unjudged_notes("world", loc) == ["world: pair(s) 0-1 not judged: only 1 pair(s) on one host over NV18, "
                                             "2 are needed to compare with"]
-    assert {tuple(p["ranks"]) for p in pf.pair_records} == {(0, 1), (0, 2), (1, 2)}
+    assert {tuple(p["ranks"]) for p in loc.pair_records(host3.get)} == {(0, 1), (0, 2), (1, 2)}
 
 
 def test_noise_that_only_slows_is_judged_at_its_best():
@@ -833,6 +834,11 @@ def test_pairs_across_hosts_over_sockets_are_judged_at_the_socket_band():
     assert line.endswith("(slow beyond 20%; pairs across hosts over TCP sockets beyond 50%)")
 
 
+def _inside(found) -> tuple:
+    """(bad, links, unsettled) of faults.preflight.within.InsidePairs."""
+    return found.bad, found.links, found.unsettled
+
+
 def _socket_run(values, host, paths=None, band=0.2, link_band=0.2, socket_band=0.5):
     """A stand-in Preflight over 4 simulated one-GPU hosts on NCCL's Socket network whose
     pair passes return `values(pass, a, b)`."""
@@ -842,7 +848,7 @@ def _socket_run(values, host, paths=None, band=0.2, link_band=0.2, socket_band=0
     world = tuple(sorted(host))
     facts = [{"device": 0}] * len(host)
     pf = _fake_pf(values, host, kind=lambda a, b: pair_kind(host, {}, facts, a, b), band=band, link_band=link_band)
-    pf.instances, pf.margins, pf.notes = {"world": [world]}, {}, []
+    pf.instances, pf.margins, pf.notes, pf.pair_records = {"world": [world]}, {}, [], []
     pf.setup.update(socket_band=socket_band, socket_link_band=max(link_band, socket_band), budget=10.0)
     pf.paths = {world: _two_hosts_path({"simnode0": 1.25, "simnode1": 1.25})} if paths is None else paths
     pf.kind_bands = lambda k: Preflight.kind_bands(pf, k)
@@ -858,8 +864,8 @@ def test_the_socket_band_reaches_the_sweeps_and_localisation_and_only_pairs_that
     host = {r: f"simnode{r}" for r in range(4)}
     world = (0, 1, 2, 3)
     healthy = _fabric(1.93, slow={(0, 3): 1.32, (1, 3): 1.36, (2, 3): 1.38})  # rank 3 28% below
-    assert within.judge_inside_pairs(_socket_run(healthy, host), 1.0)[:2] == ({}, {})
-    bad, _links, _ = within.judge_inside_pairs(_socket_run(healthy, host, socket_band=0.2), 1.0)
+    assert _inside(within.judge_inside_pairs(_socket_run(healthy, host), 1.0))[:2] == ({}, {})
+    bad, _links, _ = _inside(within.judge_inside_pairs(_socket_run(healthy, host, socket_band=0.2), 1.0))
     assert list(bad) == [3]  # an explicit 20% band
     slow = _fabric(1.93, slow={(0, 3): 0.3, (1, 3): 0.3, (2, 3): 0.3})
     bad, fine, links = Preflight._localise(_socket_run(slow, host), [3], {("world", world): ["slow"]})

@@ -84,7 +84,7 @@ class Preflight:
         self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
         self.pair_records: list = []  # every pair tested, at its best (the report's `pairs`)
         self.unsettled: dict = {}     # {rank: evidence} low in pairs, not settled
-        self.solo_group = None        # this rank's one-rank group (ncclbench.faults.preflight.within)
+        self.solo_group = None        # this rank's one-rank group (alone_times)
         self.margins: dict = {}       # {check: worst fraction below its reference}
         self.paths: dict = {}         # {group: the path NCCL's log named (pathview.Path.to_dict)}
 
@@ -198,13 +198,16 @@ class Preflight:
         solo_bytes = max(p["max_bytes"] for p in plans)
         if "nccl" in self.backends.values():  # a GPU's op alone must outlast its host's call (~20 us)
             solo_bytes = max(solo_bytes, within.SOLO_MIN_BYTES_GPU)
-        alone = within.judge_ranks_alone(self, solo_bytes, max(p["iters"] for p in plans))
-        paired, links, unsettled = within.judge_inside_pairs(self, PAIR_SHARE * self.setup["budget"])
+        alone, self.margins["alone"] = within.judge_ranks_alone(self, solo_bytes, max(p["iters"] for p in plans))
+        inside = within.judge_inside_pairs(self, PAIR_SHARE * self.setup["budget"])
         self._phase("ranks alone and in pairs")
-        for r, line in paired.items():
+        self.margins.update(inside.margins)
+        self.notes += inside.notes
+        self.pair_records += inside.records
+        for r, line in inside.bad.items():
             alone[r] = f"{alone[r]}; {line}" if r in alone else line
-        self.unsettled = {r: line for r, line in unsettled.items() if r not in alone}
-        return alone, links
+        self.unsettled = {r: line for r, line in inside.unsettled.items() if r not in alone}
+        return alone, inside.links
 
     # ---- sizing and measuring ----
     def pair_bytes(self) -> int:
@@ -389,6 +392,7 @@ class Preflight:
         if not rounds:
             return {}, set(), {}
         loc = localise(self, rounds, PAIR_SHARE * self.setup["budget"])
+        self.pair_records += loc.pair_records(self.host.get)
         bad, links, _unsettled = loc.verdict(self.who)
         high = loc.high()
         return ({r: f"with known-good partners: {line}" for r, line in bad.items()},
@@ -422,7 +426,7 @@ class Preflight:
         rate = min((b / t for p in self.plans.values() for b, t in [p["probed_s"][-1]] if t > 0), default=1e12)
         return min(self.pair_bytes(), max(MIN_PAIR_BYTES, _pow2_floor(int(cap_s * rate))))
 
-    def _pairs(self, rounds: list, nbytes: int, cap_s: float) -> dict:
+    def measure_pairs(self, rounds: list, nbytes: int, cap_s: float) -> dict:
         """One pass of the rounds with the one pair exchange on the default group, `nbytes`
         each way, each pair's round capped at `cap_s` seconds (a pair far slower is measured
         with fewer iterations or bytes rather than making every rank wait);
@@ -437,6 +441,32 @@ class Preflight:
         call.forget()
         self.pair_wrong |= {(min(r, p), max(r, p)) for r, (_t, peers) in enumerate(everyone) for p in peers}
         return pair_busbw([t for t, _w in everyone], nbytes)
+
+    def alone_times(self, nbytes: int, iters: int, only=None) -> dict:
+        """{global rank: seconds per op} of every rank's op alone (its fastest iteration); with
+        `only`, of those ranks alone, the others waiting (idle) meanwhile."""
+        import torch.distributed as dist
+
+        from ncclbench.api.measure import _measure
+        from ncclbench.faults.preflight import within
+
+        me = dist.get_rank()
+        if only is not None and me not in only:
+            everyone = self.world.exchange(None, "preflight: gathering the ranks' own times", self.timeout_s)
+            return {r: t / 1e6 for r, t in enumerate(everyone) if t}
+        group = self.solo_group
+        if group is None:  # only this rank creates its group (no whole-world step per group)
+            group = self.solo_group = dist.new_group([me], use_local_synchronization=True)
+        options = dict(iters=iters, warmup_iters=2, check=0, per_iter_timing=1, datatype=self.setup["datatype"],
+                       timeout=self.timeout_s)
+        rows = _measure(within.SOLO_COLLECTIVE.name, str(nbytes), group, options, label=f"rank {me} alone",
+                        parent=self.world, exit_on_timeout=self.exit_on_timeout)
+        cell = rows[0].out_of_place if rows.has_rows and len(rows) else None
+        mine = None
+        if cell is not None and math.isfinite(cell.time_us):
+            mine = (cell.per_iter or {}).get("min_us") or cell.time_us  # its best iteration (locate.stats.best_time)
+        everyone = self.world.exchange(mine, "preflight: gathering the ranks' own times", self.timeout_s)
+        return {r: t / 1e6 for r, t in enumerate(everyone) if t}
 
     def _timed_out(self, message: str):
         """Every rank's report after a timeout (see preflight_report.timed_out_report)."""

@@ -18,9 +18,10 @@ the localisation core (faults.preflight.pairs). Each rank and pair is judged at 
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field
 
 from ncclbench.faults.preflight.groups import group_name
+from ncclbench.faults.preflight.pairs import RunFace
 from ncclbench.engine.collectives import ALL_GATHER
 
 PAIR_SWEEP_RANKS = (3, 16)   # below 3: one pair has no reference; above 16: too many rounds for a preflight
@@ -32,32 +33,6 @@ SOLO_MIN_BYTES_GPU = 256 << 20
 # after the first about SOLO_AGAIN_S (docs/design/preflight-alone-remeasure.md)
 SOLO_RUNS = 4
 SOLO_AGAIN_S = 0.25
-
-
-def solo_times(pf, nbytes: int, iters: int, only=None) -> dict:
-    """{global rank: seconds per op} of every rank's op alone (its fastest iteration); with
-    `only`, of those ranks alone, the others waiting (idle) meanwhile."""
-    import torch.distributed as dist
-
-    from ncclbench.api.measure import _measure
-
-    me = dist.get_rank()
-    if only is not None and me not in only:
-        everyone = pf.world.exchange(None, "preflight: gathering the ranks' own times", pf.timeout_s)
-        return {r: t / 1e6 for r, t in enumerate(everyone) if t}
-    group = pf.solo_group
-    if group is None:  # only this rank creates its group (no whole-world step per group)
-        group = pf.solo_group = dist.new_group([me], use_local_synchronization=True)
-    options = dict(iters=iters, warmup_iters=2, check=0, per_iter_timing=1, datatype=pf.setup["datatype"],
-                   timeout=pf.timeout_s)
-    rows = _measure(SOLO_COLLECTIVE.name, str(nbytes), group, options, label=f"rank {me} alone", parent=pf.world,
-                    exit_on_timeout=pf.exit_on_timeout)
-    cell = rows[0].out_of_place if rows.has_rows and len(rows) else None
-    mine = None
-    if cell is not None and math.isfinite(cell.time_us):
-        mine = (cell.per_iter or {}).get("min_us") or cell.time_us  # its best iteration (locate.stats.best_time)
-    everyone = pf.world.exchange(mine, "preflight: gathering the ranks' own times", pf.timeout_s)
-    return {r: t / 1e6 for r, t in enumerate(everyone) if t}
 
 
 def yardstick(best: dict, flagged, host: dict):
@@ -81,8 +56,9 @@ def host_waves(ranks: list, host: dict) -> list[list]:
     return waves
 
 
-def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
-    """{rank: evidence} for the ranks slow alone at their best: measured once, all at once,
+def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float]:
+    """({rank: evidence} for the ranks slow alone at their best, the margin: how far the
+    slowest rank fell below the others at its best): measured once, all at once,
     and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
     all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
     share its cores: docs/design/preflight-alone-remeasure.md). A yardstick, the fastest rank not flagged
@@ -98,9 +74,9 @@ def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
     from ncclbench.locate.stats import worst_below
 
     if len(pf.host) < 2:
-        return {}
+        return {}, 0.0
     alone_band = pf.setup.get("alone_band", pf.setup["band"])
-    best = solo_times(pf, nbytes, iters)
+    best = pf.alone_times(nbytes, iters)
     flagged = slow_alone(best, alone_band)
     runs = 1
     while flagged and runs < SOLO_RUNS:
@@ -112,9 +88,9 @@ def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
             again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in wave))))
             beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
             alone = ref is not None and not beside
-            before = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
-            again = solo_times(pf, nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
-            after = solo_times(pf, nbytes, again_iters, only={ref}) if alone else {}
+            before = pf.alone_times(nbytes, again_iters, only={ref}) if alone else {}
+            again = pf.alone_times(nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
+            after = pf.alone_times(nbytes, again_iters, only={ref}) if alone else {}
             yard = again.get(ref) if beside else min((t for t in (before.get(ref), after.get(ref)) if t), default=None)
             if ref is not None and not yard:
                 continue  # no yardstick time: the moment is unknown, the re-measure says nothing
@@ -124,7 +100,6 @@ def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
                     best[r] = min(best[r], again[r] * scale)
         flagged = {r: v for r, v in slow_alone(best, alone_band).items() if r in flagged}
         runs += 1
-    pf.margins["alone"] = round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
     out = {}
     for r in sorted(flagged):
         others = sorted(t for q, t in best.items() if q != r)
@@ -132,7 +107,7 @@ def judge_ranks_alone(pf, nbytes: int, iters: int) -> dict:
         out[r] = (f"alone (its own {SOLO_COLLECTIVE.name}, {nbytes} B, no partner) takes {1e6 * best[r]:.4g} us per op "
                   f"at best against {1e6 * median:.4g} us on the other ranks ({100 * flagged[r]:.0f}% slower in rate, "
                   f"best of {runs})")
-    return out
+    return out, round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
 
 
 def swept_groups(pf) -> dict:
@@ -141,31 +116,44 @@ def swept_groups(pf) -> dict:
     return {d: groups for d, groups in pf.instances.items() if all(low <= len(g) <= high for g in groups)}
 
 
-def judge_inside_pairs(pf, share_s: float) -> tuple[dict, dict, dict]:
-    """({rank: evidence} slow with every partner, {(a, b): evidence} slow links, {rank:
-    evidence} not settled) from the pair sweeps inside each swept group, judged by the
-    localisation core within about `share_s` seconds: the groups' round-robin rounds, one
-    dimension after another, as the screening; then the rounds the Localiser asks for."""
+@dataclass
+class InsidePairs:
+    """What the pair sweeps inside groups found: {rank: evidence} slow with every partner,
+    {(a, b): evidence} slow links, {rank: evidence} not settled, the margins, notes, and the
+    pairs tested (the report's `pairs`)."""
+
+    bad: dict = field(default_factory=dict)
+    links: dict = field(default_factory=dict)
+    unsettled: dict = field(default_factory=dict)
+    margins: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    records: list = field(default_factory=list)
+
+
+def judge_inside_pairs(pf: RunFace, share_s: float) -> InsidePairs:
+    """The pair sweeps inside each swept group, judged by the localisation core within about
+    `share_s` seconds: the groups' round-robin rounds, one dimension after another, as the
+    screening; then the rounds the Localiser asks for."""
     from ncclbench.faults.preflight.pairs import localise, unjudged_notes
     from ncclbench.locate.schedule import group_pair_rounds
 
     swept = swept_groups(pf)
     rounds = [r for groups in swept.values() for r in group_pair_rounds(groups)]
     if not rounds:
-        return {}, {}, {}
+        return InsidePairs()
     loc = localise(pf, rounds, share_s)
     bad, links, unsettled = loc.verdict(pf.who)
     margins = loc.margins()
-    pf.margins["ranks in pairs"], pf.margins["pairs"] = margins["endpoints"], margins["pairs"]
-    pf.notes += unjudged_notes(", ".join(swept), loc)
 
     def where(rank):
         dim = next(d for d, groups in swept.items() if any(rank in g for g in groups))
         return group_name(pf.instances, dim, next(g for g in swept[dim] if rank in g))
 
-    return ({r: f"in {where(r)}: slow with every partner: {line}" for r, line in bad.items()},
-            {pair: f"in {where(pair[0])}: {line}" for pair, line in links.items()},
-            {r: f"in {where(r)}: {line}" for r, line in unsettled.items()})
+    return InsidePairs({r: f"in {where(r)}: slow with every partner: {line}" for r, line in bad.items()},
+                       {pair: f"in {where(pair[0])}: {line}" for pair, line in links.items()},
+                       {r: f"in {where(r)}: {line}" for r, line in unsettled.items()},
+                       {"ranks in pairs": margins["endpoints"], "pairs": margins["pairs"]},
+                       unjudged_notes(", ".join(swept), loc), loc.pair_records(pf.host.get))
 
 
 def one_group_note(dim: str, size: int) -> str:
