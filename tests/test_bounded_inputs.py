@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import resource
 import stat
 import subprocess
@@ -189,32 +188,55 @@ def test_compare_names_a_rank_count_mismatch(tmp_path):
     assert "4 not comparable (busbw below 0.05 GB/s in NEW, and the rank counts differ (BASE 2 vs NEW 64" in r.stdout
 
 
+def _slower_copy(doc: dict, factor: float) -> dict:
+    """`doc` with every time and sample `factor` x slower."""
+    doc = json.loads(json.dumps(doc))
+    for row in doc["results"]:
+        for placement in ("out_of_place", "in_place"):
+            cell, block = row[placement], row[f"{placement}_noise"]
+            cell["time"] *= factor
+            cell["alg_bw"] /= factor
+            cell["bus_bw"] /= factor
+            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
+                block[key] *= factor
+            block["samples_us"] = [v * factor for v in block["samples_us"]]
+    return doc
+
+
+def _statuses(base: str, new: str) -> dict:
+    """{(size, placement): status} of `compare base new`, through the same reader and rule."""
+    from ncclbench.results.compare import compare_frames, read_inputs
+
+    rows = compare_frames(*read_inputs([base, new], [])).rows
+    return {(int(r["size_bytes"]), r["placement"]): r["status"] for r in rows.to_dict("records")}
+
+
 def test_a_gloo_run_four_times_slower_fails(tmp_path):
     """Issue 63: a real gloo run (2 ranks, -n 20) against a copy with every time and sample
-    4x slower passed as 'within noise' on every row; its blocks all lie beyond BASE's."""
+    4x slower passed as 'within noise' on every row. Now every row whose NEW blocks all lie
+    beyond BASE's (4x its fastest block above its slowest) is a regression, and the run
+    fails where there is one; a row whose own blocks spread over 4x (a busy host) may pass.
+    A copy slower than the run's widest spread fails on every row, whatever the load."""
     run = tmp_path / "run.json"
     r = run_cli(["allreduce", "--backend", "gloo", "-g", "2", "-b", "8", "-e", "32K", "-f", "4", "-n", "20",
                  "-w", "2", "--no-save", "-J", str(run)], timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(run.read_text())
-    for row in doc["results"]:
-        for placement in ("out_of_place", "in_place"):
-            cell, block = row[placement], row[f"{placement}_noise"]
-            cell["time"] *= 4
-            cell["alg_bw"] /= 4
-            cell["bus_bw"] /= 4
-            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
-                block[key] *= 4
-            block["samples_us"] = [v * 4 for v in block["samples_us"]]
-    slow = _write(tmp_path / "slow.json", doc)
+    blocks = {(row["size"], placement): row[f"{placement}_noise"] for row in doc["results"]
+              for placement in ("out_of_place", "in_place")}
+    slow = _write(tmp_path / "slow.json", _slower_copy(doc, 4))
+    statuses = _statuses(str(run), slow)
+    assert set(statuses) == set(blocks)
+    apart = [key for key, b in blocks.items() if 4 * b["min_us"] > b["max_us"]]
+    assert all(statuses[key] == "regression" for key in apart), (apart, statuses)
     c = run_cli(["compare", str(run), slow], timeout=60)
+    failed = any(status == "regression" for status in statuses.values())
+    assert c.returncode == (1 if failed else 0) and ("FAIL" in c.stdout) == failed, c.stdout
+    spread = max(b["max_us"] / b["min_us"] for b in blocks.values())
+    slower = _write(tmp_path / "slower.json", _slower_copy(doc, max(4.0, 1.5 * spread)))
+    assert set(_statuses(str(run), slower).values()) == {"regression"}
+    c = run_cli(["compare", str(run), slower], timeout=60)
     assert c.returncode == 1 and "FAIL" in c.stdout, c.stdout
-    # every row whose quartiles are apart fails; on a busy host a BASE row whose own samples
-    # spread past 4x its median keeps them overlapping, and such a row may pass
-    quartiles = re.compile(r"NEW p25 ([\d.e+]+) vs BASE p75 ([\d.e+]+) us")
-    judged = [line for line in c.stdout.splitlines() if quartiles.search(line)]
-    apart = [line for line in judged if float(quartiles.search(line)[1]) > float(quartiles.search(line)[2])]
-    assert apart and all("REGRESSION" in line for line in apart), c.stdout
 
 
 def test_json_to_an_existing_file_says_where_and_dev_null_stays(tmp_path):
