@@ -60,8 +60,11 @@ def one_run(command: str, case: str, rate: str, gpu: bool, folder: str, k: int) 
         return {"command": command, "case": case, "error": (stderr or "")[-300:], "exit": procs[0].returncode}
     doc = json.loads(Path(out).read_text())
     drain, links = doc["drain"], [link["hosts"] for link in doc["links"]]
+    right = (drain, links) == WANT[case]
+    said = {h["host"]: h.get("evidence") for h in doc.get("hosts", []) if h.get("verdict") != "ok"}
     return {"command": command, "case": case, "exit": procs[0].returncode, "drain": drain, "links": links,
-            "right": (drain, links) == WANT[case], "margins": doc.get("margins"), "seconds": round(took, 1)}
+            "right": right, "margins": doc.get("margins"), "seconds": round(took, 1),
+            **({} if right else {"evidence": said, "notes": doc.get("notes")})}
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 
@@ -250,6 +251,17 @@ def test_rounds_inside_groups_cover_each_group_once_side_by_side():
         assert len(members) == len(set(members))
 
 
+class _AlonePf(SimpleNamespace):
+    """A stand-in run for faults.preflight.within.judge_ranks_alone: each rank shares its host,
+    and with `gpu` ({rank: GPU UUID}), its GPU."""
+
+    @property
+    def shares(self):
+        from ncclbench.faults.preflight.within import shares_of
+
+        return shares_of(self.host, getattr(self, "gpu", {}))
+
+
 def _fake_pf(fabric, host, kind=None, band=0.2, link_band=None, kind_bands=None):
     """A stand-in Preflight for faults.preflight.pairs: `fabric(pass number, a, b)` -> GB/s."""
     from types import SimpleNamespace
@@ -396,13 +408,12 @@ def test_a_pair_slow_in_a_retest_only_is_nothing():
 
 
 def test_a_rank_slow_alone_is_named_only_when_every_run_finds_it_slow(monkeypatch):
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
 
     healthy = {0: 1e-4, 1: 1e-4, 2: 1e-4, 3: 1e-4}
     slow1, slow2, late1 = {**healthy, 1: 4e-4}, {**healthy, 2: 4e-4}, {**healthy, 1: 0.02}
-    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    pf = _AlonePf(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
     asked = []
 
     def solo_times(pf, nbytes, iters, only=None):  # a later run measures the flagged ranks alone
@@ -448,12 +459,11 @@ def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch
     """8 ranks of one host all 20 ms late (8 waves of one rank) and a healthy second host:
     SOLO_AGAIN_S split over 8 waves leaves each the fewest iterations (3 timed), where one
     wave would have had 12; the yardstick from the healthy host runs beside every wave."""
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
 
     own = {r: 0.02 if r < 8 else 1e-4 for r in range(16)}
-    pf = SimpleNamespace(host={r: "a" if r < 8 else "b" for r in range(16)}, setup={"band": 0.2}, margins={})
+    pf = _AlonePf(host={r: "a" if r < 8 else "b" for r in range(16)}, setup={"band": 0.2}, margins={})
     asked = []
 
     def solo_times(pf, nbytes, iters, only=None):
@@ -468,11 +478,10 @@ def test_a_run_of_many_waves_cuts_each_wave_to_the_fewest_iterations(monkeypatch
 
 
 def test_alone_reruns_ignore_a_lost_yardstick_and_name_only_ranks_flagged_every_run(monkeypatch):
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
 
-    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    pf = _AlonePf(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
     asked = []
 
     def solo_times(pf, nbytes, iters, only=None):
@@ -505,12 +514,11 @@ def test_a_free_hosts_yardstick_slow_in_the_first_run_does_not_keep_a_healthy_ra
     """Host b's ranks 1.24x slow in the first run only (not flagged), rank 1 of host a slow
     that moment: measured again beside host b's yardstick, both at their true speed, rank 1
     is scaled by the fastest rank's level (host a's), not by host b's slow first reading."""
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
 
     first = {0: 150e-6, 1: 200e-6, 2: 151e-6, 3: 152e-6, 4: 182e-6, 5: 183e-6, 6: 183e-6, 7: 184e-6}
-    pf = SimpleNamespace(host={r: "a" if r < 4 else "b" for r in range(8)}, setup={"band": 0.2}, margins={})
+    pf = _AlonePf(host={r: "a" if r < 4 else "b" for r in range(8)}, setup={"band": 0.2}, margins={})
     seq = iter([first] + [{1: 153e-6, 4: 147e-6}] * within.SOLO_RUNS)
 
     def solo_times(pf, nbytes, iters, only=None):
@@ -525,7 +533,6 @@ def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
     """Healthy gloo ranks sharing 2 loaded cores fell up to 74% below alone (named at the 60%
     gloo band); at ALONE_BAND_GLOO they pass, while a rank late 2 ms per call is still named.
     NCCL groups and a band the caller chose keep the run's band."""
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
     from ncclbench.locate.bands import backend_bands
@@ -540,7 +547,7 @@ def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
         t = seq.pop(0)
         return {r: v for r, v in t.items() if only is None or r in only}
 
-    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.6, "alone_band": ALONE_BAND_GLOO},
+    pf = _AlonePf(host={r: "h" for r in range(4)}, setup={"band": 0.6, "alone_band": ALONE_BAND_GLOO},
                          margins={})
     pf.alone_times = partial(solo_times, pf)
     seq[:] = [first]
@@ -552,24 +559,28 @@ def test_ranks_alone_on_cpu_groups_are_judged_at_the_alone_band(monkeypatch):
     assert list(within.judge_ranks_alone(pf, 1 << 16, 50)[0]) == [0]
 
 
-def test_host_waves_put_one_rank_of_each_host_in_a_wave():
-    from ncclbench.faults.preflight.within import host_waves
+def test_waves_put_one_rank_of_each_host_and_of_each_gpu_in_a_wave():
+    from ncclbench.faults.preflight.within import shares_of, waves_of
 
     host = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c"}
-    assert host_waves([0, 1, 2, 3, 4], host) == [[0, 2, 4], [1, 3]]
-    assert host_waves([1, 3], host) == [[1, 3]] and host_waves([], host) == []
+    shares = shares_of(host, {})
+    assert waves_of([0, 1, 2, 3, 4], shares) == [[0, 2, 4], [1, 3]]
+    assert waves_of([1, 3], shares) == [[1, 3]] and waves_of([], shares) == []
+    # 4 hosts sharing one GPU (MPS): one rank a wave; two GPUs: two ranks a wave
+    four = {r: f"n{r}" for r in range(4)}
+    assert waves_of([0, 1, 2, 3], shares_of(four, {r: "GPU-0" for r in range(4)})) == [[0], [1], [2], [3]]
+    assert waves_of([0, 1, 2, 3], shares_of(four, {r: f"GPU-{r % 2}" for r in range(4)})) == [[0, 1], [2, 3]]
 
 
 def test_healthy_ranks_that_lose_the_shared_cores_are_cleared_measured_in_turn(monkeypatch):
     """4 ranks on a 2-core host under load, rank 1 really slow (20 ms a call, asleep): whenever
     two or more of the others measure at once, rank 3 keeps a core and the rest run 3x slow. Measured side by side, healthy ranks 0 and 2 stayed flagged in every run
     (a failure seen under a whole test suite's load); one rank of the host at a time, they clear."""
-    from types import SimpleNamespace
 
     from ncclbench.faults.preflight import within
 
     own = {0: 1e-4, 1: 0.02, 2: 1e-4, 3: 1e-4}
-    pf = SimpleNamespace(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
+    pf = _AlonePf(host={r: "h" for r in range(4)}, setup={"band": 0.2}, margins={})
 
     def solo_times(pf, nbytes, iters, only=None):
         ranks = sorted(own if only is None else only)
@@ -578,6 +589,42 @@ def test_healthy_ranks_that_lose_the_shared_cores_are_cleared_measured_in_turn(m
 
     pf.alone_times = partial(solo_times, pf)
     assert list(within.judge_ranks_alone(pf, 1 << 20, 50)[0]) == [1]
+
+
+def test_ranks_sharing_one_gpu_are_measured_again_in_turn_and_the_evidence_names_the_reference():
+    """4 one-GPU hosts sharing one GPU under MPS, all healthy (90 us alone): ranks measured
+    at once on the GPU slow each other unevenly (here 1x to 5.7x, as seen on one H100),
+    so the first run flags some. Measured again one rank at a time beside nothing, each runs
+    at its own speed and is cleared. A rank 2x slow on its own is still named, and its
+    evidence gives the reference the rule used, which the percentage agrees with."""
+    from ncclbench.faults.preflight import within
+
+    own = {0: 90e-6, 1: 90e-6, 2: 90e-6, 3: 90e-6}
+    contended = {0: 1.0, 1: 5.7, 2: 1.5, 3: 3.4}  # each rank's slowdown while others run beside it on the GPU
+    pf = _AlonePf(host={r: f"simnode{r}" for r in range(4)}, gpu={r: "GPU-0" for r in range(4)},
+                  setup={"band": 0.2}, margins={})
+    asked = []
+
+    def solo_times(pf, nbytes, iters, only=None):
+        ranks = sorted(own if only is None else only)
+        asked.append(ranks)
+        return {r: own[r] * (contended[r] if len(ranks) > 1 else 1.0) for r in ranks}
+
+    pf.alone_times = partial(solo_times, pf)
+    assert within.judge_ranks_alone(pf, 1 << 28, 20)[0] == {}
+    assert all(len(ranks) == 1 for ranks in asked[1:]), asked  # in turn: never two ranks of the GPU at once
+    own[2] = 180e-6
+    named = within.judge_ranks_alone(pf, 1 << 28, 20)[0]
+    assert list(named) == [2]
+    said = re.search(r"takes ([\d.]+) us per op at best against a reference of ([\d.]+) us .*; (\d+)% slower", named[2])
+    mine, ref, pct = float(said[1]), float(said[2]), int(said[3])
+    assert mine > ref and abs(100 * (1 - ref / mine) - pct) <= 1, named[2]
+    # the same ranks on hosts that share no GPU (gloo): measured again side by side, as before
+    pf.gpu = {}
+    asked.clear()
+    own[2] = 90e-6
+    within.judge_ranks_alone(pf, 1 << 28, 20)
+    assert any(len(ranks) > 1 for ranks in asked[1:]), asked
 
 
 def test_pair_kind_sets_apart_the_pairs_at_half_the_communicator():

@@ -20,6 +20,7 @@ class RunFace(Protocol):
     into it."""
 
     host: dict                                 # {rank: host name}
+    shares: dict                               # {rank: its host and GPU} (faults.preflight.within.shares_of)
     setup: dict                                # the inputs every rank agreed on: band, link_band, datatype
     instances: dict                            # {dim: [groups]}
     pair_kind: Callable                        # (a, b) -> the pair's kind (ncclbench.locate.kinds)

@@ -27,6 +27,7 @@ from functools import partial
 from ncclbench.api.measure import ranks_text
 from ncclbench.faults.preflight.inputs import ONE_RANK, PREFLIGHT_COLLECTIVES, agreement_timeout, check_inputs
 from ncclbench.faults.preflight.report import explain, finding, group_records, timed_out_report
+from ncclbench.faults.preflight.within import shares_of
 from ncclbench.locate.kinds import pair_kind
 from ncclbench.faults.preflight.groups import (best_cells, group_name, mesh_culprit, slow_groups,
                                                sockets_between_hosts)
@@ -80,6 +81,7 @@ class Preflight:
                         "drain_format": checked_format(drain_format)}
         self.cost: dict[str, float] = {}
         self.host: dict[int, str] = {}
+        self.shares: dict = {}        # {rank: its host and GPU} (within.shares_of)
         self.notes: list[str] = []
         self.pair_wrong: set = set()  # pairs whose exchanged data arrived wrong
         self.pair_records: list = []  # every pair tested, at its best (the report's `pairs`)
@@ -136,7 +138,8 @@ class Preflight:
                        s["datatype"], s["budget"], self.timeout_s)
         mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "fingerprint": fingerprint,
                 "dims": {name: tuple(dist.get_process_group_ranks(g or dist.GroupMember.WORLD)) for name, g in s["dims"]},
-                "backends": backends, "device": _current_device(backends), "free": _free_memory(backends),
+                "backends": backends, "device": _current_device(backends), "gpu": _gpu_uuid(backends),
+                "free": _free_memory(backends),
                 "env": {k: os.environ[k] for k in ENV_HINTS if k in os.environ},
                 "health": _health(backends)}
         facts = self.world.exchange(mine, "preflight: gathering the ranks", self.timeout_s)
@@ -146,6 +149,7 @@ class Preflight:
                             "than rank 0; every rank must pass the same dimension names and options")
         self.facts = facts
         self.host = {f["rank"]: f["host"] for f in facts}
+        self.shares = shares_of(self.host, {f["rank"]: f.get("gpu") for f in facts})
         self.instances = {name: sorted({f["dims"][name] for f in facts}) for name, _ in s["dims"]}
         self.backends = {name: ("nccl" if any(f["backends"][name] == "nccl" for f in facts) else "gloo")
                          for name, _ in s["dims"]}
@@ -536,6 +540,15 @@ def _current_device(backends: dict):
     import torch
 
     return torch.cuda.current_device()
+
+
+def _gpu_uuid(backends: dict) -> str | None:
+    """The physical GPU this rank runs on (the same UUID for ranks sharing it under MPS)."""
+    if "nccl" not in backends.values():
+        return None
+    import torch
+
+    return str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")) or None
 
 
 def _health(backends: dict) -> dict:

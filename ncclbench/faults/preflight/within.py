@@ -35,20 +35,26 @@ SOLO_RUNS = 4
 SOLO_AGAIN_S = 0.25
 
 
-def yardstick(best: dict, flagged, host: dict):
-    """The fastest rank not flagged, on a host with no flagged rank where there is one (it
-    then runs beside every wave); None when every rank is flagged."""
-    busy = {host[r] for r in flagged}
-    pool = [r for r in best if r not in flagged and host[r] not in busy] or [r for r in best if r not in flagged]
+def shares_of(host: dict, gpu: dict) -> dict:
+    """{rank: what it shares with other ranks}: its host's cores, and its physical GPU (by
+    UUID; several ranks on one GPU under MPS share its engines even on different hosts)."""
+    return {r: frozenset({("host", h)} | ({("gpu", gpu[r])} if gpu.get(r) else set())) for r, h in host.items()}
+
+
+def yardstick(best: dict, flagged, shares: dict):
+    """The fastest rank not flagged, sharing nothing with a flagged rank where there is one
+    (it then runs beside every wave); None when every rank is flagged."""
+    busy = set().union(*(shares[r] for r in flagged)) if flagged else set()
+    pool = [r for r in best if r not in flagged and not shares[r] & busy] or [r for r in best if r not in flagged]
     return min(pool, key=lambda r: best[r], default=None)
 
 
-def host_waves(ranks: list, host: dict) -> list[list]:
-    """`ranks` in waves that hold at most one rank of each host, in order: ranks of one host
-    measured in turn, never beside each other on the cores they share."""
+def waves_of(ranks: list, shares: dict) -> list[list]:
+    """`ranks` in waves of ranks that share nothing (shares_of), in order: ranks of one host,
+    or of one GPU, measured in turn, never beside each other on what they share."""
     waves: list[list] = []
     for r in ranks:
-        wave = next((w for w in waves if all(host[q] != host[r] for q in w)), None)
+        wave = next((w for w in waves if all(not shares[q] & shares[r] for q in w)), None)
         if wave is None:
             waves.append([r])
         else:
@@ -60,10 +66,12 @@ def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float
     """({rank: evidence} for the ranks slow alone at their best, the margin: how far the
     slowest rank fell below the others at its best): measured once, all at once,
     and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
-    all. A re-measure runs the flagged ranks in waves of one rank per host (ranks of one host
-    share its cores: docs/design/preflight-alone-remeasure.md). A yardstick, the fastest rank not flagged
-    (on a host without flagged ranks where there is one), runs beside each wave, or where its
-    host has a rank in the wave, alone just before and just after it, its faster time kept.
+    all. A re-measure runs the flagged ranks in waves of ranks that share neither a host nor
+    a GPU (pf.shares: ranks of one host share its cores, ranks on one GPU its engines:
+    docs/design/preflight-alone-remeasure.md). A yardstick, the fastest rank not flagged
+    (sharing nothing with a flagged rank where there is one), runs beside each wave, or where
+    it shares something with a rank of the wave, alone just before and just after it, its
+    faster time kept.
     A re-measure counts scaled by the level of the ranks not flagged (the fastest one's best
     time) over the yardstick's time then, both ways: a moment slow for
     everyone clears nothing, and a rank measured on idle cores is not compared with the
@@ -71,7 +79,7 @@ def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float
     Each rank's best time against the others' best times; a rank is named only when every
     run flagged it (one that a changed reference flags late is not named unmeasured)."""
     from ncclbench.locate.alone import slow_alone
-    from ncclbench.locate.stats import worst_below
+    from ncclbench.locate.stats import reference, worst_below
 
     if len(pf.host) < 2:
         return {}, 0.0
@@ -80,13 +88,13 @@ def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float
     flagged = slow_alone(best, alone_band)
     runs = 1
     while flagged and runs < SOLO_RUNS:
-        waves = host_waves(sorted(flagged), pf.host)
-        ref = yardstick(best, flagged, pf.host)
+        waves = waves_of(sorted(flagged), pf.shares)
+        ref = yardstick(best, flagged, pf.shares)
         level = min((best[q] for q in best if q not in flagged), default=None)
         for wave in waves:
             # each wave about SOLO_AGAIN_S / waves (at least 3 timed ops, 2 warm-up), from its own slowest rank
             again_iters = max(3, min(iters, int(SOLO_AGAIN_S / len(waves) / max(best[r] for r in wave))))
-            beside = ref is not None and all(pf.host[r] != pf.host[ref] for r in wave)
+            beside = ref is not None and all(not pf.shares[r] & pf.shares[ref] for r in wave)
             alone = ref is not None and not beside
             before = pf.alone_times(nbytes, again_iters, only={ref}) if alone else {}
             again = pf.alone_times(nbytes, again_iters, only=set(wave) | ({ref} if beside else set()))
@@ -101,12 +109,11 @@ def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float
         flagged = {r: v for r, v in slow_alone(best, alone_band).items() if r in flagged}
         runs += 1
     out = {}
+    reference_s = 1.0 / reference([1.0 / t for t in best.values()])[0] if flagged else None
     for r in sorted(flagged):
-        others = sorted(t for q, t in best.items() if q != r)
-        median = others[len(others) // 2]
         out[r] = (f"alone (its own {SOLO_COLLECTIVE.name}, {nbytes} B, no partner) takes {1e6 * best[r]:.4g} us per op "
-                  f"at best against {1e6 * median:.4g} us on the other ranks ({100 * flagged[r]:.0f}% slower in rate, "
-                  f"best of {runs})")
+                  f"at best against a reference of {1e6 * reference_s:.4g} us (the faster half of the {len(best)} "
+                  f"ranks; {100 * flagged[r]:.0f}% slower in rate, best of {runs})")
     return out, round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
 
 
