@@ -35,6 +35,10 @@ COMMANDS = {
     "fleet": ["fleet", "-T", "20"],
 }
 WANT = {"healthy": ([], []), "nic": (["simnode2"], []), "link": ([], [["simnode1", "simnode3"]])}
+# preflight alone (--cases alone --commands preflight): host 2's rank 100 us late per collective,
+# about 2x its op alone on a GPU; `pairs` and `fleet` do not time a rank's op alone
+WANT["alone"] = (["simnode2"], [])
+CASE_ENV = {"alone": {"NCCLBENCH_FAULT": "slow:rank=2,us=100"}}
 
 
 def one_run(command: str, case: str, rate: str, gpu: bool, folder: str, k: int) -> dict:
@@ -48,7 +52,7 @@ def one_run(command: str, case: str, rate: str, gpu: bool, folder: str, k: int) 
         elif case == "link":
             fleet.slow_link(1, 3, rate)
         argv = [sys.executable, "-m", "ncclbench", *COMMANDS[command], *backend, "--json", out]
-        procs = [fleet.start(i, argv, 1, port=29571) for i in range(4)]
+        procs = [fleet.start(i, argv, 1, port=29571, env=CASE_ENV.get(case)) for i in range(4)]
         try:
             stdout, stderr = procs[0].communicate(timeout=400)
             for p in procs[1:]:
@@ -73,7 +77,7 @@ def main() -> None:
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--commands", default=",".join(COMMANDS))
-    ap.add_argument("--cases", default=",".join(WANT))
+    ap.add_argument("--cases", default="healthy,nic,link")
     ap.add_argument("--out", default=None, help="append one JSON line per run")
     ap.add_argument("--load", type=int, default=0, help="busy loops on the CPU through every run")
     a = ap.parse_args()

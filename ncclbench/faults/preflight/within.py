@@ -64,7 +64,7 @@ def waves_of(ranks: list, shares: dict) -> list[list]:
 
 def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float]:
     """({rank: evidence} for the ranks slow alone at their best, the margin: how far the
-    slowest rank fell below the others at its best): measured once, all at once,
+    slowest rank not named fell below the others at its best): measured once, all at once,
     and where that flags ranks, those again while the others wait, up to SOLO_RUNS runs in
     all. A re-measure runs the flagged ranks in waves of ranks that share neither a host nor
     a GPU (pf.shares: ranks of one host share its cores, ranks on one GPU its engines:
@@ -114,7 +114,7 @@ def judge_ranks_alone(pf: RunFace, nbytes: int, iters: int) -> tuple[dict, float
         out[r] = (f"alone (its own {SOLO_COLLECTIVE.name}, {nbytes} B, no partner) takes {1e6 * best[r]:.4g} us per op "
                   f"at best against a reference of {1e6 * reference_s:.4g} us (the faster half of the {len(best)} "
                   f"ranks; {100 * flagged[r]:.0f}% slower in rate, best of {runs})")
-    return out, round(worst_below({r: 1.0 / t for r, t in best.items()}), 4)
+    return out, round(worst_below({r: 1.0 / t for r, t in best.items() if r not in flagged}), 4)  # the healthy rest
 
 
 def swept_groups(pf) -> dict:
