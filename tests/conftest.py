@@ -142,3 +142,23 @@ def endless_run_with_rows(tmp_path, base: list[str], *extra, rows: int = 4, wait
             break
         time.sleep(0.5)
     return proc
+
+
+def slower_copy(doc: dict, factor: float, up_to: float = float("inf")) -> dict:
+    """A copy of a results document whose rows up to `up_to` bytes take `factor` x as long in
+    every iteration: times, bandwidths, noise summaries and samples alike."""
+    import json
+
+    doc = json.loads(json.dumps(doc))
+    for row in doc["results"]:
+        if row["size"] > up_to:
+            continue
+        for placement in ("out_of_place", "in_place"):
+            cell, block = row[placement], row[f"{placement}_noise"]
+            cell["time"] *= factor
+            cell["alg_bw"] /= factor
+            cell["bus_bw"] /= factor
+            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
+                block[key] *= factor
+            block["samples_us"] = [v * factor for v in block["samples_us"]]
+    return doc

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, cli_command, run_cli
+from conftest import ROOT, cli_command, run_cli, slower_copy
 from ncclbench.inputs import LIMITS, InputFileError, read_text
 from ncclbench.results import noise
 
@@ -188,21 +188,6 @@ def test_compare_names_a_rank_count_mismatch(tmp_path):
     assert "4 not comparable (busbw below 0.05 GB/s in NEW, and the rank counts differ (BASE 2 vs NEW 64" in r.stdout
 
 
-def _slower_copy(doc: dict, factor: float) -> dict:
-    """`doc` with every time and sample `factor` x slower."""
-    doc = json.loads(json.dumps(doc))
-    for row in doc["results"]:
-        for placement in ("out_of_place", "in_place"):
-            cell, block = row[placement], row[f"{placement}_noise"]
-            cell["time"] *= factor
-            cell["alg_bw"] /= factor
-            cell["bus_bw"] /= factor
-            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
-                block[key] *= factor
-            block["samples_us"] = [v * factor for v in block["samples_us"]]
-    return doc
-
-
 def _statuses(base: str, new: str) -> dict:
     """{(size, placement): status} of `compare base new`, through the same reader and rule."""
     from ncclbench.results.compare import compare_frames, read_inputs
@@ -224,7 +209,7 @@ def test_a_gloo_run_four_times_slower_fails(tmp_path):
     doc = json.loads(run.read_text())
     blocks = {(row["size"], placement): row[f"{placement}_noise"] for row in doc["results"]
               for placement in ("out_of_place", "in_place")}
-    slow = _write(tmp_path / "slow.json", _slower_copy(doc, 4))
+    slow = _write(tmp_path / "slow.json", slower_copy(doc, 4))
     statuses = _statuses(str(run), slow)
     assert set(statuses) == set(blocks)
     apart = [key for key, b in blocks.items() if 4 * b["min_us"] > b["max_us"]]
@@ -233,7 +218,7 @@ def test_a_gloo_run_four_times_slower_fails(tmp_path):
     failed = any(status == "regression" for status in statuses.values())
     assert c.returncode == (1 if failed else 0) and ("FAIL" in c.stdout) == failed, c.stdout
     spread = max(b["max_us"] / b["min_us"] for b in blocks.values())
-    slower = _write(tmp_path / "slower.json", _slower_copy(doc, max(4.0, 1.5 * spread)))
+    slower = _write(tmp_path / "slower.json", slower_copy(doc, max(4.0, 1.5 * spread)))
     assert set(_statuses(str(run), slower).values()) == {"regression"}
     c = run_cli(["compare", str(run), slower], timeout=60)
     assert c.returncode == 1 and "FAIL" in c.stdout, c.stdout

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import run_cli
+from conftest import run_cli, slower_copy
 from ncclbench.cli.baseline import baseline_command
 from ncclbench.cli.compare import compare_command
 from ncclbench.results import noise
@@ -179,18 +178,7 @@ def test_recorded_healthy_pairs_pass_and_every_plant_is_caught(recorded, tmp_pat
 def _slowed(path, tmp_path, factor: float, up_to: int):
     """A copy of a recorded run whose rows up to `up_to` bytes take `factor` x as long in every
     iteration (a slower launch path or a late rank, as small rows see it)."""
-    doc = json.loads(path.read_text())
-    for row in doc["results"]:
-        if row["size"] > up_to:
-            continue
-        for placement in ("out_of_place", "in_place"):
-            cell, block = row[placement], row[f"{placement}_noise"]
-            cell["time"] *= factor
-            cell["alg_bw"] /= factor
-            cell["bus_bw"] /= factor
-            for key in ("min_us", "p25_us", "median_us", "p75_us", "p90_us", "max_us"):
-                block[key] *= factor
-            block["samples_us"] = [v * factor for v in block["samples_us"]]
+    doc = slower_copy(json.loads(path.read_text()), factor, up_to)
     return _write(tmp_path / f"x{factor}-{path.name}", doc)
 
 
