@@ -15,10 +15,11 @@ SHARED = {"errors", "sizes", "dtypes", "lazy", "startup", "procs", "failpoints",
 CAPABILITY = {"api", "engine", "backends", "results", "topology", "launch", "locate"}  # what a capability may use
 ALLOWED = {
     "entry": {"cli", "launch", "api", "faults"},  # ncclbench/__init__.py hands out the API's names
-    "cli": {"api", "tune", "faults", "explain", "engine", "backends", "results", "topology", "launch", "locate"},
+    "cli": {"api", "tune", "faults", "explain", "suite", "engine", "backends", "results", "topology", "launch", "locate"},
     "tune": CAPABILITY,
     "faults": CAPABILITY,  # pairs, preflight, fleet: a package each
     "explain": CAPABILITY,
+    "suite": CAPABILITY,
     "api": {"engine", "backends", "results", "topology", "launch", "locate"},
     "engine": {"backends", "results", "topology", "launch", "locate"},
     "locate": set(),  # the localisation core: pure statistics and records

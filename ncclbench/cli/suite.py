@@ -28,7 +28,7 @@ from ncclbench.errors import ExitCode
 def suite_command(suite_file, ngpus, backend, csv_path, results_dir, no_save, quiet, overrides, group_index,
                   metrics_path):
     """Run every entry of a suite file (collectives, sizes, dtypes, ops, env settings)."""
-    from ncclbench.api import suite
+    from ncclbench.suite import run as suite
     from ncclbench.tune.suite import run_tune_entries, tune_entries
 
     runs, tunes = tune_entries(suite_file, suite.load_suite(suite_file, suite.parse_overrides(overrides)), ngpus,

@@ -1,0 +1,1 @@
+"""`ncclbench suite`: many runs from one YAML file (run.py)."""
