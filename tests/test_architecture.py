@@ -337,7 +337,7 @@ def test_the_core_check_sees_a_planted_twin(tmp_path):
 # a pair's both-ways exchange and its sizing by measured time: engine/pair_exchange.py only
 # (the backend's sendrecv/alltoall collectives call batch_isend_irecv for themselves)
 EXCHANGE_HOMES = {"engine/pair_exchange.py", "backends/torch_dist.py"}
-SIZING_FUNCTIONS = {"pair_effort", "probe_size", "probe_bytes", "full_probe_fits", "probe_pair"}
+SIZING_FUNCTIONS = {"pair_effort", "probe_size", "probe_bytes", "full_probe_fits", "probe_pair", "pair_rate", "pair_busbw"}
 
 
 def exchange_twins(package: Path) -> list[str]:

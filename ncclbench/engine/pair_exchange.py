@@ -68,17 +68,18 @@ class DeadlinePassed(Exception):
     """The exchange did not finish before its deadline."""
 
 
+def pair_rate(nbytes: int, seconds_a: float, seconds_b: float) -> float:
+    """GB/s per direction of a pair whose two sides took these seconds per exchange of
+    `nbytes` each way: the slower side's (the exchange is over when both sides are done)."""
+    slowest = max(seconds_a, seconds_b)
+    return nbytes / slowest / 1e9 if slowest > 0 else float("inf")
+
+
 def pair_busbw(times: list[dict], nbytes: int) -> dict:
-    """{(a, b): GB/s per direction} of the pairs measured, a < b, from each rank's {peer:
-    seconds per exchange}: a pair's time is its slower side's (the exchange is over when
-    both sides are done)."""
-    out = {}
-    for a, mine in enumerate(times):
-        for b, seconds in mine.items():
-            if a < b and a in times[b]:
-                slowest = max(seconds, times[b][a])
-                out[(a, b)] = nbytes / slowest / 1e9 if slowest > 0 else float("inf")
-    return out
+    """{(a, b): GB/s per direction} (pair_rate) of the pairs measured, a < b, from each
+    rank's {peer: seconds per exchange}."""
+    return {(a, b): pair_rate(nbytes, seconds, times[b][a])
+            for a, mine in enumerate(times) for b, seconds in mine.items() if a < b and a in times[b]}
 
 
 def pattern_byte(rank: int) -> int:

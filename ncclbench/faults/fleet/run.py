@@ -9,6 +9,7 @@ import sys
 import time
 from datetime import timedelta
 
+from ncclbench.engine.pair_exchange import pair_rate
 from ncclbench.faults.fleet.worker import SLACK_S, Control, FleetPlan, Worker, build_layout, my_facts, say, task_limit_s
 from ncclbench.locate.alone import judge_alone, judge_inventory
 from ncclbench.locate.localiser import Localiser, PairTest, localisation_round
@@ -351,7 +352,7 @@ class Coordinator:
                 self.paths.setdefault((a, b), (pa or {}).get("path") or (pb or {}).get("path"))
                 sizes.append(pa["bytes"] if pa else None)
                 if pa and pb and pa["s"] and pb["s"]:
-                    rails.append(pa["bytes"] / max(pa["s"], pb["s"]) / 1e9)
+                    rails.append(pair_rate(pa["bytes"], pa["s"], pb["s"]))
                 else:
                     rails.append(None)
                     error = error or next((results[r]["error"] for r in (ra, rb) if "error" in results.get(r, {})),
