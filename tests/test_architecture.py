@@ -337,20 +337,25 @@ def test_the_core_check_sees_a_planted_twin(tmp_path):
 # a pair's both-ways exchange and its sizing by measured time: engine/pair_exchange.py only
 # (the backend's sendrecv/alltoall collectives call batch_isend_irecv for themselves)
 EXCHANGE_HOMES = {"engine/pair_exchange.py", "backends/torch_dist.py"}
-SIZING_FUNCTIONS = {"pair_effort", "probe_size", "probe_bytes", "full_probe_fits", "probe_pair", "pair_rate", "pair_busbw"}
+SIZING_FUNCTIONS = {"pair_effort", "probe_size", "probe_bytes", "second_probe_bytes", "probe_pair", "pair_rate",
+                    "pair_busbw"}
+
+
+POINT_TO_POINT = {"batch_isend_irecv", "P2POp", "isend", "irecv", "send", "recv"}
 
 
 def exchange_twins(package: Path) -> list[str]:
-    """Calls of batch_isend_irecv outside EXCHANGE_HOMES, and sizing functions defined
-    outside engine/pair_exchange.py."""
+    """torch.distributed point-to-point calls (dist.isend, dist.P2POp, ...) outside
+    EXCHANGE_HOMES, and sizing functions defined outside engine/pair_exchange.py."""
     out = []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            called = isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-            if called == "batch_isend_irecv" and rel not in EXCHANGE_HOMES:
-                out.append(f"{rel}: batch_isend_irecv")
+            func = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and func.attr in POINT_TO_POINT
+                    and ast.unparse(func.value).endswith(("dist", "distributed")) and rel not in EXCHANGE_HOMES):
+                out.append(f"{rel}: {func.attr}")
             if isinstance(node, ast.FunctionDef) and node.name in SIZING_FUNCTIONS and rel != "engine/pair_exchange.py":
                 out.append(f"{rel}: def {node.name}")
     return out
@@ -365,6 +370,7 @@ def test_the_exchange_check_sees_a_planted_second_exchange(tmp_path):
     (fake / "engine").mkdir(parents=True)
     (fake / "engine" / "pair_exchange.py").write_text("def pair_effort():\n    dist.batch_isend_irecv([])\n")
     (fake / "engine" / "fleet_exchange.py").write_text(
-        "def probe_size(a):\n    return a\n\ndef x(dist):\n    for w in dist.batch_isend_irecv([]):\n        w.wait()\n")
+        "def probe_size(a):\n    return a\n\ndef x(dist):\n    for w in dist.batch_isend_irecv([]):\n        w.wait()\n"
+        "    self.dist.isend(t, 1)\n    sock.send(b'x')\n")
     assert exchange_twins(fake) == ["engine/fleet_exchange.py: def probe_size",
-                                    "engine/fleet_exchange.py: batch_isend_irecv"]
+                                    "engine/fleet_exchange.py: batch_isend_irecv", "engine/fleet_exchange.py: isend"]

@@ -714,6 +714,7 @@ def test_a_pair_far_slower_than_its_cap_runs_fewer_iterations_then_fewer_bytes()
     from ncclbench.engine.pair_exchange import MIN_PAIR_BYTES, OPS_AROUND, pair_effort
 
     mib = 1 << 20
+    assert pair_effort(0.5, mib, mib, 1, 0, 1.0) == (mib // 4, 1)  # -n 1 stays 1, its bytes halved to fit
     assert pair_effort(0.001, mib, mib, 20, 2, None) == (mib, 20)  # no cap: unchanged
     assert pair_effort(0.001, mib, mib, 20, 2, 1.0) == (mib, 20)  # fits
     assert pair_effort(0.05, mib, mib, 20, 0, 1.0) == (mib, 20 - OPS_AROUND)  # fewer iterations
@@ -725,15 +726,53 @@ def test_a_pair_far_slower_than_its_cap_runs_fewer_iterations_then_fewer_bytes()
     assert pair_effort(100.0, mib, mib, 20, 0, 0.1)[0] == MIN_PAIR_BYTES
 
 
-def test_the_full_size_is_probed_only_where_it_fits_the_cap():
-    """A small probe's rate is lowered by latency: where one full exchange at that rate is
-    cheap against the cap, the full size is probed; a link too slow for it is not."""
-    from ncclbench.engine.pair_exchange import PROBE_MIN_BYTES, full_probe_fits, probe_bytes
+def test_the_second_probe_is_the_largest_that_fits_a_quarter_of_the_cap():
+    """A small probe's time is mostly latency: the second probe is as large as a quarter of
+    the cap allows at the first probe's rate, all the bytes where that fits."""
+    from ncclbench.engine.pair_exchange import PROBE_MIN_BYTES, probe_bytes, second_probe_bytes
 
-    assert probe_bytes(1 << 30) == 16 << 20 and probe_bytes(1 << 20) == PROBE_MIN_BYTES and probe_bytes(100) == 100
-    assert full_probe_fits(1e-4, 16 << 20, 1 << 30, 1.0)       # 6.4 ms a full exchange against 1 s
-    assert not full_probe_fits(0.05, 16 << 20, 1 << 30, 1.0)   # 3.2 s a full exchange
-    assert not full_probe_fits(1e-6, 100, 100, 1.0)            # the probe was the full size
+    mib = 1 << 20
+    assert probe_bytes(1 << 30) == 16 * mib and probe_bytes(mib) == PROBE_MIN_BYTES and probe_bytes(100) == 100
+    assert second_probe_bytes(1e-4, 16 * mib, 1 << 30, 1.0) == 1 << 30      # 6.4 ms a full exchange against 1 s
+    assert second_probe_bytes(0.05, 16 * mib, 1 << 30, 1.0) == 64 * mib     # 0.2 s for 64 MiB; 0.4 s for 128 MiB
+    assert second_probe_bytes(0.5, 16 * mib, 1 << 30, 1.0) == 16 * mib      # no second probe
+    assert second_probe_bytes(1e-6, 100, 100, 1.0) == 100
+
+
+def test_a_pair_is_probed_at_its_best_and_sized_from_the_larger_probe():
+    """Two probes of 1/64 of the bytes, the faster judged (the first was caught by noise),
+    then one of all the bytes; both sides decide from the same traded numbers, and the cap
+    left for the measurement is the cap less what the probes took."""
+    import time as clock
+
+    from ncclbench.engine.pair_exchange import probe_pair
+
+    mib, cap = 1 << 20, 1.0
+    took = {64 << 10: [0.03, 0.001], mib: [0.004]}  # seconds per probe, in order, by bytes
+    seen = []
+
+    def at(nbytes):
+        def exchange(_i=0):
+            if nbytes in took and seen.count(nbytes) < len(took[nbytes]) and nbytes != 4096:
+                clock.sleep(took[nbytes][seen.count(nbytes)])
+            seen.append(nbytes)
+        return exchange
+
+    backend = SimpleNamespace(synchronize=lambda: None)
+    traded = []
+
+    def trade(mine):  # the partner read the same, a little faster
+        traded.append(mine)
+        return (mine[0] * 0.9, cap)
+
+    probed, seconds, left = probe_pair(backend, at, mib, cap, trade)
+    assert [n for n in seen if n != 4096] == [64 << 10, 64 << 10, mib]
+    assert probed == mib and 0.004 <= seconds < 0.02 and len(traded) == 2
+    assert 0.001 <= traded[0][0] < 0.02  # the faster of the two first probes, not the noisy 30 ms
+    assert cap - 2 * traded[0][0] - seconds == pytest.approx(left)
+    # an idle rank trades twice too, and measures nothing
+    traded.clear()
+    assert probe_pair(backend, lambda n: None, mib, cap, lambda mine: (0.0, cap))[0] == 64 << 10
 
 
 def test_the_plan_is_sized_by_measured_time():

@@ -40,11 +40,12 @@ def run_fleet(o: dict) -> int:
 @click.command(name="fleet", cls=GetoptCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-b", "--size", default=None,
               help="At most this many bytes each way per pair exchange, per rail (default 256M on NCCL, 1M on gloo); "
-                   "a probe per pair lowers it so that each measurement fits its share of --budget.")
+                   "where a pair's probe says its measurement would not fit its share of --budget, fewer "
+                   "iterations (down to 2) and then fewer bytes.")
 @click.option("--budget", type=click.FloatRange(min=0, min_open=True, max=1e6), default=DEFAULTS["budget"],
               show_default=True,
               help="Seconds the pair rounds should take, stated up front: each pair measurement is sized by time, "
-                   "so a slow NIC or link gets fewer bytes, not more time.")
+                   "so a slow NIC or link gets fewer exchanges or bytes, not more time.")
 @click.option("-n", "--iters", type=click.IntRange(min=1), default=None,
               help="Timed exchanges per pair measurement, judged at the best one (default 5 on NCCL, 20 on gloo).")
 @click.option("-w", "--warmup_iters", "warmup_iters", type=click.IntRange(min=0), default=DEFAULTS["warmup_iters"],

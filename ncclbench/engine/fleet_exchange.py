@@ -92,17 +92,21 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
     paired = FleetPairBackend(backend, link)
     paired.barrier()  # connects the pair: the probe times the exchange, not the connection
     size = nbytes
+
+    def at(n):
+        # through the pair exchange's failpoint, as pairs' and preflight's exchanges
+        return failpoint("pairs.exchange", link.on(n), rank=me, global_rank=me, synchronize=backend.synchronize)
     if target_s is not None:
-        probed, seconds, cap = probe_pair(backend, link.on, nbytes, target_s - (time.monotonic() - begun),
-                                     lambda mine: _trade(backend, link, mine))
-        size, iters = pair_effort(seconds, probed, nbytes, iters, warmup, cap)
-    exchange = link.on(size)
-    exchange.recv.zero_()
+        probed, seconds, left = probe_pair(backend, at, nbytes, target_s - (time.monotonic() - begun),
+                                           lambda mine: _trade(backend, link, mine))
+        size, iters = pair_effort(seconds, probed, nbytes, iters, warmup, left)
+    exchange, recv = at(size), link.on(size).recv
+    recv.zero_()
     for _ in range(warmup):
         exchange()
     best = timed_best(paired, exchange, iters)
     backend.synchronize()
-    if not bool((exchange.recv == pattern_byte(peer)).all()):
+    if not bool((recv == pattern_byte(peer)).all()):
         raise RuntimeError(f"wrong data from rank {peer}")
     return {"s": best, "bytes": size}
 

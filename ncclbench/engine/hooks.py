@@ -14,7 +14,7 @@ from ncclbench.engine import hang, peers
 from ncclbench.engine.guard import CAUSE_GRACE_S, CAUSE_KEY, lost_peer, post_cause, read_cause
 from ncclbench.engine.signals import _held_signals, hold_termination_signals, stop_on_termination_signals
 from ncclbench.engine.watchdog import ProgressBoard, default_store, hard_exit
-from ncclbench.errors import ExitCode, RankFailures, error_line, first_line, ranks_list
+from ncclbench.errors import ExitCode, RankFailures, error_line, first_line
 from ncclbench.launch import stop as rank_stop
 from ncclbench.launch import watch as rank_watch
 

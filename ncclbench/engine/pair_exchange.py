@@ -31,10 +31,11 @@ class ExchangePlan:
 
 class PairExchange:
     """Both directions between this rank and `peer` at once (on `group`; None: the default
-    group). With `deadline` (time.monotonic()), a host-side wait is bounded by it; on the GPU
-    (`on_gpu`) the stream waits and the host goes on, a dead peer left to the group's timeout."""
+    group). With `deadline` (time.monotonic()), no exchange starts past it and a host-side
+    wait is bounded by it; on the GPU (`on_gpu`) the stream waits and the host goes on, a
+    dead peer left to the group's timeout."""
 
-    def __init__(self, peer: int, send, recv, group=None, deadline: float | None = None, on_gpu: bool = True):
+    def __init__(self, peer: int, send, recv, group=None, deadline: float | None = None, on_gpu: bool = False):
         import torch.distributed as dist
 
         self.dist, self.peer, self.group = dist, peer, group
@@ -50,11 +51,11 @@ class PairExchange:
     def exchange(self, send, recv) -> None:
         dist = self.dist
         timeout = None
-        if self.deadline is not None and not self.on_gpu:
+        if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise DeadlinePassed(f"no time left for the exchange with rank {self.peer}")
-            timeout = timedelta(seconds=max(left, 0.001))
+            timeout = None if self.on_gpu else timedelta(seconds=max(left, 0.001))
         ops = [dist.P2POp(dist.isend, send, self.peer, group=self.group),
                dist.P2POp(dist.irecv, recv, self.peer, group=self.group)]
         for work in dist.batch_isend_irecv(ops):
@@ -92,6 +93,7 @@ MIN_PAIR_BYTES = 4096
 MIN_CAPPED_ITERS = 2
 OPS_AROUND = 5  # per measurement, besides the timed and warm-up ones: the timing engine's untimed op and its four aligning ops
 PROBE_MIN_BYTES = 64 << 10  # the first probe: 1/64 of the bytes, at least this (at most all of them)
+PROBE_SHARE = 0.25  # of a pair's cap: the most its second probe may take, at the first probe's rate
 
 
 def probe_bytes(nbytes: int) -> int:
@@ -100,11 +102,15 @@ def probe_bytes(nbytes: int) -> int:
     return min(nbytes, max(PROBE_MIN_BYTES, nbytes // 64))
 
 
-def full_probe_fits(probe_s: float, probed: int, nbytes: int, cap_s: float) -> bool:
-    """Whether an exchange of all `nbytes`, at the rate the first probe read, is cheap enough
-    against `cap_s` to be probed itself (a small probe's rate is lowered by latency: sized
-    by it alone, a healthy fast pair would run fewer iterations than its cap allows)."""
-    return probed < nbytes and probe_s * nbytes / probed * (MIN_CAPPED_ITERS + OPS_AROUND) <= cap_s
+def second_probe_bytes(probe_s: float, probed: int, nbytes: int, cap_s: float) -> int:
+    """Bytes of a pair's second probe: the most, doubling from the first probe's size up to
+    all `nbytes`, that one exchange moves in PROBE_SHARE of the cap at the first probe's
+    rate (`probed` itself: no second probe). A small probe's time is mostly latency; sized
+    by it alone, a healthy pair would lose iterations or bytes it has time for."""
+    size = probed
+    while size < nbytes and probe_s * min(nbytes, 2 * size) / probed <= PROBE_SHARE * cap_s:
+        size = min(nbytes, 2 * size)
+    return size
 
 
 def pair_effort(probe_s: float, probed: int, nbytes: int, iters: int, warmups: int,
@@ -113,38 +119,40 @@ def pair_effort(probe_s: float, probed: int, nbytes: int, iters: int, warmups: i
     iterations) of `nbytes` and `iters` so that `warmups` + iterations + OPS_AROUND
     exchanges fit `cap_s`, from a probe that took `probe_s` for `probed` bytes. Fewer
     iterations first, down to MIN_CAPPED_ITERS, then (a pair far slower than the cap allows)
-    fewer bytes, halved down to MIN_PAIR_BYTES: a healthy pair is never moved to a size
-    where latency, not the link, sets its time. Without a cap: unchanged."""
+    fewer bytes, halved down to MIN_PAIR_BYTES: bytes go last, since a pair moved to a size
+    where latency sets its time reads slower than its link. Without a cap: unchanged."""
     if cap_s is None or probe_s <= 0:
         return nbytes, iters
     per = probe_s * nbytes / probed  # one full exchange at the probe's rate
     fit = int(cap_s / per) - OPS_AROUND - warmups
-    if fit >= MIN_CAPPED_ITERS:
+    least = min(iters, MIN_CAPPED_ITERS)
+    if fit >= least:
         return nbytes, min(iters, fit)
     size = nbytes
-    while size // 2 >= MIN_PAIR_BYTES and (MIN_CAPPED_ITERS + OPS_AROUND + warmups) * per * size / nbytes > cap_s:
+    while size // 2 >= MIN_PAIR_BYTES and (least + OPS_AROUND + warmups) * per * size / nbytes > cap_s:
         size //= 2
-    return size, MIN_CAPPED_ITERS
+    return size, least
 
 
 def probe_pair(backend, at, nbytes: int, cap_s: float, trade) -> tuple[int, float, float]:
-    """(bytes probed, seconds of one exchange of them on the slower side, the cap both sides
-    use): an exchange of probe_bytes(nbytes), then, where the full size fits the cap
-    (full_probe_fits), one of `nbytes`. `at(bytes)` is the exchange on that many bytes (None:
-    this rank is idle); each probe is lined up first by a small untimed exchange, so that
-    neither side times its wait for a partner still busy elsewhere. `trade((seconds, cap))`
-    gives the partner's pair; every rank calls it twice, idle or not, and both sides decide
-    from the same numbers (the slower probe, the smaller cap)."""
+    """(bytes probed, seconds of one exchange of them on the slower side, the cap left for
+    the measurement): the best of two exchanges of probe_bytes(nbytes) (noise only slows),
+    then one of second_probe_bytes where that is larger. `at(bytes)` is the exchange on that
+    many bytes (None: this rank is idle); each probe is lined up first by a small untimed
+    exchange, so that neither side times its wait for a partner still busy elsewhere.
+    `trade((seconds, cap))` gives the partner's pair; every rank calls it twice, idle or not,
+    and both sides decide from the same numbers (the slower probe, the smaller cap, less
+    what the probes took)."""
     q = probe_bytes(nbytes)
-    mine = _timed_once(backend, at, q)
+    mine = min(_timed_once(backend, at, q), _timed_once(backend, at, q))
     theirs = trade((mine, cap_s))
-    seconds, cap = max(mine, theirs[0]), min(cap_s, theirs[1])
-    full = at(q) is not None and full_probe_fits(seconds, q, nbytes, cap)
-    mine = _timed_once(backend, at, nbytes) if full else 0.0
+    first, cap = max(mine, theirs[0]), min(cap_s, theirs[1])
+    size = second_probe_bytes(first, q, nbytes, cap) if at(q) is not None else q
+    mine = _timed_once(backend, at, size) if size > q else 0.0
     theirs = trade((mine, cap))
-    if full:
-        q, seconds = nbytes, max(mine, theirs[0])
-    return q, seconds, cap
+    second = max(mine, theirs[0])
+    left = max(0.0, cap - 2 * first - second)
+    return (size, second, left) if size > q else (q, first, left)
 
 
 def timed_best(backend, exchange, iters: int) -> float:
@@ -187,6 +195,7 @@ def measure_rounds(backend, plan: ExchangePlan, rounds) -> tuple[dict[int, float
                 everyone = backend.all_gather_object(mine)
                 return everyone[peer] if peer is not None else mine
             probed, seconds, cap = probe_pair(backend, at, plan.nbytes, plan.pair_cap_s, trade)
+            warmups = 0  # the probes warmed the pair up
             nbytes, iters = pair_effort(seconds, probed, plan.nbytes, plan.iters, warmups, cap)
         if peer is None:
             timed_best(backend, lambda _i: None, iters)  # sit out, but keep the barriers in step
