@@ -301,22 +301,27 @@ CORE_FUNCTIONS = {"reference", "healthy_spread", "slow_outliers", "worst_below",
                   "tournament_rounds", "repair_round", "known_good_rounds", "group_pair_rounds", "over_sockets"}
 
 
+def parsed_modules(package: Path):
+    """(path inside `package`, as text, its syntax tree) of every module, in order."""
+    for path in sorted(package.rglob("*.py")):
+        yield path.relative_to(package).as_posix(), ast.parse(path.read_text())
+
+
 def core_twins(package: Path) -> list[str]:
     """Functions with a core rule's name, and band tables (module-level names ending in BAND or
     BANDS), outside the locate package."""
     out = []
-    for path in sorted(package.rglob("*.py")):
-        if path.relative_to(package).parts[0] == "locate":
+    for rel, tree in parsed_modules(package):
+        if rel.startswith("locate/"):
             continue
-        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name in CORE_FUNCTIONS:
-                out.append(f"{path.relative_to(package)}: def {node.name}")
+                out.append(f"{rel}: def {node.name}")
         for node in tree.body:
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
             for t in targets:
                 if isinstance(t, ast.Name) and t.id.upper().endswith(("BAND", "BANDS")):
-                    out.append(f"{path.relative_to(package)}: {t.id}")
+                    out.append(f"{rel}: {t.id}")
     return out
 
 
@@ -348,9 +353,7 @@ def exchange_twins(package: Path) -> list[str]:
     """torch.distributed point-to-point calls (dist.isend, dist.P2POp, ...) outside
     EXCHANGE_HOMES, and sizing functions defined outside engine/pair_exchange.py."""
     out = []
-    for path in sorted(package.rglob("*.py")):
-        rel = path.relative_to(package).as_posix()
-        tree = ast.parse(path.read_text())
+    for rel, tree in parsed_modules(package):
         for node in ast.walk(tree):
             func = node.func if isinstance(node, ast.Call) else None
             if (isinstance(func, ast.Attribute) and func.attr in POINT_TO_POINT

@@ -17,7 +17,8 @@ import time
 from datetime import timedelta
 
 from ncclbench.engine.collectives import ALL_GATHER, ALL_REDUCE
-from ncclbench.engine.pair_exchange import PairExchange, pair_effort, pattern_byte, probe_pair, timed_best
+from ncclbench.engine.pair_exchange import (PairExchange, pair_effort, pattern_byte, probe_pair, sized_exchanges,
+                                            timed_best)
 from ncclbench.failpoints import failpoint
 
 NODE_COLLECTIVES = (ALL_REDUCE, ALL_GATHER)  # a node's ranks alone: measure_node times these
@@ -92,10 +93,7 @@ def measure_pair(dist, backend_name: str, peer: int, nbytes: int, iters: int, wa
     paired = FleetPairBackend(backend, link)
     paired.barrier()  # connects the pair: the probe times the exchange, not the connection
     size = nbytes
-
-    def at(n):
-        # through the pair exchange's failpoint, as pairs' and preflight's exchanges
-        return failpoint("pairs.exchange", link.on(n), rank=me, global_rank=me, synchronize=backend.synchronize)
+    at = sized_exchanges(link, me, me, backend.synchronize)
     if target_s is not None:
         probed, seconds, left = probe_pair(backend, at, nbytes, target_s - (time.monotonic() - begun),
                                            lambda mine: _trade(backend, link, mine))

@@ -69,6 +69,18 @@ class DeadlinePassed(Exception):
     """The exchange did not finish before its deadline."""
 
 
+def sized_exchanges(full: PairExchange | None, rank: int, global_rank: int, synchronize):
+    """at(nbytes): `full` on its first `nbytes` (None where this rank is idle), through the
+    pairs.exchange failpoint, where a planted slow exchange acts on every command's pairs
+    (inside the timed region)."""
+    from ncclbench.failpoints import failpoint
+
+    def at(nbytes: int):
+        return None if full is None else failpoint("pairs.exchange", full.on(nbytes), rank=rank,
+                                                   global_rank=global_rank, synchronize=synchronize)
+    return at
+
+
 def pair_rate(nbytes: int, seconds_a: float, seconds_b: float) -> float:
     """GB/s per direction of a pair whose two sides took these seconds per exchange of
     `nbytes` each way: the slower side's (the exchange is over when both sides are done)."""
@@ -173,8 +185,6 @@ def measure_rounds(backend, plan: ExchangePlan, rounds) -> tuple[dict[int, float
     second)."""
     import torch.distributed as dist
 
-    from ncclbench.failpoints import failpoint
-
     send = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
     recv = backend.alloc_bytes(plan.nbytes)[: plan.nbytes]
     send.fill_(pattern_byte(backend.rank))
@@ -184,11 +194,7 @@ def measure_rounds(backend, plan: ExchangePlan, rounds) -> tuple[dict[int, float
     for pairs in rounds:
         peer = peer_in_round(pairs, backend.rank)
         full = None if peer is None else PairExchange(peer, send, recv, on_gpu=on_gpu)
-
-        def at(nbytes, full=full):
-            # through a failpoint, which can slow this rank's exchanges (a slow node, inside the timed region)
-            return None if full is None else failpoint("pairs.exchange", full.on(nbytes), rank=backend.rank,
-                                                       global_rank=dist.get_rank(), synchronize=backend.synchronize)
+        at = sized_exchanges(full, backend.rank, dist.get_rank(), backend.synchronize)
         nbytes, iters, warmups = plan.nbytes, plan.iters, plan.warmup_iters
         if plan.pair_cap_s is not None:
             def trade(mine, peer=peer):

@@ -136,10 +136,10 @@ class Coordinator:
     def _judge_shaken(self, tasks: dict, results: dict, missing: list, shaken_before: dict) -> None:
         """A rank whose exchange failed because its partner stopped answering or got stuck
         mid-round is shaken: torch aborted that communicator under it, and what NCCL or the
-        GPU are left with is not vouched for (docs/design/fleet-exchange.md). It stays in the pairs; a round in which every exchange of it passes on both
-        sides clears it; when one fails again, it is not judged further and that exchange is
-        not held against its partner (the test leaves the localisation with the node). Stuck
-        ranks: _judge_stuck."""
+        GPU are left with is not vouched for (docs/design/fleet-exchange.md). It stays in the
+        pairs; a round in which every exchange of it passes on both sides clears it; when one
+        fails again, it is not judged further and that exchange is not held against its
+        partner (the test leaves the localisation with the node). Stuck ranks: _judge_stuck."""
         node_of, name = self.layout.node_of, self.layout.names
         shaken_now: dict = {}
         passed: dict = {}  # node -> whether every exchange of it this round passed on both sides
